@@ -1,0 +1,242 @@
+"""Generator config (ml-collections): per-map-size data/hole/wait ratios, validation, projection.
+
+Per-size entries live under `sizes.s<N>` (for example `sizes.s7.hole_ratio`) because
+ml-collections' command-line overrides need identifier keys: `--config.env.sizes.s7.data_ratio=0.1`.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import ml_collections
+
+PAPER_SIZES = tuple(range(3, 11))  # 3x3 .. 10x10 [paper]
+RATIO_FIELDS = ("data_ratio", "hole_ratio", "wait_ratio")
+MAX_HOLE_RATIO = 0.5  # [paper] hole density is at most 0.5
+TOP_LEVEL_KEYS = ("num_agents", "sizes", "seed", "max_size", "max_agents", "oracle", "pool")
+ORACLE_KEYS = ("max_nodes", "time_limit", "processes")
+POOL_KEYS = ("oversample", "max_rounds", "wait_bias")
+
+
+class ConfigError(ValueError):
+    """A bad generator config; the message names the key, the value and what is allowed."""
+
+
+def size_key(n: int) -> str:
+    """Config key of an N x N map size, e.g. 7 -> 's7'."""
+    return f"s{int(n)}"
+
+
+def key_size(key: str) -> int:
+    """Inverse of `size_key`; accepts 's7', '7', '7x7' (the engineer may write any of them)."""
+    k = str(key).strip().lower()
+    if k.startswith("s"):
+        k = k[1:]
+    if "x" in k:
+        a, _, b = k.partition("x")
+        if a != b:
+            raise ConfigError(f"size key {key!r}: only square sizes NxN are configurable")
+        k = a
+    if not k.isdigit():
+        raise ConfigError(f"size key {key!r} is not a map size; expected e.g. 's7' (7x7)")
+    return int(k)
+
+
+def default_config(
+    num_agents: int = 2,
+    sizes: Iterable[int] = PAPER_SIZES,
+    hole_ratio: float = 0.2,
+    wait_ratio: float = 0.3,
+    seed: int = 0,
+) -> ml_collections.ConfigDict:
+    """A uniform config over `sizes`: the round-0 default the engineer starts from [ours]."""
+    sizes = tuple(sizes)
+    per = {
+        size_key(n): {
+            "data_ratio": 1.0 / len(sizes),
+            "hole_ratio": float(hole_ratio),
+            "wait_ratio": float(wait_ratio),
+        }
+        for n in sizes
+    }
+    return ml_collections.ConfigDict(
+        {
+            "num_agents": int(num_agents),
+            "sizes": per,
+            "seed": int(seed),
+            # Static padding of every Instance; a larger size than max_size is invalid.
+            "max_size": 10,
+            "max_agents": 5,
+            # CBS labelling budgets per instance; timeouts are discarded and resampled.
+            "oracle": {"max_nodes": 20_000, "time_limit": 5.0, "processes": 0},
+            # Candidate pool: oversample x the request per round, at most max_rounds rounds;
+            # wait_bias = share of candidates drawn with crossing start/goal layouts, which
+            # need waits far more often than uniform ones.
+            "pool": {"oversample": 2.0, "max_rounds": 20, "wait_bias": 0.5},
+        }
+    )
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+    """Raise ConfigError naming the first bad key, its value and what is allowed."""
+    c = config
+    unknown = sorted(set(c.keys()) - set(TOP_LEVEL_KEYS))
+    if unknown:
+        raise ConfigError(f"unknown key(s) {unknown}; allowed: {list(TOP_LEVEL_KEYS)}")
+    for key in TOP_LEVEL_KEYS:
+        if key not in c:
+            raise ConfigError(f"missing key {key!r}")
+    if not isinstance(c.num_agents, int) or not 1 <= c.num_agents <= c.max_agents:
+        raise ConfigError(
+            f"num_agents = {c.num_agents!r}; allowed: an integer in [1, max_agents={c.max_agents}]"
+        )
+    if not isinstance(c.max_agents, int) or not 1 <= c.max_agents <= 5:
+        raise ConfigError(f"max_agents = {c.max_agents!r}; allowed: an integer in [1, 5]")
+    if not isinstance(c.max_size, int) or not 2 <= c.max_size <= 40:
+        raise ConfigError(f"max_size = {c.max_size!r}; allowed: an integer in [2, 40]")
+    if not isinstance(c.seed, int):
+        raise ConfigError(f"seed = {c.seed!r}; allowed: an integer")
+    if len(c.sizes) == 0:
+        raise ConfigError("sizes is empty; allowed: at least one entry like sizes.s3")
+    total = 0.0
+    for key, entry in c.sizes.items():
+        n = key_size(key)
+        if key != size_key(n):
+            raise ConfigError(f"sizes.{key}: write the key as {size_key(n)!r}")
+        if not 2 <= n <= c.max_size:
+            raise ConfigError(f"sizes.{key}: map size {n} outside [2, max_size={c.max_size}]")
+        extra = sorted(set(entry.keys()) - set(RATIO_FIELDS))
+        if extra:
+            raise ConfigError(f"sizes.{key}: unknown key(s) {extra}; allowed: {list(RATIO_FIELDS)}")
+        for field in RATIO_FIELDS:
+            if field not in entry:
+                raise ConfigError(f"sizes.{key}.{field} is missing")
+            v = entry[field]
+            hi = MAX_HOLE_RATIO if field == "hole_ratio" else 1.0
+            if not _is_number(v) or not 0.0 <= v <= hi:
+                raise ConfigError(f"sizes.{key}.{field} = {v!r}; allowed: a number in [0, {hi}]")
+        total += entry.data_ratio
+        if c.num_agents * 2 > n * n:
+            raise ConfigError(
+                f"sizes.{key}: {c.num_agents} agents need {2 * c.num_agents} distinct cells, "
+                f"a {n}x{n} map has {n * n}"
+            )
+    if not math.isclose(total, 1.0, abs_tol=1e-6):
+        raise ConfigError(f"sizes.*.data_ratio sums to {total:.6g}; allowed: a sum of 1")
+    for group, keys in (("oracle", ORACLE_KEYS), ("pool", POOL_KEYS)):
+        extra = sorted(set(c[group].keys()) - set(keys))
+        if extra:
+            raise ConfigError(f"{group}: unknown key(s) {extra}; allowed: {list(keys)}")
+    if not c.pool.oversample >= 1.0:
+        raise ConfigError(f"pool.oversample = {c.pool.oversample!r}; allowed: >= 1")
+    if not 0.0 <= c.pool.wait_bias <= 1.0:
+        raise ConfigError(f"pool.wait_bias = {c.pool.wait_bias!r}; allowed: [0, 1]")
+
+
+def _flatten(d: Mapping, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        path = f"{prefix}{k}"
+        if isinstance(v, Mapping | ml_collections.ConfigDict):
+            out.update(_flatten(v, path + "."))
+        else:
+            out[path] = v
+    return out
+
+
+def project(
+    proposal: Mapping[str, Any] | ml_collections.ConfigDict,
+    current: ml_collections.ConfigDict,
+) -> tuple[ml_collections.ConfigDict, list[str]]:
+    """Map a proposed config onto the legal space; return it and a list of what changed.
+
+    `proposal` is either a whole config or a flat/nested mapping of the keys to change
+    (`{"sizes.s7.hole_ratio": 0.6}` or `{"sizes": {"s7": {...}}}`); anything not proposed
+    keeps its current value. Rules: hole_ratio is clipped to [0, 0.5], wait_ratio to [0, 1],
+    data_ratio to >= 0 and then renormalised to sum 1 (all-zero -> uniform over the
+    proposed sizes); sizes outside [3, max_size] and any key that is not a per-size ratio
+    are rejected with ConfigError. Only the task distribution may change: seeds, agents and
+    budgets are not the engineer's to set.
+    """
+    validate(current)
+    flat = _flatten(proposal if isinstance(proposal, Mapping) else proposal.to_dict())
+    new = copy.deepcopy(current.to_dict())
+    changes: list[str] = []
+    for path, value in flat.items():
+        parts = path.split(".")
+        if len(parts) != 3 or parts[0] != "sizes" or parts[2] not in RATIO_FIELDS:
+            if path in _flatten(current.to_dict()) and _flatten(current.to_dict())[path] == value:
+                continue  # an unchanged non-ratio key (a whole config was proposed)
+            raise ConfigError(
+                f"key {path!r} cannot be changed; allowed: sizes.s<N>.<field> with field in "
+                f"{list(RATIO_FIELDS)}"
+            )
+        n = key_size(parts[1])
+        if not 3 <= n <= current.max_size:
+            raise ConfigError(f"key {path!r}: map size {n} outside [3, {current.max_size}]")
+        if 2 * current.num_agents > n * n:
+            raise ConfigError(f"key {path!r}: {n}x{n} is too small for {current.num_agents} agents")
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                raise ConfigError(f"key {path!r} = {value!r} is not a number") from None
+        if not _is_number(value):
+            raise ConfigError(f"key {path!r} = {value!r} is not a finite number")
+        field, sk = parts[2], size_key(n)
+        hi = MAX_HOLE_RATIO if field == "hole_ratio" else 1.0 if field == "wait_ratio" else math.inf
+        clipped = min(max(float(value), 0.0), hi)
+        if clipped != value:
+            changes.append(
+                f"sizes.{sk}.{field}: {value!r} clipped to {clipped:g} (range [0, {hi}])"
+            )
+        entry = new["sizes"].setdefault(
+            sk, {"data_ratio": 0.0, "hole_ratio": 0.0, "wait_ratio": 0.0}
+        )
+        if sk not in current.sizes and field != "data_ratio" and "__new__" not in entry:
+            entry["__new__"] = True
+        entry[field] = clipped
+    for sk, entry in list(new["sizes"].items()):
+        if entry.pop("__new__", False):
+            changes.append(f"sizes.{sk}: new size added")
+    total = sum(e["data_ratio"] for e in new["sizes"].values())
+    if total <= 0:
+        n = len(new["sizes"])
+        for e in new["sizes"].values():
+            e["data_ratio"] = 1.0 / n
+        changes.append("data_ratio: all zero, reset to uniform")
+    elif not math.isclose(total, 1.0, abs_tol=1e-9):
+        for e in new["sizes"].values():
+            e["data_ratio"] = e["data_ratio"] / total
+        changes.append(f"data_ratio: renormalised from a sum of {total:.4g} to 1")
+    out = ml_collections.ConfigDict(new)
+    validate(out)
+    return out, changes
+
+
+def requested_counts(config: ml_collections.ConfigDict, n: int) -> dict[int, tuple[int, int]]:
+    """Per size: (instances, of which needs-wait) for a request of `n`, by largest remainders."""
+    sizes = sorted(key_size(k) for k in config.sizes)
+    weights = [config.sizes[size_key(s)].data_ratio for s in sizes]
+    counts = _largest_remainder(weights, n)
+    return {
+        s: (c, round(c * config.sizes[size_key(s)].wait_ratio))
+        for s, c in zip(sizes, counts, strict=True)
+    }
+
+
+def _largest_remainder(weights: list[float], n: int) -> list[int]:
+    total = sum(weights)
+    exact = [w / total * n for w in weights]
+    floors = [math.floor(x) for x in exact]
+    order = sorted(range(len(weights)), key=lambda i: exact[i] - floors[i], reverse=True)
+    for i in order[: n - sum(floors)]:
+        floors[i] += 1
+    return floors

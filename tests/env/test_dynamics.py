@@ -1,0 +1,213 @@
+"""The jitted verifier and step function against the plain-Python reference simulator."""
+
+import collections
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mapfjax.env import dynamics, reward, simulate, types
+
+MOVES = {1: (-1, 0), 2: (1, 0), 3: (0, -1), 4: (0, 1)}
+
+
+@st.composite
+def problems(draw, max_side=6, max_agents=5):
+    h = draw(st.integers(2, max_side))
+    w = draw(st.integers(2, max_side))
+    cells = [(r, c) for r in range(h) for c in range(w)]
+    n = draw(st.integers(1, min(max_agents, len(cells) // 2)))
+    order = draw(st.permutations(cells))
+    starts, goals = order[:n], order[n : 2 * n]
+    if draw(st.booleans()) and n > 1:  # a start may coincide with another agent's goal
+        goals = [starts[1]] + list(goals[1:]) if starts[1] not in goals else goals
+    used = set(starts) | set(goals)
+    grid = [
+        "".join(
+            "H" if (r, c) not in used and draw(st.floats(0, 1)) < 0.25 else "F" for c in range(w)
+        )
+        for r in range(h)
+    ]
+    return types.Problem("p", tuple(grid), tuple(starts), tuple(goals))
+
+
+def bfs_actions(p: types.Problem, i: int):
+    """One shortest single-agent action list (ignoring other agents), or None."""
+    start, goal = p.starts[i], p.goals[i]
+    prev = {start: None}
+    q = collections.deque([start])
+    while q:
+        cur = q.popleft()
+        if cur == goal:
+            break
+        for a, (dr, dc) in MOVES.items():
+            nxt = (cur[0] + dr, cur[1] + dc)
+            if 0 <= nxt[0] < p.height and 0 <= nxt[1] < p.width and p.grid[nxt[0]][nxt[1]] == "F":
+                if nxt not in prev:
+                    prev[nxt] = (cur, a)
+                    q.append(nxt)
+    if goal not in prev:
+        return None
+    acts, cur = [], goal
+    while prev[cur] is not None:
+        cur, a = prev[cur]
+        acts.append(a)
+    return acts[::-1]
+
+
+@st.composite
+def problem_and_plan(draw):
+    p = draw(problems())
+    kind = draw(st.sampled_from(["random", "shortest", "shortest_corrupted", "parse_error"]))
+    if kind == "parse_error":
+        return p, None
+    plan = []
+    for i in range(p.num_agents):
+        acts = bfs_actions(p, i) if kind != "random" else None
+        if acts is None:
+            acts = draw(st.lists(st.integers(0, 4), max_size=12))
+        if kind == "shortest_corrupted" and acts and draw(st.booleans()):
+            k = draw(st.integers(0, len(acts) - 1))
+            acts = acts[:k] + [draw(st.integers(0, 4))] + acts[k + 1 :]
+        if draw(st.integers(0, 4)) == 0:
+            acts = [0] * draw(st.integers(1, 3)) + acts  # waits shift timing: conflicts change
+        plan.append(acts)
+    return p, plan
+
+
+def run_verify(probs, plans, labels=None):
+    t = max([8, *(len(a) for pl in plans if pl for a in pl)])
+    arr = np.zeros((len(probs), types.MAX_AGENTS, t), np.int32)
+    ok = np.array([pl is not None for pl in plans])
+    lengths = np.zeros((len(probs), types.MAX_AGENTS), np.int32)
+    for b, pl in enumerate(plans):
+        for i, acts in enumerate(pl or []):
+            arr[b, i, : len(acts)] = acts
+            lengths[b, i] = len(acts)
+    inst = types.to_instances(probs)
+    if labels is not None:
+        inst = inst.replace(optimal_soc=np.asarray(labels, np.int32))
+    return dynamics.verdict_rows(dynamics.verify(inst, arr, ok, lengths))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(problem_and_plan(), min_size=1, max_size=8))
+def test_verify_matches_reference_simulator(cases):
+    probs = [p for p, _ in cases]
+    plans = [pl for _, pl in cases]
+    rows = run_verify(probs, plans)
+    for (p, pl), row in zip(cases, rows, strict=True):
+        ref = simulate.simulate(p, pl)
+        got = {k: row[k] for k in ("valid", "failure", "soc", "makespan")}
+        want = {k: ref[k] for k in ("valid", "failure", "soc", "makespan")}
+        assert got == want, (p, pl, row, ref)
+        if ref["failure"] not in (None, "parse_error"):
+            assert row["failure_time"] == ref["failure_time"], (p, pl)
+            assert row["failure_agent"] == ref["failure_agent"], (p, pl)
+
+
+def P(grid, starts, goals, **kw):
+    return types.Problem("x", tuple(grid), tuple(starts), tuple(goals), **kw)
+
+
+def test_hand_cases_each_failure_and_precedence():
+    corridor = P(["FFF"], [(0, 0), (0, 2)], [(0, 2), (0, 0)])
+    cases = [
+        (corridor, [[4, 4], [3, 3]], "vertex_conflict", 1, 0),  # meet in the middle at t=1
+        (P(["FF"], [(0, 0), (0, 1)], [(0, 1), (0, 0)]), [[4], [3]], "edge_conflict", 1, 0),
+        (P(["FF"], [(0, 0)], [(0, 1)]), [[1]], "illegal_move", 1, 0),
+        (P(["FH", "FF"], [(0, 0)], [(1, 1)]), [[4, 2]], "hole", 1, 0),
+        (P(["FFF"], [(0, 0)], [(0, 2)]), [[4]], "goal_not_reached", 1, 0),
+        # illegal move beats a vertex conflict of other agents in the same step
+        (
+            P(["FFF", "FFF"], [(0, 0), (0, 2), (1, 0)], [(0, 1), (0, 1), (1, 0)]),
+            [[4], [3], [2]],
+            "illegal_move",
+            1,
+            2,
+        ),
+        # following is allowed: agent 1 enters the cell agent 0 leaves
+        (P(["FFF"], [(0, 1), (0, 0)], [(0, 2), (0, 1)]), [[4], [4]], None, -1, -1),
+        # 3-agent rotation on a 2x2 block is allowed
+        (
+            P(["FF", "FF"], [(0, 0), (0, 1), (1, 1)], [(0, 1), (1, 1), (1, 0)]),
+            [[4], [2], [3]],
+            None,
+            -1,
+            -1,
+        ),
+    ]
+    rows = run_verify([c[0] for c in cases], [c[1] for c in cases])
+    for (p, plan, fail, t, agent), row in zip(cases, rows, strict=True):
+        assert (row["failure"], row["failure_time"], row["failure_agent"]) == (fail, t, agent)
+        assert simulate.simulate(p, plan)["failure"] == fail
+
+
+def test_costs_count_time_until_staying_on_goal():
+    # agent 0 reaches its goal at t=1, steps off and back (t=3): cost 3; agent 1 waits: 0.
+    p = P(["FFF", "FFF"], [(0, 0), (1, 2)], [(0, 1), (1, 2)], optimal_soc=1)
+    rows = run_verify([p, p], [[[4, 2, 1], []], [[4], [0, 0, 0]]], labels=[1, 1])
+    assert (rows[0]["soc"], rows[0]["makespan"], rows[0]["optimal"]) == (3, 3, False)
+    assert (rows[1]["soc"], rows[1]["makespan"], rows[1]["optimal"]) == (1, 1, True)
+
+
+def test_parse_error_and_unlabelled():
+    p = P(["FF"], [(0, 0)], [(0, 1)])
+    rows = run_verify([p, p], [None, [[4]]])
+    assert rows[0]["failure"] == "parse_error" and not rows[0]["valid"]
+    assert rows[1]["valid"] and rows[1]["optimal"] is None
+
+
+def test_step_rollout_equals_verify():
+    p = P(["FFFF", "FHFF", "FFFF"], [(0, 0), (2, 3)], [(2, 0), (0, 3)])
+    plan = np.array([[2, 0, 2, 0], [1, 1, 0, 0]], np.int32)
+    inst = jax.tree.map(lambda x: x[0], types.to_instances([p], max_agents=2))
+    state = dynamics.reset(inst)
+    step = jax.jit(dynamics.step)
+    for t in range(plan.shape[1]):
+        state = step(inst, state, jnp.asarray(plan[:, t]))
+    assert np.array_equal(np.asarray(state.pos), np.array(p.goals))
+    assert int(state.failure) == types.NO_FAILURE and int(state.t) == 4
+    # a failing step is latched: later steps change nothing
+    bad = step(inst, dynamics.reset(inst), jnp.array([3, 0]))
+    after = step(inst, bad, jnp.array([2, 0]))
+    assert int(bad.failure) == types.ILLEGAL_MOVE
+    assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.all(a == b)), bad, after))
+
+
+def test_mixed_sizes_do_not_recompile():
+    rng = np.random.default_rng(0)
+    before = dynamics._verify_batch._cache_size()
+    for trial in range(4):
+        probs = []
+        for _ in range(16):
+            s = int(rng.integers(3, 11))
+            h, w = (s, s) if trial % 2 else (s, int(rng.integers(3, 11)))
+            n = int(rng.integers(1, min(6, h * w // 2 + 1)))
+            cells = rng.permutation(h * w)[: 2 * n]
+            probs.append(
+                P(
+                    ["F" * w] * h,
+                    [divmod(int(c), w) for c in cells[:n]],
+                    [divmod(int(c), w) for c in cells[n:]],
+                )
+            )
+        plans = np.asarray(rng.integers(0, 5, (16, 5, 16)), np.int32)
+        dynamics.verify(types.to_instances(probs), plans)
+    assert dynamics._verify_batch._cache_size() - before <= 1
+
+
+def test_reward_function():
+    p = P(["FF"], [(0, 0)], [(0, 1)], optimal_soc=1)
+    inst = types.to_instances([p] * 4)
+    plans = np.array([[[4]], [[0, 4]], [[3]], [[4]]], dtype=object)
+    arr = np.zeros((4, 1, 2), np.int32)
+    arr[0, 0, 0] = 4
+    arr[1, 0, :2] = [0, 4]
+    arr[2, 0, 0] = 3
+    del plans
+    v = dynamics.verify(inst, arr, ok=np.array([True, True, True, False]))
+    cfg = reward.RewardConfig(valid_reward=1.0, optimal_bonus=0.5, format_penalty=0.25)
+    np.testing.assert_allclose(np.asarray(reward.reward(v, cfg)), [1.5, 1.0, 0.0, -0.25])
