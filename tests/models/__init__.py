@@ -1,0 +1,1 @@
+"""Tests of mapfjax.models."""
