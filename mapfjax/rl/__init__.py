@@ -1,0 +1,1 @@
+"""Reinforcement learning: GRPO loss math, and the trainer built on it."""
