@@ -29,17 +29,20 @@ class JsonlError(ValueError):
 # --- atomic writing --------------------------------------------------------------------------
 
 
-def _atomic_write_text(path, text: str) -> None:
-    """Write `text` to `path` via a temp file in the same directory and os.replace, so readers
-    never see a half-written file."""
+def atomic_write(path, data: str | bytes) -> None:
+    """Write text (UTF-8) or bytes to `path` via a temp file in the same directory and
+    os.replace, so readers never see a half-written file. Creates missing parent directories."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    payload = data.encode("utf-8") if isinstance(data, str) else data
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
             f.flush()
             os.fsync(f.fileno())
+        # mkstemp creates 0600 files; keep an existing file's mode, else the usual 0644.
+        os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o644)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -50,7 +53,7 @@ def _atomic_write_text(path, text: str) -> None:
 def save_jsonl(path, rows: Iterable[dict]) -> None:
     """Write one JSON object per line, atomically."""
     lines = [json.dumps(row, ensure_ascii=False, separators=(", ", ": ")) for row in rows]
-    _atomic_write_text(path, "".join(line + "\n" for line in lines))
+    atomic_write(path, "".join(line + "\n" for line in lines))
 
 
 # --- reading JSON rows with line numbers -----------------------------------------------------
@@ -300,15 +303,13 @@ def write_movingai(problem: Problem, map_path, scen_path) -> None:
     check_problem(problem, where=f"problem {problem.id!r}")
     h, w = problem.height, problem.width
     rows = ["".join("@" if ch == HOLE_CELL else "." for ch in row) for row in problem.grid]
-    _atomic_write_text(
-        map_path, f"type octile\nheight {h}\nwidth {w}\nmap\n" + "\n".join(rows) + "\n"
-    )
+    atomic_write(map_path, f"type octile\nheight {h}\nwidth {w}\nmap\n" + "\n".join(rows) + "\n")
     lines = ["version 1"]
     for (sr, sc), (gr, gc) in zip(problem.starts, problem.goals):
         d = _bfs_length(problem.grid, (sr, sc), (gr, gc))
         fields = (max(d, 0) // 4, Path(map_path).name, w, h, sc, sr, gc, gr, f"{float(d):.8f}")
         lines.append("\t".join(map(str, fields)))
-    _atomic_write_text(scen_path, "\n".join(lines) + "\n")
+    atomic_write(scen_path, "\n".join(lines) + "\n")
 
 
 def _read_map(path) -> tuple[str, ...]:
