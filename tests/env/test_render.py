@@ -130,3 +130,34 @@ def test_importing_env_modules_does_not_import_matplotlib():
     code = "import sys, mapfjax.env.render, mapfjax.env.io; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_trace_agrees_with_the_verifier_on_random_plans():
+    """The drawing simulation is independent of dynamics.py; both must tell the same story."""
+    from mapfjax.env import dynamics, text, types
+
+    rng = np.random.default_rng(0)
+    problems, plans = [], []
+    for k in range(200):
+        h, w = rng.integers(2, 6, size=2)
+        cells = [(r, c) for r in range(h) for c in range(w)]
+        n = int(rng.integers(1, min(4, len(cells)) + 1))
+        starts = [cells[j] for j in rng.permutation(len(cells))[:n]]
+        goals = [cells[j] for j in rng.permutation(len(cells))[:n]]
+        keep = set(starts) | set(goals)
+        grid = tuple(
+            "".join("H" if (r, c) not in keep and rng.random() < 0.2 else "F" for c in range(w))
+            for r in range(h)
+        )
+        problems.append(Problem(f"p{k}", grid, tuple(starts), tuple(goals)))
+        plans.append([rng.integers(0, 5, size=rng.integers(0, 7)).tolist() for _ in range(n)])
+    parsed = text.parse_answers([text.render_answer(p) for p in plans], [len(p) for p in plans])
+    verdict = dynamics.verify(types.to_instances(problems), parsed)
+    kinds = set()
+    for i, (p, plan) in enumerate(zip(problems, plans)):
+        tr = render._trace(p, plan)
+        kinds.add(tr.fail_kind)
+        assert tr.fail_kind == types.FAILURES[int(verdict.failure[i])], (p, plan)
+        if tr.fail_kind is not None:
+            assert tr.fail_step == int(verdict.failure_time[i]), (p, plan)
+    assert len(kinds) == 6  # every outcome (5 failures + success) was exercised
