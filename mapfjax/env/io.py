@@ -102,6 +102,9 @@ def _iter_json_array(path, raw: str) -> Iterator[tuple[int, dict]]:
         yield line_of(pos), row
         pos = ws.match(raw, end).end()
         if raw.startswith("]", pos):
+            rest = ws.match(raw, pos + 1).end()
+            if rest != len(raw):
+                raise JsonlError(path, line_of(rest), None, "unexpected text after the JSON list")
             return
         if not raw.startswith(",", pos):
             raise JsonlError(path, line_of(pos), None, "expected ',' or ']' between list items")

@@ -263,12 +263,13 @@ def _frames(problem: Problem, plan: Sequence[Sequence[int]], dpi: int = 72):
     ax = _new_axes(problem, dpi=dpi)
     fig = ax.figure
     steps = max((len(a) for a in plan), default=0)
+    # Lay out once, on the last frame (the longest title), so cells stay put between frames.
+    draw_problem(problem, ax=ax, plan=plan, t=steps)
+    fig.tight_layout()
     frames = []
     for t in range(steps + 1):
         ax.clear()
         draw_problem(problem, ax=ax, plan=plan, t=t)
-        if t == 0:
-            fig.tight_layout()  # fixed after the first frame so cells stay put between frames
         fig.canvas.draw()
         frames.append(np.asarray(fig.canvas.buffer_rgba())[..., :3].copy())
     height_px = frames[0].shape[0]

@@ -296,3 +296,12 @@ def test_movingai_duplicate_start_and_bad_version(tmp_path):
     _write_lines(tmp_path / "m.scen", ["v1", scen[1]])
     with pytest.raises(io.MovingAIError, match=r"m\.scen:1: expected 'version 1'"):
         io.read_movingai(tmp_path / "m.map", tmp_path / "m.scen")
+
+
+def test_import_paper_rows_rejects_trailing_text_after_list(tmp_path):
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps(_paper_rows()[:1]) + "\n\n]")
+    with pytest.raises(io.JsonlError, match=r"rows\.json:3: unexpected text after the JSON list"):
+        io.import_paper_rows(path)
+    path.write_text("[]")
+    assert io.import_paper_rows(path) == []
