@@ -32,6 +32,8 @@ def make_tiny_checkpoint(
     transformers write an index-sharded checkpoint. Returns `path`.
     """
     path = pathlib.Path(path)
+    if path.exists() and any(path.iterdir()):
+        raise FileExistsError(f"{path} is not empty; stale shards would mix with new ones")
     config = transformers.Qwen3Config(
         vocab_size=vocab,
         hidden_size=hidden,

@@ -1,0 +1,199 @@
+"""Device mesh ("data", "fsdp", "tp"), logical-axis sharding rules, model placement, and the
+project's single `jax.distributed.initialize` call.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+AXES = ("data", "fsdp", "tp")
+
+# Logical axis -> mesh axis (or tuple of mesh axes, or None = replicated).
+# train: FSDP shards the embed dimension of every weight (gathered per layer by XLA), tensor
+#   parallelism shards heads, MLP and vocab; the batch is split over data and fsdp together.
+# sample: weights are replicated over data/fsdp (decode is latency bound: no per-step gather),
+#   tp still splits heads/MLP/vocab; every non-tp device decodes its own slice of the batch.
+RULES: dict[str, dict[str, str | tuple[str, ...] | None]] = {
+    "train": {
+        "batch": ("data", "fsdp"),
+        "seq": None,
+        "vocab": "tp",
+        "embed": "fsdp",
+        "q_heads": "tp",
+        "kv_heads": "tp",
+        "head_dim": None,
+        "mlp": "tp",
+        "norm": None,
+        "layers": None,
+        "cache_seq": None,
+    },
+    "sample": {
+        "batch": ("data", "fsdp"),
+        "seq": None,
+        "vocab": "tp",
+        "embed": None,
+        "q_heads": "tp",
+        "kv_heads": "tp",
+        "head_dim": None,
+        "mlp": "tp",
+        "norm": None,
+        "layers": None,
+        "cache_seq": None,
+    },
+}
+
+
+def make_mesh(shape: Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A mesh with axes ("data", "fsdp", "tp"); missing axes have size 1, one size may be -1.
+
+    shape: e.g. {"fsdp": 4, "tp": 2} or an ml_collections ConfigDict with those keys.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    shape = dict(shape)
+    unknown = sorted(set(shape) - set(AXES))
+    if unknown:
+        raise ValueError(f"mesh shape: unknown axes {unknown}; allowed axes are {list(AXES)}")
+    sizes = [int(shape.get(a, 1)) for a in AXES]
+    if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
+        raise ValueError(f"mesh shape {shape}: sizes must be positive, with at most one -1")
+    if -1 in sizes:
+        known = math.prod(s for s in sizes if s != -1)
+        if len(devices) % known:
+            raise ValueError(f"mesh shape {shape}: {len(devices)} devices not divisible by {known}")
+        sizes[sizes.index(-1)] = len(devices) // known
+    if math.prod(sizes) != len(devices):
+        raise ValueError(
+            f"mesh shape {shape} needs {math.prod(sizes)} devices but {len(devices)} are given"
+        )
+    return jax.make_mesh(sizes, AXES, axis_types=(AxisType.Auto,) * len(AXES), devices=devices)
+
+
+def _rules(rules) -> Mapping[str, str | tuple[str, ...] | None]:
+    if isinstance(rules, str):
+        if rules not in RULES:
+            raise ValueError(f"rules={rules!r}: allowed names are {sorted(RULES)}")
+        return RULES[rules]
+    return rules
+
+
+def logical_to_spec(logical_axes, mesh: Mesh, rules, shape=None) -> PartitionSpec:
+    """PartitionSpec for an array whose dimensions have the given logical names.
+
+    A mesh axis is used at most once per array (first dimension wins). When `shape` is given, a
+    dimension not divisible by its mesh axes' size stays replicated instead of failing.
+    """
+    rules = _rules(rules)
+    used: set[str] = set()
+    spec = []
+    for dim, name in enumerate(logical_axes):
+        if name is not None and name not in rules:
+            raise KeyError(f"logical axis {name!r} has no sharding rule; known: {sorted(rules)}")
+        target = rules.get(name) if name is not None else None
+        axes = (target,) if isinstance(target, str) else tuple(target or ())
+        axes = tuple(a for a in axes if a not in used and mesh.shape.get(a, 1) > 1)
+        size = math.prod(mesh.shape[a] for a in axes)
+        if shape is not None and shape[dim] % size:
+            axes = ()
+        used.update(axes)
+        spec.append(None if not axes else axes[0] if len(axes) == 1 else axes)
+    return PartitionSpec(*spec)
+
+
+def logical_to_sharding(logical_axes, mesh: Mesh, rules, shape=None) -> NamedSharding:
+    """NamedSharding for an array with the given logical axis names (see `logical_to_spec`)."""
+    return NamedSharding(mesh, logical_to_spec(logical_axes, mesh, rules, shape))
+
+
+def _is_var(x) -> bool:
+    return isinstance(x, nnx.Variable)
+
+
+def model_shardings(abstract_model_state, mesh: Mesh, rules):
+    """NamedShardings for an nnx state (abstract or concrete), from each Variable's
+    `logical_axes` metadata; Variables without it are replicated. Same tree structure."""
+
+    def one(var):
+        axes = var.get_metadata().get("logical_axes")
+        shape = np.shape(var.get_value())
+        if axes is None:
+            return var.replace(NamedSharding(mesh, PartitionSpec()))
+        if len(axes) != len(shape):
+            raise ValueError(f"logical axes {axes} do not match a parameter of shape {shape}")
+        return var.replace(logical_to_sharding(axes, mesh, rules, shape))
+
+    return jax.tree.map(one, abstract_model_state, is_leaf=_is_var)
+
+
+def shard_model(model: nnx.Module, mesh: Mesh, rules) -> nnx.Module:
+    """Moves an nnx model's state onto `mesh` according to its logical axes (in place)."""
+    state = nnx.state(model)
+    nnx.update(model, jax.device_put(state, model_shardings(state, mesh, rules)))
+    return model
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    if value in (None, ""):
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r} must be an integer") from None
+
+
+def _cluster_detected() -> bool:
+    # Environments where jax.distributed.initialize() can discover its peers by itself.
+    slurm = (_env_int("SLURM_NTASKS") or 1) > 1 and "SLURM_JOB_ID" in os.environ
+    tpu_pod = len([h for h in os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h]) > 1
+    return slurm or tpu_pod
+
+
+def initialize_distributed(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    local_device_ids: Sequence[int] | None = None,
+) -> bool:
+    """Joins a multi-process JAX job; returns True when running with more than one process.
+
+    Arguments fall back to JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID, then
+    to JAX's own cluster auto-detection (SLURM, TPU pods). A single process is a no-op, and a
+    second call after a successful first one returns without re-initialising.
+    """
+    if jax.distributed.is_initialized():
+        return jax.process_count() > 1
+    coordinator_address = coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
+    num_processes = num_processes if num_processes is not None else _env_int("JAX_NUM_PROCESSES")
+    process_id = process_id if process_id is not None else _env_int("JAX_PROCESS_ID")
+    if num_processes == 1:
+        return False
+    if coordinator_address is None and num_processes is None:
+        if not _cluster_detected():
+            return False
+        jax.distributed.initialize(local_device_ids=local_device_ids)
+        return jax.process_count() > 1
+    missing = [
+        name
+        for name, v in [
+            ("coordinator_address / JAX_COORDINATOR_ADDRESS", coordinator_address),
+            ("num_processes / JAX_NUM_PROCESSES", num_processes),
+            ("process_id / JAX_PROCESS_ID", process_id),
+        ]
+        if v is None
+    ]
+    if missing:
+        raise ValueError(f"initialize_distributed: missing {missing} for a multi-process job")
+    jax.distributed.initialize(
+        coordinator_address=coordinator_address,
+        num_processes=num_processes,
+        process_id=process_id,
+        local_device_ids=local_device_ids,
+    )
+    return jax.process_count() > 1
