@@ -174,6 +174,18 @@ def test_group_advantages_match_numpy(scale_by_std, ddof, shape2d):
     assert np.all(np.isfinite(flat))
 
 
+@pytest.mark.parametrize("group_size", [3, 8])
+@pytest.mark.parametrize("jit", [False, True])
+def test_constant_groups_are_exactly_zero(group_size, jit):
+    # fp32 mean of 0.1 repeated 3 or 8 times is not exactly 0.1: the centring alone leaves a
+    # residue that the std division would blow up to about +-1.
+    rewards = jnp.full((2 * group_size,), 0.1, jnp.float32)
+    fn = grpo.group_advantages
+    if jit:
+        fn = jax.jit(fn, static_argnums=(1, 2, 3, 4))
+    assert np.all(np.asarray(fn(rewards, group_size, True, 1e-6, 0)) == 0.0)
+
+
 def test_group_advantages_ddof0_unit_rms_and_jit():
     rewards = jnp.array([0.0, 1.0, 1.0, 1.0, 3.0, 5.0], jnp.float32)
     adv = jax.jit(grpo.group_advantages, static_argnums=(1, 2, 3, 4))(rewards, 2, True, 1e-6, 0)
@@ -401,10 +413,36 @@ def test_all_masked_batch_is_finite():
 
 def test_masked_garbage_gives_finite_gradient():
     logp, old, ref, adv, mask = random_batch(6)
+    logp = np.where(mask, logp, np.float32(-np.inf))  # even the current log-probs are garbage
+    logp[~mask & (np.arange(logp.shape[1]) % 2 == 0)] = np.nan
     cfg = GRPOConfig(kl_coef=0.1)
     grad = jax.grad(lambda lp: grpo.grpo_loss(lp, old, adv, mask, cfg, ref)[0])(logp)
     grad = np.asarray(grad)
     assert np.all(np.isfinite(grad)) and np.all(grad[~mask] == 0.0)
+    loss, metrics = grpo.grpo_loss(logp, old, adv, mask, cfg, ref)
+    assert np.isfinite(float(loss)) and all(np.isfinite(float(v)) for v in metrics.values())
+
+
+def test_asymmetric_clip_bands():
+    # Ratios on both sides of each band edge; clip_low=0.1 -> 0.9, clip_high=0.3 -> 1.3.
+    ratios = np.array([0.7, 0.85, 0.95, 1.05, 1.2, 1.25, 1.35, 1.6], np.float32)
+    old = np.zeros((2, 8), np.float32)
+    logp = np.log(np.stack([ratios, ratios])).astype(np.float32)
+    adv = np.array([1.0, -1.0], np.float32)
+    mask = np.ones((2, 8), bool)
+    cfg = GRPOConfig(clip_low=0.1, clip_high=0.3)
+    (loss, metrics), grad = jax.value_and_grad(grpo.grpo_loss, has_aux=True)(
+        jnp.asarray(logp), old, adv, mask, cfg
+    )
+    want_loss, want_metrics = np_grpo(logp, old, adv, mask, cfg)
+    np.testing.assert_allclose(float(loss), want_loss, rtol=1e-5)
+    assert_metrics_close(metrics, want_metrics)
+    assert want_metrics["clip_frac_high"] == 2 / 16  # A > 0 and ratio > 1.3
+    assert want_metrics["clip_frac_low"] == 2 / 16  # A < 0 and ratio < 0.9
+    # Zero gradient exactly where the clipped branch is active, nonzero elsewhere.
+    clipped = np.stack([ratios > 1.3, ratios < 0.9])
+    grad = np.asarray(grad)
+    assert np.all(grad[clipped] == 0.0) and np.all(grad[~clipped] != 0.0)
 
 
 def _np_weights(name, mask, budget=None):
@@ -518,3 +556,18 @@ def test_defaults_are_valid_and_hashable():
     assert cfg.group_size == 8 and cfg.clip_low == cfg.clip_high == 0.2 and cfg.kl_coef == 0.0
     assert cfg.std_ddof == 0 and cfg.aggregation == "token_mean" and cfg.temperature == 1.0
     assert hash(cfg) == hash(GRPOConfig())
+
+
+def test_sharded_batch_gives_the_same_loss():
+    # The trainer shards the batch axis; aggregations must still be global sums/means.
+    logp, old, ref, adv, mask = random_batch(10, b=8)
+    mesh = jax.make_mesh((8,), ("data",))
+    rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    sharded = [jax.device_put(x, rows) for x in (logp, old, adv, mask, ref)]
+    for name in AGG_NAMES:
+        cfg = GRPOConfig(aggregation=name, kl_coef=0.1)
+        fn = jax.jit(grpo.grpo_loss, static_argnames="cfg")
+        loss, metrics = fn(*sharded[:4], cfg=cfg, ref_logp=sharded[4])
+        want_loss, want_metrics = np_grpo(logp, old, adv, mask, cfg, ref)
+        np.testing.assert_allclose(float(loss), want_loss, rtol=2e-5, atol=1e-6)
+        assert_metrics_close(metrics, want_metrics)
