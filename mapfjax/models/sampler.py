@@ -208,7 +208,7 @@ def _decode(
         done,
         jnp.zeros((b,), bool),
     )
-    bufs = tuple(_constrain(x, batch_sh) for x in bufs)
+    bufs = tuple(_constrain(x, batch_sh if x.ndim == 2 else _vector(batch_sh)) for x in bufs)
     bufs = record(bufs, 0, logits)
 
     def cond(state):
@@ -426,7 +426,9 @@ def generate(
 
 
 def _vector(sharding):
-    """The batch sharding restricted to a [B] vector."""
+    """The batch sharding restricted to a [B] vector (None stays None)."""
+    if sharding is None:
+        return None
     spec = jax.sharding.PartitionSpec(sharding.spec[0] if len(sharding.spec) else None)
     return jax.sharding.NamedSharding(sharding.mesh, spec)
 

@@ -1,0 +1,279 @@
+"""The sampler against transformers' generate/logits and exact top-k/top-p distributions."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from mapfjax import parallel
+from mapfjax.models import sampler
+from mapfjax.models.hf import from_pretrained
+from tests.models import hf_fixtures
+
+N_NEW = 32
+# Different lengths, spread over two power-of-two buckets (8 and 16).
+PROMPTS = [[5, 17, 3], [9, 1, 44, 2, 7, 100, 31, 8, 12, 60, 7], [200], [3, 3, 3, 3, 3, 90, 1]]
+
+# (tie, num_heads, num_kv_heads): tied and untied heads, GQA ratios 2, 4 and 1.
+ARCHS = [(True, 4, 2), (False, 8, 2), (True, 4, 4)]
+
+
+def checkpoint(path, *, tie, **kw):
+    """A random tiny checkpoint. Tied ones get embeddings shrunk 10x: with O(1) embeddings the
+    residual stream is dominated by the input embedding, so a tied head just repeats the last
+    token, and a test comparing such constant continuations would prove little."""
+    hf_fixtures.make_tiny_checkpoint(path, tie=tie, **kw)
+    if tie:
+        ref = hf_fixtures.load_reference(path)
+        with torch.no_grad():
+            ref.get_input_embeddings().weight.mul_(0.1)
+        ref.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module", params=ARCHS, ids=lambda a: f"tie{a[0]}-h{a[1]}-kv{a[2]}")
+def pair(request, tmp_path_factory):
+    """(our fp32 model, transformers fp32 model) loaded from one random checkpoint."""
+    tie, heads, kv = request.param
+    path = tmp_path_factory.mktemp("ckpt")
+    checkpoint(path, tie=tie, num_heads=heads, num_kv_heads=kv, seed=1)
+    return from_pretrained(path, dtype=jnp.float32), hf_fixtures.load_reference(path)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """Two fp32 models of one architecture (different weights) and the reference of the first."""
+    out = []
+    for seed in (0, 1):
+        path = tmp_path_factory.mktemp(f"seed{seed}")
+        checkpoint(path, tie=False, seed=seed)
+        out.append((from_pretrained(path, dtype=jnp.float32), hf_fixtures.load_reference(path)))
+    return out
+
+
+def hf_greedy(ref, prompt, n):
+    """transformers' greedy continuation of one unpadded prompt (no stop token)."""
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = ref.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=n,
+            min_new_tokens=n,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()
+
+
+def hf_log_softmax(ref, seq):
+    """log_softmax of transformers' logits [T, V] for one unpadded sequence."""
+    with torch.no_grad():
+        logits = ref(input_ids=torch.tensor([seq])).logits[0].double()
+    return torch.log_softmax(logits, -1).numpy()
+
+
+def np_filtered_probs(logits, temperature, top_k, top_p):
+    """Reference distribution [V]: softmax(logits / T), keep top-k, renormalise, keep the
+    smallest descending prefix with mass >= top_p, renormalise."""
+    p = np.exp((logits - logits.max()) / temperature)
+    p /= p.sum()
+    order = np.argsort(-p, kind="stable")
+    keep = np.zeros(p.shape, bool)
+    keep[order[: top_k or len(p)]] = True
+    q = np.where(keep, p, 0.0)
+    q /= q.sum()
+    mass = 0.0
+    nucleus = np.zeros(p.shape, bool)
+    for i in order:
+        if not keep[i] or mass >= top_p:
+            break
+        nucleus[i] = True
+        mass += q[i]
+    q = np.where(nucleus, q, 0.0)
+    return q / q.sum()
+
+
+def test_greedy_matches_transformers(pair):
+    ours, ref = pair
+    out = sampler.generate(ours, PROMPTS, N_NEW, stop_tokens=(), cache_dtype=jnp.float32)
+    assert out.tokens.shape == (len(PROMPTS), N_NEW) and out.tokens.dtype == jnp.int32
+    np.testing.assert_array_equal(out.lengths, N_NEW)
+    assert not np.asarray(out.finished).any()
+    for i, prompt in enumerate(PROMPTS):
+        assert np.asarray(out.tokens[i]).tolist() == hf_greedy(ref, prompt, N_NEW), i
+    assert len(np.unique(out.tokens)) > 8  # not a degenerate constant continuation
+
+
+def test_greedy_logprobs_match_transformers(pair):
+    ours, ref = pair
+    out = sampler.generate(ours, PROMPTS, N_NEW, stop_tokens=(), cache_dtype=jnp.float32)
+    toks = np.asarray(out.tokens)
+    for i, prompt in enumerate(PROMPTS):
+        seq = prompt + toks[i].tolist()
+        lsm = hf_log_softmax(ref, seq)[len(prompt) - 1 : -1]  # predicts each generated token
+        want = lsm[np.arange(N_NEW), toks[i]]
+        np.testing.assert_allclose(out.logprobs[i], want, atol=1e-4, rtol=0)
+        np.testing.assert_allclose(out.logprobs_full[i], want, atol=1e-4, rtol=0)
+
+
+def test_filter_logits_matches_numpy_reference():
+    logits = np.asarray(jax.random.normal(jax.random.key(3), (6, 50)) * 3.0)
+    for top_k, top_p in [(0, None), (1, None), (7, None), (0, 0.5), (0, 0.999), (10, 0.6)]:
+        got = np.asarray(sampler.filter_logits(jnp.asarray(logits), top_k, top_p))
+        for row, lg in zip(got, logits):
+            want = np_filtered_probs(lg, 1.0, top_k, 1.0 if top_p is None else top_p)
+            q = np.exp(row - row.max())
+            np.testing.assert_allclose(q / q.sum(), want, atol=1e-6)
+            assert np.array_equal(np.isfinite(row), want > 0), (top_k, top_p)
+
+
+@pytest.mark.parametrize(
+    # The random fixtures have peaked logits (std ~10): high temperatures spread them out.
+    "temperature,top_k,top_p",
+    [(15.0, 0, 1.0), (15.0, 12, 1.0), (20.0, 0, 0.8), (20.0, 20, 0.7)],
+)
+def test_first_step_frequencies_match_distribution(models, temperature, top_k, top_p):
+    (ours, ref), _ = models
+    prompt, draws = [5, 17, 3, 9], 4096
+    out = sampler.generate(
+        ours,
+        [prompt] * draws,
+        1,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        key=jax.random.key(7),
+        stop_tokens=(),
+    )
+    lsm = hf_log_softmax(ref, prompt)[-1]  # any monotone shift of the logits is fine here
+    want = np_filtered_probs(lsm, temperature, top_k, top_p)
+    toks = np.asarray(out.tokens[:, 0])
+    counts = np.bincount(toks, minlength=want.size)
+    # Support is exact: nothing outside top-k / the nucleus is ever drawn.
+    assert counts[want == 0].sum() == 0
+    # Frequencies: every token within 5 binomial standard deviations (+1 for tiny p).
+    sd = np.sqrt(draws * want * (1 - want))
+    assert np.all(np.abs(counts - draws * want) <= 5 * sd + 1), np.abs(counts - draws * want)
+    assert (counts > 0).sum() > 3  # the test would be vacuous on a one-token distribution
+    # Log-probs are those of the renormalised and of the untruncated distribution.
+    np.testing.assert_allclose(out.logprobs[:, 0], np.log(want[toks]), atol=1e-4)
+    full = lsm / temperature
+    full = full - np.log(np.exp(full - full.max()).sum()) - full.max()
+    np.testing.assert_allclose(out.logprobs_full[:, 0], full[toks], atol=1e-4)
+
+
+def test_top_k_1_and_tiny_top_p_equal_greedy(models):
+    (ours, _), _ = models
+    greedy = sampler.generate(ours, PROMPTS, N_NEW, stop_tokens=())
+    key = jax.random.key(11)
+    top1 = sampler.generate(ours, PROMPTS, N_NEW, temperature=1.0, top_k=1, key=key, stop_tokens=())
+    nucleus = sampler.generate(
+        ours, PROMPTS, N_NEW, temperature=1.0, top_p=1e-6, key=key, stop_tokens=()
+    )
+    for out in (top1, nucleus):
+        np.testing.assert_array_equal(out.tokens, greedy.tokens)
+        np.testing.assert_allclose(out.logprobs, 0.0, atol=1e-6)  # prob 1 after truncation
+        np.testing.assert_allclose(out.logprobs_full, greedy.logprobs, atol=1e-5)  # T = 1
+    assert sampler.logprob_gap(top1) > 0.0
+
+
+def test_sampling_is_deterministic_given_key(models):
+    (ours, _), _ = models
+    kw = dict(temperature=1.0, stop_tokens=())
+    a = sampler.generate(ours, PROMPTS, 16, key=jax.random.key(1), **kw)
+    b = sampler.generate(ours, PROMPTS, 16, key=jax.random.key(1), **kw)
+    c = sampler.generate(ours, PROMPTS, 16, key=jax.random.key(2), **kw)
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_array_equal(a.logprobs, b.logprobs)
+    assert not np.array_equal(a.tokens, c.tokens)
+
+
+def test_stop_tokens_pad_and_count(models):
+    (ours, _), _ = models
+    free = np.asarray(sampler.generate(ours, PROMPTS, N_NEW, stop_tokens=()).tokens)
+    # Stop on row 0's 6th token; other rows stop wherever that token first appears, if at all.
+    stop = int(free[0, 5])
+    pad = 251
+    out = sampler.generate(ours, PROMPTS, N_NEW, stop_tokens=(stop,), pad_id=pad)
+    hits = [np.flatnonzero(row == stop) for row in free]
+    assert hits[0][0] <= 5
+    for i, row in enumerate(free):
+        n = hits[i][0] + 1 if hits[i].size else N_NEW
+        assert int(out.lengths[i]) == n, i
+        assert bool(out.finished[i]) == bool(hits[i].size), i
+        np.testing.assert_array_equal(out.tokens[i, :n], row[:n])
+        np.testing.assert_array_equal(out.tokens[i, n:], pad)
+        assert np.all(np.asarray(out.logprobs[i, n:]) == 0.0)
+    assert sampler.to_lists(out)[0] == free[0, : hits[0][0] + 1].tolist()
+    want_steps = N_NEW if not all(h.size for h in hits) else max(h[0] for h in hits) + 1
+    assert int(out.steps) == want_steps
+
+
+def test_early_exit_when_all_rows_stop(models):
+    (ours, _), _ = models
+    free = np.asarray(sampler.generate(ours, PROMPTS, N_NEW, stop_tokens=()).tokens)
+    stops = tuple(sorted({int(row[3]) for row in free}))  # every row stops by its 4th token
+    out = sampler.generate(ours, PROMPTS, N_NEW, stop_tokens=stops)
+    first = [int(np.flatnonzero(np.isin(row, stops))[0]) for row in free]
+    assert max(first) <= 3
+    assert int(out.steps) == max(first) + 1 < N_NEW
+    np.testing.assert_array_equal(out.lengths, np.asarray(first) + 1)
+    assert np.asarray(out.finished).all()
+
+
+def test_bucketing_bounds_compiles_and_weights_are_arguments(models):
+    (m0, _), (m1, _) = models
+    rng = np.random.default_rng(0)
+    # Prompt lengths 17..32 share bucket 32, batch sizes 3..4 share bucket 4.
+    batches = [
+        [rng.integers(0, 256, int(rng.integers(17, 33))).tolist() for _ in range(3 + i % 2)]
+        for i in range(10)
+    ]
+    before = sampler.trace_counts()
+    for b in batches:
+        sampler.generate(m0, b, 5, stop_tokens=())
+    mid = sampler.trace_counts()
+    for name in ("prefill", "decode"):
+        assert mid.get(name, 0) - before.get(name, 0) <= 1, (name, before, mid)
+    # Other weights, same architecture: no retrace, and the result follows the new weights,
+    # so the weights are traced arguments, not constants baked into the executable.
+    a = sampler.generate(m0, batches[0], 5, stop_tokens=())
+    b = sampler.generate(m1, batches[0], 5, stop_tokens=())
+    assert sampler.trace_counts() == mid
+    assert not np.array_equal(a.tokens, b.tokens)
+
+
+def test_input_errors_are_clear(models):
+    (ours, _), _ = models
+    with pytest.raises(ValueError, match=r"prompt 1 has 20 tokens.*36 slots.*at most 32"):
+        sampler.generate(ours, [[1] * 5, [1] * 20], 16, max_cache_len=32)
+    with pytest.raises(ValueError, match="prompt 0 has 4090 tokens.*4096"):
+        sampler.generate(ours, [[1] * 4090], 16)
+    with pytest.raises(ValueError, match="needs key"):
+        sampler.generate(ours, PROMPTS, 4, temperature=1.0)
+    with pytest.raises(ValueError, match="bucket='pow3'"):
+        sampler.generate(ours, PROMPTS, 4, bucket="pow3")
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        sampler.generate(ours, [[1], []], 4)
+    with pytest.raises(ValueError, match="top_p=0"):
+        sampler.generate(ours, PROMPTS, 4, temperature=1.0, top_p=0.0, key=jax.random.key(0))
+
+
+def test_sharded_equals_unsharded(models):
+    (ours, _), _ = models
+    assert len(jax.devices()) == 8
+    prompts = PROMPTS + [[7, 8, 9, 10, 11], [1, 2], [42] * 9, [250, 4, 4]]
+    plain = sampler.generate(ours, prompts, 16, stop_tokens=())
+    mesh = parallel.make_mesh({"data": 2, "fsdp": 2, "tp": 2})
+    passed = sampler.generate(ours, prompts, 16, stop_tokens=(), mesh=mesh)
+    with jax.set_mesh(mesh):
+        ambient = sampler.generate(ours, prompts, 16, stop_tokens=())
+    for out in (passed, ambient):
+        np.testing.assert_array_equal(out.tokens, plain.tokens)
+        np.testing.assert_allclose(out.logprobs, plain.logprobs, atol=1e-5)
+        # 8 rows split 4 ways over ("data", "fsdp"), replicated over "tp".
+        shard_rows = {s.data.shape[0] for s in out.tokens.addressable_shards}
+        assert shard_rows == {2}, shard_rows
