@@ -20,6 +20,11 @@ from tests.models.hf_fixtures import load_reference, make_tiny_checkpoint, refer
 F32 = dict(dtype=jnp.float32, param_dtype=jnp.float32)
 
 
+@nnx.jit
+def run(m, tokens, mask):
+    return m(tokens, attention_mask=mask)
+
+
 def left_padded_batch(vocab, lengths=(9, 5, 1, 7), total=9, seed=0):
     """tokens int32 [B, T] (pad id 0 on the left) and mask bool [B, T]."""
     rng = np.random.default_rng(seed)
@@ -60,7 +65,7 @@ def test_matches_transformers_and_cache(tmp_path, case):
     assert model.config.tie_word_embeddings == case["tie"]
     tokens, mask = left_padded_batch(model.config.vocab_size)
     ref = reference_logits(load_reference(path), tokens, mask)
-    ours, cache = model(jnp.asarray(tokens), attention_mask=jnp.asarray(mask))
+    ours, cache = run(model, jnp.asarray(tokens), jnp.asarray(mask))
     assert cache is None and ours.dtype == jnp.float32
     assert np.abs(ref[mask]).max() > 1.0  # the comparison is not between near-zero logits
     np.testing.assert_allclose(np.asarray(ours)[mask], ref[mask], atol=1e-4, rtol=0)
@@ -76,7 +81,7 @@ def test_bf16_load_keeps_checkpoint_values(tmp_path):
     embed = ref.model.embed_tokens.weight.detach().float().numpy()
     np.testing.assert_array_equal(np.asarray(model.embedding[...], np.float32), embed)
     tokens, mask = left_padded_batch(model.config.vocab_size)
-    ours = np.asarray(model(jnp.asarray(tokens), attention_mask=jnp.asarray(mask))[0])
+    ours = np.asarray(run(model, jnp.asarray(tokens), jnp.asarray(mask))[0])
     theirs = reference_logits(load_reference(path), tokens, mask)
     scale = np.abs(theirs[mask]).max()
     assert np.abs(ours[mask] - theirs[mask]).max() < 0.1 * scale  # bf16 compute, loose
@@ -284,6 +289,6 @@ def test_qwen3_4b_widths(tmp_path):
     four_b = qwen3.PRESETS["qwen3-4b"]
     assert model.config == dataclasses.replace(four_b, num_layers=2, max_position_embeddings=4096)
     tokens, mask = left_padded_batch(151936, lengths=(6, 3), total=6)
-    ours = np.asarray(model(jnp.asarray(tokens), attention_mask=jnp.asarray(mask))[0])
+    ours = np.asarray(run(model, jnp.asarray(tokens), jnp.asarray(mask))[0])
     ref = reference_logits(load_reference(path), tokens, mask)
     np.testing.assert_allclose(ours[mask], ref[mask], atol=1e-3 * np.abs(ref).max(), rtol=0)
