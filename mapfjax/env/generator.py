@@ -22,6 +22,7 @@ from mapfjax.env import dynamics, types
 from mapfjax.env.types import Instance, Problem
 
 MIN_CANDIDATES = 64  # smallest candidate batch per size and round (amortises dispatch)
+SPAWN_MIN = 512  # fewer candidates than this are labelled in-process
 
 
 @functools.partial(jax.jit, static_argnames=("max_size", "max_agents", "num_agents"))
@@ -226,7 +227,8 @@ def generate(
             [cands[i] for i in idx],
             max_nodes=config.oracle.max_nodes,
             time_limit=config.oracle.time_limit,
-            processes=processes,
+            # Spawning workers costs ~2 s (each imports JAX): not worth it for small pools.
+            processes=processes if len(idx) >= SPAWN_MIN else 1,
         )
         for i, sol in zip(idx, sols, strict=True):
             s = sizes[i]
