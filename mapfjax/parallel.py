@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -136,6 +136,19 @@ def shard_model(model: nnx.Module, mesh: Mesh, rules) -> nnx.Module:
     state = nnx.state(model)
     nnx.update(model, jax.device_put(state, model_shardings(state, mesh, rules)))
     return model
+
+
+def init_sharded(make_model: Callable[[], nnx.Module], mesh: Mesh, rules) -> nnx.Module:
+    """Builds `make_model()` with every parameter created directly on its shards.
+
+    eval_shape gives the shapes, `model_shardings` the placements, and one jitted init with
+    those out_shardings materialises the state: no device ever holds the whole model.
+    """
+    abstract = nnx.eval_shape(make_model)
+    graphdef, abstract_state = nnx.split(abstract)
+    shardings = model_shardings(abstract_state, mesh, rules)
+    state = jax.jit(lambda: nnx.state(make_model()), out_shardings=shardings)()
+    return nnx.merge(graphdef, state)
 
 
 def _env_int(name: str) -> int | None:
