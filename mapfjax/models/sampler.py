@@ -425,6 +425,68 @@ def generate(
     return SampleOutput(toks, lengths, lps, lpfs, finished, steps)
 
 
+@functools.partial(jax.jit, static_argnames=("graphdef", "prefill_kw", "decode_kw"))
+def _prefill_and_decode(
+    graphdef, state, tokens, mask, prompt_lens, done, key, temp, top_p, *, prefill_kw, decode_kw
+):
+    """Both stages in one computation, for ahead-of-time memory analysis only."""
+    logits, cache = _prefill(graphdef, state, tokens, mask, **dict(prefill_kw))
+    return _decode(
+        graphdef, state, cache, logits, prompt_lens, done, key, temp, top_p, **dict(decode_kw)
+    )[0]
+
+
+def lower_generate(
+    graphdef,
+    state,
+    *,
+    batch: int,
+    prompt_len: int,
+    max_new_tokens: int,
+    mesh: jax.sharding.Mesh | None = None,
+    cache_dtype: Any = jnp.bfloat16,
+    top_k: int = 0,
+    top_p: bool = True,
+) -> jax.stages.Lowered:
+    """Lowers prefill + decode for `batch` rows of `prompt_len` tokens (sampling with
+    temperature, `top_k`, and top-p when `top_p`) without running it: feed an abstract
+    (ShapeDtypeStruct) `state` to plan memory, e.g. with `parallel.memory_per_device`."""
+    config = nnx.merge(graphdef, state).config
+    cache_len = prompt_len + max_new_tokens
+    shardings = _shardings(mesh, config, batch, cache_len) if mesh is not None else None
+    batch_sh = None if shardings is None else shardings[0]
+
+    def spec(shape, dtype):
+        sharding = batch_sh if len(shape) == 2 else _vector(batch_sh)
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+    prefill_kw = dict(
+        config=config, cache_len=cache_len, cache_dtype=jnp.dtype(cache_dtype), shardings=shardings
+    )
+    decode_kw = dict(
+        max_new_tokens=max_new_tokens,
+        greedy=False,
+        top_k=top_k,
+        use_top_p=top_p,
+        stop_tokens=DEFAULT_STOP_TOKENS,
+        pad_id=DEFAULT_PAD_ID,
+        shardings=shardings,
+    )
+    return _prefill_and_decode.lower(
+        graphdef,
+        state,
+        spec((batch, prompt_len), jnp.int32),
+        spec((batch, prompt_len), bool),
+        spec((batch,), jnp.int32),
+        spec((batch,), bool),
+        jax.random.key(0),
+        jnp.float32(1.0),
+        jnp.float32(0.95),
+        prefill_kw=tuple(sorted(prefill_kw.items())),
+        decode_kw=tuple(sorted(decode_kw.items())),
+    )
+
+
 def _vector(sharding):
     """The batch sharding restricted to a [B] vector (None stays None)."""
     if sharding is None:

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from flax import nnx
 
 from mapfjax import parallel
 from mapfjax.models import sampler
@@ -277,3 +278,30 @@ def test_sharded_equals_unsharded(models):
         # 8 rows split 4 ways over ("data", "fsdp"), replicated over "tp".
         shard_rows = {s.data.shape[0] for s in out.tokens.addressable_shards}
         assert shard_rows == {2}, shard_rows
+
+
+def test_lower_generate_is_the_sampling_computation(models):
+    (ours, _), _ = models
+    graphdef, state = nnx.split(ours)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
+    key = jax.random.key(5)
+    want = sampler.generate(ours, prompts, 8, temperature=1.0, top_p=0.95, key=key)
+    lowered = sampler.lower_generate(
+        graphdef, state, batch=2, prompt_len=8, max_new_tokens=8, cache_dtype=jnp.float32
+    )
+    tokens = np.zeros((2, 8), np.int32)
+    mask = np.zeros((2, 8), bool)
+    for i, p in enumerate(prompts):
+        tokens[i, 8 - len(p) :], mask[i, 8 - len(p) :] = p, True
+    got = lowered.compile()(
+        state,
+        tokens,
+        mask,
+        np.array([3, 5], np.int32),
+        np.zeros(2, bool),
+        key,
+        np.float32(1.0),
+        np.float32(0.95),
+    )
+    np.testing.assert_array_equal(got[0], want.tokens)
+    np.testing.assert_allclose(got[2], want.logprobs, atol=1e-6)
