@@ -35,7 +35,7 @@ class SampleOutput:
     logprobs_full: float32 [B, N], log_softmax(logits / temperature) at each token, without
       top-k/top-p truncation (what a trainer recomputes); 0 after `lengths`.
     finished: bool [B], True when the row stopped on a stop token, False when truncated.
-    steps: int32 [], decode steps actually run (< N when every row stopped early).
+    steps: int32 [], token positions actually sampled, 1..N (< N when every row stopped early).
     """
 
     tokens: jax.Array
@@ -308,6 +308,11 @@ def _check_args(prompts, max_new_tokens, temperature, top_p, top_k, buckets, voc
     for i, p in enumerate(prompts):
         if len(p) == 0:
             raise ValueError(f"generate: prompt {i} is empty; every prompt needs >= 1 token")
+        bad = [t for t in p if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(
+                f"generate: prompt {i} has token ids {bad[:5]} outside the vocabulary [0, {vocab})"
+            )
 
 
 def generate(
@@ -333,8 +338,11 @@ def generate(
     the model's max_position_embeddings). temperature == 0 is greedy; otherwise tokens are
     drawn from softmax(logits / temperature) filtered by `top_k` (0 = off) then `top_p`
     (1 = off), see `filter_logits`. A row stops after emitting one of `stop_tokens`.
-    `key` (required when temperature > 0) makes sampling deterministic. With a mesh (passed
-    or set by `jax.set_mesh`), batch rows are sharded as `parallel.RULES["sample"]` says.
+    `key` (required when temperature > 0) makes sampling deterministic. `cache_dtype`
+    defaults to the model's activation dtype. With a mesh (passed or set by `jax.set_mesh`),
+    batch rows of tokens and cache are sharded as `parallel.RULES["sample"]` says; place the
+    model first with `parallel.shard_model(model, mesh, "sample")`, else weights that are
+    not on the mesh are replicated onto it on every call.
     """
     config = model.config
     buckets = {"bucket": bucket, "batch_bucket": batch_bucket}

@@ -190,6 +190,11 @@ def test_sampling_is_deterministic_given_key(models):
     np.testing.assert_array_equal(a.tokens, b.tokens)
     np.testing.assert_array_equal(a.logprobs, b.logprobs)
     assert not np.array_equal(a.tokens, c.tokens)
+    # temperature and top_p are traced values: changing them does not recompile.
+    before = sampler.trace_counts()
+    d = sampler.generate(ours, PROMPTS, 16, key=jax.random.key(1), temperature=3.0, stop_tokens=())
+    assert sampler.trace_counts() == before
+    assert not np.array_equal(a.logprobs_full, d.logprobs_full)
 
 
 def test_stop_tokens_pad_and_count(models):
@@ -257,6 +262,8 @@ def test_input_errors_are_clear(models):
         sampler.generate(ours, PROMPTS, 4, temperature=1.0)
     with pytest.raises(ValueError, match="bucket='pow3'"):
         sampler.generate(ours, PROMPTS, 4, bucket="pow3")
+    with pytest.raises(ValueError, match=r"prompt 2 has token ids \[256, -1\] outside"):
+        sampler.generate(ours, [[1], [2], [3, 256, 4, -1]], 4)
     with pytest.raises(ValueError, match="prompt 1 is empty"):
         sampler.generate(ours, [[1], []], 4)
     with pytest.raises(ValueError, match="top_p=0"):
