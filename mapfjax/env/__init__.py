@@ -4,7 +4,7 @@ from mapfjax.env.config import ConfigError, default_config, project, validate
 from mapfjax.env.dynamics import EnvState, Verdict, reset, step, verdict_rows, verify
 from mapfjax.env.generator import Generated, GenerationReport, generate
 from mapfjax.env.io import JsonlError, load_answers, load_instances, save_instances
-from mapfjax.env.reward import RewardConfig, reward
+from mapfjax.env.reward import RewardConfig, rewards
 from mapfjax.env.text import ParsedAnswers, parse_answers, render_answer, render_prompt
 from mapfjax.env.types import (
     ACTION_NAMES,
@@ -39,7 +39,7 @@ __all__ = [
     "render_answer",
     "render_prompt",
     "reset",
-    "reward",
+    "rewards",
     "save_instances",
     "step",
     "to_instances",

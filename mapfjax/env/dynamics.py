@@ -76,10 +76,53 @@ def reset(instance: Instance) -> EnvState:
     )
 
 
-def _first(flags: jnp.ndarray) -> jnp.ndarray:
-    """Index of the first True in bool [N] (N if none)."""
-    n = flags.shape[-1]
-    return jnp.min(jnp.where(flags, jnp.arange(n), n))
+def _first(flags: jnp.ndarray, axis: int = -1) -> jnp.ndarray:
+    """Index of the first True along `axis` (its length if none)."""
+    n = flags.shape[axis]
+    idx = jnp.arange(n).reshape((n,) + (1,) * (flags.ndim - 1 - axis % flags.ndim))
+    return jnp.min(jnp.where(flags, idx, n), axis=axis)
+
+
+_CODES = (types.ILLEGAL_MOVE, types.HOLE, types.VERTEX_CONFLICT, types.EDGE_CONFLICT)
+_DR = jnp.asarray(types.ACTION_DELTAS[:, 0])
+_DC = jnp.asarray(types.ACTION_DELTAS[:, 1])
+
+
+def _step_flags(prev_r, prev_c, actions, active, height, width, is_hole):
+    """The checks of one synchronous step, agent axis first, anything after it.
+
+    prev_r, prev_c, actions: int32 [N, ...]; active: bool [N, ...] (broadcastable);
+    height, width: broadcastable to [...]; is_hole(r, c) -> bool for in-bounds cells.
+    Returns (r, c, flags) with flags bool [4, N, ...]: illegal_move, hole, vertex_conflict,
+    edge_conflict, in precedence order. Padded agent slots never move and never fail. The
+    agent axis leads so that a batch axis can sit last, where the CPU vectorises it.
+    """
+    n = actions.shape[0]
+    a = jnp.clip(actions, 0, 4)
+    dr = jnp.where(active, _DR[a], 0)
+    dc = jnp.where(active, _DC[a], 0)
+    r, c = prev_r + dr, prev_c + dc
+    bad_code = (actions < 0) | (actions > 4)
+    oob = active & (bad_code | (r < 0) | (r >= height) | (c < 0) | (c >= width))
+    hole = active & ~oob & is_hole(r, c)
+    moved = (dr != 0) | (dc != 0)
+    vertex = [jnp.zeros_like(oob[0]) for _ in range(n)]
+    edge = [jnp.zeros_like(oob[0]) for _ in range(n)]
+    for i in range(n):  # N <= 5: unrolled pair loop, elementwise over the trailing axes
+        for j in range(i + 1, n):
+            both = active[i] & active[j]
+            v = both & (r[i] == r[j]) & (c[i] == c[j])
+            e = (
+                both
+                & moved[i]
+                & (r[i] == prev_r[j])
+                & (c[i] == prev_c[j])
+                & (r[j] == prev_r[i])
+                & (c[j] == prev_c[i])
+            )
+            vertex[i], vertex[j] = vertex[i] | v, vertex[j] | v
+            edge[i], edge[j] = edge[i] | e, edge[j] | e
+    return r, c, jnp.stack([oob, hole, jnp.stack(vertex), jnp.stack(edge)])
 
 
 def step(instance: Instance, state: EnvState, actions: jnp.ndarray) -> EnvState:
@@ -88,87 +131,108 @@ def step(instance: Instance, state: EnvState, actions: jnp.ndarray) -> EnvState:
     A state that has already failed is returned unchanged (the failure is latched). Action
     codes outside 0..4 count as illegal_move.
     """
-    active = instance.agent_mask
-    bad_code = (actions < 0) | (actions > 4)
-    delta = _DELTAS[jnp.clip(actions, 0, 4)]
-    new = jnp.where(active[:, None], state.pos + delta, state.pos)
-    r, c = new[:, 0], new[:, 1]
-    oob = active & ((r < 0) | (r >= instance.height) | (c < 0) | (c >= instance.width) | bad_code)
     size = instance.holes.shape[-1]
-    in_hole = active & ~oob & instance.holes[jnp.clip(r, 0, size - 1), jnp.clip(c, 0, size - 1)]
-    pair = active[:, None] & active[None, :] & ~jnp.eye(active.shape[0], dtype=bool)
-    same_cell = jnp.all(new[:, None, :] == new[None, :, :], axis=-1)
-    vertex = jnp.any(pair & same_cell, axis=1)
-    moved = jnp.any(new != state.pos, axis=-1)
-    swap = jnp.all(new[:, None, :] == state.pos[None, :, :], axis=-1) & jnp.all(
-        state.pos[:, None, :] == new[None, :, :], axis=-1
-    )
-    edge = jnp.any(pair & swap & moved[:, None], axis=1)
 
-    # Precedence within a step: the first category with any failing agent wins.
-    cats = jnp.stack([oob, in_hole, vertex, edge])  # [4, N]
-    any_cat = jnp.any(cats, axis=1)
+    def is_hole(r, c):
+        return instance.holes[jnp.clip(r, 0, size - 1), jnp.clip(c, 0, size - 1)]
+
+    r, c, flags = _step_flags(
+        state.pos[:, 0],
+        state.pos[:, 1],
+        actions,
+        instance.agent_mask,
+        instance.height,
+        instance.width,
+        is_hole,
+    )  # flags [4, N]
+    any_cat = jnp.any(flags, axis=-1)
     cat = jnp.argmax(any_cat)
-    failed_now = jnp.any(any_cat) & (state.failure == types.NO_FAILURE)
-    codes = jnp.array(
-        [types.ILLEGAL_MOVE, types.HOLE, types.VERTEX_CONFLICT, types.EDGE_CONFLICT], jnp.int32
-    )
+    failed_now = jnp.any(any_cat)
+    new = jnp.stack([r, c], axis=-1)
     t = state.t + 1
-    already = state.failure != types.NO_FAILURE
-    on_goal = jnp.all(new == instance.goals, axis=-1) | ~active
+    on_goal = jnp.all(new == instance.goals, axis=-1) | ~instance.agent_mask
     moved_state = EnvState(
         pos=new,
         t=t,
-        failure=jnp.where(failed_now, codes[cat], state.failure),
+        failure=jnp.where(failed_now, jnp.asarray(_CODES, jnp.int32)[cat], state.failure),
         failure_time=jnp.where(failed_now, t, state.failure_time),
-        failure_agent=jnp.where(failed_now, _first(cats[cat]), state.failure_agent).astype(
+        failure_agent=jnp.where(failed_now, _first(flags[cat]), state.failure_agent).astype(
             jnp.int32
         ),
         last_off_goal=jnp.where(on_goal, state.last_off_goal, t),
     )
+    already = state.failure != types.NO_FAILURE
     return jax.tree.map(lambda old, nw: jnp.where(already, old, nw), state, moved_state)
 
 
-def _verify_one(instance: Instance, plan: jnp.ndarray, ok: jnp.ndarray, horizon: jnp.ndarray):
-    """plan: int32 [N, T] (WAIT-padded), ok: bool [], horizon: int32 [] plan length."""
+@jax.jit
+def _verify_batch(instances: Instance, plans, ok, horizon) -> Verdict:
+    """plans int32 [B, N, T] (WAIT-padded); ok bool [B]; horizon int32 [B].
 
-    def body(state, actions):
-        return step(instance, state, actions), None
+    No scan: before the first failure, positions are running sums of the moves, so all T
+    steps are checked at once (layout [N, T, B], batch last) and the earliest failing step is
+    selected afterwards.
+    """
+    b, n, t_len = plans.shape
+    size = instances.holes.shape[-1]
+    actions = jnp.transpose(plans, (1, 2, 0))  # [N, T, B]
+    active = instances.agent_mask.T[:, None, :]  # [N, 1, B]
+    a = jnp.clip(actions, 0, 4)
+    start_r = instances.starts[..., 0].T[:, None, :]  # [N, 1, B]
+    start_c = instances.starts[..., 1].T[:, None, :]
+    r = start_r + jnp.cumsum(jnp.where(active, _DR[a], 0), axis=1)  # [N, T, B] after each step
+    c = start_c + jnp.cumsum(jnp.where(active, _DC[a], 0), axis=1)
+    prev_r = jnp.concatenate([start_r, r[:, :-1]], axis=1)
+    prev_c = jnp.concatenate([start_c, c[:, :-1]], axis=1)
+    holes_flat = instances.holes.reshape(b, size * size)
 
-    final, _ = jax.lax.scan(body, reset(instance), plan.T)
-    active = instance.agent_mask
-    off_goal = active & ~jnp.all(final.pos == instance.goals, axis=-1)
-    step_fail = final.failure != types.NO_FAILURE
-    goal_fail = ~step_fail & jnp.any(off_goal)
+    def is_hole(rr, cc):
+        idx = jnp.clip(rr, 0, size - 1) * size + jnp.clip(cc, 0, size - 1)  # [N, T, B]
+        got = jnp.take_along_axis(holes_flat, idx.reshape(n * t_len, b).T, axis=1)
+        return got.T.reshape(n, t_len, b)
+
+    _, _, flags = _step_flags(
+        prev_r, prev_c, actions, active, instances.height, instances.width, is_hole
+    )  # [4, N, T, B]
+    fails = jnp.any(flags, axis=(0, 1))  # [T, B]
+    step_fail = jnp.any(fails, axis=0)  # [B]
+    t_fail = jnp.argmax(fails, axis=0)  # [B]
+    at = jnp.take_along_axis(flags, t_fail[None, None, None, :], axis=2)[:, :, 0]  # [4, N, B]
+    cat = jnp.argmax(jnp.any(at, axis=1), axis=0)  # [B]
+    in_cat = jnp.take_along_axis(at, cat[None, None, :], axis=0)[0]  # [N, B]
+    code = jnp.asarray(_CODES, jnp.int32)[cat]
+    goal_r = instances.goals[..., 0].T[:, None, :]
+    goal_c = instances.goals[..., 1].T[:, None, :]
+    all_r = jnp.concatenate([start_r, r], axis=1)  # [N, T+1, B]
+    all_c = jnp.concatenate([start_c, c], axis=1)
+    off = active & ((all_r != goal_r) | (all_c != goal_c))  # [N, T+1, B]
+    off_final = off[:, -1]  # [N, B]
+    goal_fail = ~step_fail & jnp.any(off_final, axis=0)
     failure = jnp.where(
         ~ok,
         types.PARSE_ERROR,
-        jnp.where(goal_fail, types.GOAL_NOT_REACHED, final.failure),
+        jnp.where(step_fail, code, jnp.where(goal_fail, types.GOAL_NOT_REACHED, 0)),
     ).astype(jnp.int32)
     valid = failure == types.NO_FAILURE
-    costs = jnp.where(active, final.last_off_goal + 1, 0)
-    soc = jnp.where(valid, costs.sum(), -1).astype(jnp.int32)
-    makespan = jnp.where(valid, costs.max(), -1).astype(jnp.int32)
-    labelled = instance.optimal_soc >= 0
+    # cost = first time from which the agent stays on its goal = 1 + last time it is off it.
+    times = jnp.arange(t_len + 1)[None, :, None]
+    costs = jnp.max(jnp.where(off, times + 1, 0), axis=1)  # [N, B]
+    labelled = instances.optimal_soc >= 0
+    soc = jnp.where(valid, costs.sum(0), -1).astype(jnp.int32)
     return Verdict(
         valid=valid,
-        optimal=valid & labelled & (soc == instance.optimal_soc),
+        optimal=valid & labelled & (soc == instances.optimal_soc),
         failure=failure,
-        failure_time=jnp.where(~ok, -1, jnp.where(goal_fail, horizon, final.failure_time)).astype(
+        failure_time=jnp.where(~ok | valid, -1, jnp.where(step_fail, t_fail + 1, horizon)).astype(
             jnp.int32
         ),
         failure_agent=jnp.where(
-            ~ok, -1, jnp.where(goal_fail, _first(off_goal), final.failure_agent)
+            ~ok | valid, -1, jnp.where(step_fail, _first(in_cat, 0), _first(off_final, 0))
         ).astype(jnp.int32),
         soc=soc,
-        makespan=makespan,
+        makespan=jnp.where(valid, costs.max(0), -1).astype(jnp.int32),
         labelled=labelled,
     )
-
-
-@jax.jit
-def _verify_batch(instances, plans, ok, horizon):
-    return jax.vmap(_verify_one)(instances, plans, ok, horizon)
 
 
 def verify(

@@ -27,7 +27,7 @@ class RewardConfig:
                 raise ValueError(f"reward.{f.name} = {v!r}; allowed: a finite number")
 
 
-def reward(verdict: Verdict, config: RewardConfig = RewardConfig()) -> jnp.ndarray:
+def rewards(verdict: Verdict, config: RewardConfig = RewardConfig()) -> jnp.ndarray:
     """float32 [B] rewards for a batch of verdicts."""
     valid = verdict.valid.astype(jnp.float32)
     optimal = verdict.optimal.astype(jnp.float32)

@@ -210,4 +210,4 @@ def test_reward_function():
     del plans
     v = dynamics.verify(inst, arr, ok=np.array([True, True, True, False]))
     cfg = reward.RewardConfig(valid_reward=1.0, optimal_bonus=0.5, format_penalty=0.25)
-    np.testing.assert_allclose(np.asarray(reward.reward(v, cfg)), [1.5, 1.0, 0.0, -0.25])
+    np.testing.assert_allclose(np.asarray(reward.rewards(v, cfg)), [1.5, 1.0, 0.0, -0.25])
