@@ -236,10 +236,16 @@ def _decode(
 
 
 def _resolve_mesh(mesh):
-    if mesh is not None:
-        return mesh
-    current = jax.sharding.get_mesh()
-    return None if current.empty else current
+    if mesh is None:
+        current = jax.sharding.get_mesh()
+        mesh = None if current.empty else current
+    if mesh is not None and jax.sharding.AxisType.Explicit in mesh.axis_types:
+        # The model relies on XLA's sharding propagation (Auto axes), not sharding-in-types.
+        raise ValueError(
+            f"generate: mesh axis types {mesh.axis_types} include Explicit; build the mesh "
+            "with mapfjax.parallel.make_mesh (Auto axes)"
+        )
+    return mesh
 
 
 def _shardings(mesh, config, batch: int, cache_len: int):

@@ -279,6 +279,9 @@ def test_sharded_equals_unsharded(models):
     passed = sampler.generate(ours, prompts, 16, stop_tokens=(), mesh=mesh)
     with jax.set_mesh(mesh):
         ambient = sampler.generate(ours, prompts, 16, stop_tokens=())
+    explicit = jax.make_mesh((2, 2, 2), parallel.AXES)  # jax's default: Explicit axes
+    with pytest.raises(ValueError, match="Explicit; build the mesh with"):
+        sampler.generate(ours, prompts, 16, mesh=explicit)
     for out in (passed, ambient):
         np.testing.assert_array_equal(out.tokens, plain.tokens)
         np.testing.assert_allclose(out.logprobs, plain.logprobs, atol=1e-5)
