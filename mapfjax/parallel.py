@@ -50,6 +50,26 @@ RULES: dict[str, dict[str, str | tuple[str, ...] | None]] = {
 }
 
 
+# Activations (both rule sets): rows over data x fsdp, vocabulary-sized logits over tp; other
+# dims follow the weights through XLA's sharding propagation.
+ACTIVATION_RULES: dict[str, str | tuple[str, ...] | None] = {
+    "batch": ("data", "fsdp"),
+    "seq": None,
+    "act_embed": None,
+    "act_vocab": "tp",
+}
+
+
+def constrain(x: jax.Array, logical_axes) -> jax.Array:
+    """Sharding constraint for an activation under the current `jax.set_mesh` (no-op without
+    one). Keeps e.g. logits [B, T, V] split over the batch instead of replicated."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not set(AXES) <= set(mesh.axis_names):
+        return x
+    spec = logical_to_spec(logical_axes, mesh, ACTIVATION_RULES, x.shape)
+    return jax.lax.with_sharding_constraint(x, spec)
+
+
 def make_mesh(shape: Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
     """A mesh with axes ("data", "fsdp", "tp"); missing axes have size 1, one size may be -1.
 
@@ -149,6 +169,35 @@ def init_sharded(make_model: Callable[[], nnx.Module], mesh: Mesh, rules) -> nnx
     shardings = model_shardings(abstract_state, mesh, rules)
     state = jax.jit(lambda: nnx.state(make_model()), out_shardings=shardings)()
     return nnx.merge(graphdef, state)
+
+
+def abstract_sharded_state(make_model: Callable[[], nnx.Module], mesh: Mesh, rules):
+    """(graphdef, state of ShapeDtypeStructs carrying their shardings); allocates nothing.
+
+    Feed the state to `jax.jit(...).lower` to plan memory for real model sizes.
+    """
+    graphdef, state = nnx.split(nnx.eval_shape(make_model))
+    shardings = model_shardings(state, mesh, rules)
+    state = jax.tree.map(
+        lambda v, s: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s), state, shardings
+    )
+    return graphdef, state
+
+
+def memory_per_device(lowered) -> dict[str, int]:
+    """Compiles a `jax.jit(...).lower(...)` result; its XLA memory analysis in bytes per device.
+
+    peak = arguments + outputs - aliased (donated) + temporaries.
+    """
+    stats = lowered.compile().memory_analysis()
+    out = {
+        "arguments": int(stats.argument_size_in_bytes),
+        "outputs": int(stats.output_size_in_bytes),
+        "aliased": int(stats.alias_size_in_bytes),
+        "temporaries": int(stats.temp_size_in_bytes),
+    }
+    out["peak"] = out["arguments"] + out["outputs"] - out["aliased"] + out["temporaries"]
+    return out
 
 
 def _env_int(name: str) -> int | None:

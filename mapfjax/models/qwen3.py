@@ -15,6 +15,8 @@ import jax.numpy as jnp
 from flax import nnx, struct
 from jax import lax
 
+from mapfjax import parallel
+
 Array = jax.Array
 
 # Additive mask value: finite so that a fully masked row (a left-pad query) yields a uniform
@@ -218,10 +220,36 @@ def rope(x: Array, positions: Array, theta: float) -> Array:
     return out.astype(x.dtype)
 
 
+def _attend(q, k, v, allowed, scale):
+    """q: [B, C, K, G, D]; k, v: [B, S, K, D]; allowed: bool [B, C, S] -> [B, C, K, G, D]."""
+    scores = jnp.einsum("bckgd,bskd->bkgcs", q, k, preferred_element_type=jnp.float32) * scale
+    scores = jnp.where(allowed[:, None, None], scores, _MASKED)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    return jnp.einsum("bkgcs,bskd->bckgd", probs, v)
+
+
+# Long inputs attend in query chunks, each rematerialised in the backward pass, so the scores
+# held at once are [B, K, G, chunk, S] rather than [B, K, G, T, S].
+_attend_chunk = jax.checkpoint(_attend)
+
+
+def attention(q, k, v, allowed, chunk: int):
+    """Softmax attention, query-chunked when T > chunk and chunk divides T; see `_attend`."""
+    b, t = q.shape[:2]
+    scale = q.shape[-1] ** -0.5
+    if t <= chunk or t % chunk:
+        return _attend(q, k, v, allowed, scale)
+    n = t // chunk
+    qc = q.reshape(b, n, chunk, *q.shape[2:]).swapaxes(0, 1)  # [n, B, C, K, G, D]
+    ac = allowed.reshape(b, n, chunk, -1).swapaxes(0, 1)  # [n, B, C, S]
+    out = lax.map(lambda xs: _attend_chunk(xs[0], k, v, xs[1], scale), (qc, ac))
+    return out.swapaxes(0, 1).reshape(q.shape)
+
+
 class Attention(nnx.Module):
     """Grouped-query attention with per-head q/k RMSNorm before RoPE; KV heads are not repeated."""
 
-    def __init__(self, cfg: Qwen3Config, *, dtype, param_dtype, rngs: nnx.Rngs):
+    def __init__(self, cfg: Qwen3Config, *, dtype, param_dtype, rngs: nnx.Rngs, chunk: int = 1024):
         h, n, k, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q = _param(rngs, (h, n, d), ("embed", "q_heads", "head_dim"), param_dtype)
         self.k = _param(rngs, (h, k, d), ("embed", "kv_heads", "head_dim"), param_dtype)
@@ -229,7 +257,7 @@ class Attention(nnx.Module):
         self.o = _param(rngs, (n, d, h), ("q_heads", "head_dim", "embed"), param_dtype)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps, param_dtype=param_dtype)
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps, param_dtype=param_dtype)
-        self.cfg, self.dtype = cfg, dtype
+        self.cfg, self.dtype, self.chunk = cfg, dtype, chunk
 
     def __call__(self, x, positions, allowed, kv=None, layer: int = 0, index=None):
         """x: [B, T, H]; positions: [B, T]; allowed: bool [B, T, S] (which slots each query sees).
@@ -255,11 +283,7 @@ class Attention(nnx.Module):
             k, v = k_all[layer].astype(dt), v_all[layer].astype(dt)
         # Query head n = kv_head * G + g, matching HF's repeat_interleave of KV heads.
         q = q.reshape(b, t, cfg.num_kv_heads, cfg.num_groups, cfg.head_dim)
-        scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
-        scores = scores * cfg.head_dim**-0.5
-        scores = jnp.where(allowed[:, None, None], scores, _MASKED)
-        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-        out = jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, cfg.num_heads, -1)
+        out = attention(q, k, v, allowed, self.chunk).reshape(b, t, cfg.num_heads, -1)
         return jnp.einsum("btnd,ndh->bth", out, self.o[...].astype(dt)), kv
 
 
@@ -285,10 +309,10 @@ class MLP(nnx.Module):
 class DecoderLayer(nnx.Module):
     """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, cfg: Qwen3Config, *, dtype, param_dtype, rngs: nnx.Rngs):
+    def __init__(self, cfg: Qwen3Config, *, dtype, param_dtype, rngs: nnx.Rngs, chunk: int):
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=param_dtype)
-        self.attn = Attention(cfg, **kw)
+        self.attn = Attention(cfg, **kw, chunk=chunk)
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=param_dtype)
         self.mlp = MLP(cfg, **kw)
 
@@ -311,6 +335,9 @@ class Qwen3(nnx.Module):
     """Qwen3 causal language model.
 
     dtype is the activation/matmul dtype; norms, softmax and logits are always float32.
+    remat rematerialises each layer in the backward pass; attention_chunk is the query block
+    length above which attention is computed blockwise (memory O(chunk x S), not O(T x S)).
+    Under `jax.set_mesh`, activations are constrained to split rows over data x fsdp.
     """
 
     def __init__(
@@ -321,12 +348,14 @@ class Qwen3(nnx.Module):
         param_dtype=jnp.bfloat16,
         remat: bool = False,
         rngs: nnx.Rngs | None = None,
+        attention_chunk: int = 1024,
     ):
         rngs = nnx.Rngs(0) if rngs is None else rngs
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.config, self.dtype, self.remat = config, dtype, remat
         v, h = config.vocab_size, config.hidden_size
         self.embedding = _param(rngs, (v, h), ("vocab", "embed"), param_dtype)
+        kw["chunk"] = attention_chunk
         self.layers = nnx.List([DecoderLayer(config, **kw) for _ in range(config.num_layers)])
         self.final_norm = RMSNorm(h, config.rms_norm_eps, param_dtype=param_dtype)
         if not config.tie_word_embeddings:
@@ -355,10 +384,13 @@ class Qwen3(nnx.Module):
         slot_k = jnp.arange(valid.shape[1])  # [S]
         allowed = (slot_k[None, :] <= slot_q[:, None])[None] & valid[:, None, :]  # [B, T, S]
 
+        act = ("batch", "seq", "act_embed")
         x = jnp.take(self.embedding[...], tokens, axis=0).astype(self.dtype)
+        x = parallel.constrain(x, act)
         for i, layer in enumerate(self.layers):
             fn = _run_layer_remat if self.remat else _run_layer
             x, kv = fn(layer, x, positions, allowed, kv, index, i)
+            x = parallel.constrain(x, act)
         x = self.final_norm(x)
         if cache is not None:
             cache = KVCache(k=kv[0], v=kv[1], valid=valid, index=cache.index + t)
@@ -370,9 +402,13 @@ class Qwen3(nnx.Module):
         hidden = hidden.astype(dt)
         if self.config.tie_word_embeddings:
             w = self.embedding[...].astype(dt)
-            return jnp.einsum("...h,vh->...v", hidden, w, preferred_element_type=jnp.float32)
-        w = self.unembedding[...].astype(dt)
-        return jnp.einsum("...h,hv->...v", hidden, w, preferred_element_type=jnp.float32)
+            logits = jnp.einsum("...h,vh->...v", hidden, w, preferred_element_type=jnp.float32)
+        else:
+            w = self.unembedding[...].astype(dt)
+            logits = jnp.einsum("...h,hv->...v", hidden, w, preferred_element_type=jnp.float32)
+        if logits.ndim == 3:
+            logits = parallel.constrain(logits, ("batch", "seq", "act_vocab"))
+        return logits
 
     def __call__(self, tokens, positions=None, attention_mask=None, cache=None):
         """tokens: int32 [B, T] -> (float32 logits [B, T, V], cache); see `hidden_states`."""

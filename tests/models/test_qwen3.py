@@ -226,3 +226,24 @@ def test_remat_same_values_and_grads(model):
     g2 = nnx.jit(nnx.grad(loss))(rematted)
     for (p, a), (_, b) in zip(nnx.to_flat_state(g1), nnx.to_flat_state(g2), strict=True):
         np.testing.assert_allclose(np.asarray(a[...]), np.asarray(b[...]), atol=1e-6, err_msg=p)
+
+
+def test_chunked_attention_equals_full(model):
+    chunked = Qwen3(model.config, **F32, attention_chunk=4)
+    nnx.update(chunked, nnx.state(model))
+    tokens = _tokens(2, 12, seed=8)
+    mask = jnp.arange(12)[None, :] >= jnp.array([[0], [5]])
+    np.testing.assert_allclose(
+        np.asarray(run(chunked, tokens, mask)[0]),
+        np.asarray(run(model, tokens, mask)[0]),
+        atol=1e-5,
+    )
+
+    def loss(m):
+        return jnp.sum(
+            jnp.where(mask, jax.nn.log_softmax(m(tokens, attention_mask=mask)[0])[..., 1], 0)
+        )
+
+    grads = [nnx.jit(nnx.grad(loss))(m) for m in (chunked, model)]
+    for (p, a), (_, b) in zip(*(nnx.to_flat_state(g) for g in grads), strict=True):
+        np.testing.assert_allclose(np.asarray(a[...]), np.asarray(b[...]), atol=1e-5, err_msg=p)

@@ -1,0 +1,80 @@
+"""Ahead-of-time memory plan: compile Qwen3 computations for real shapes on fake CPU devices
+and print XLA's bytes per device. No weights are allocated.
+
+    python launch/memory_plan.py --model qwen3-4b --devices 8 --sizes 8x2048,32x4096
+"""
+
+import argparse
+import os
+import re
+import sys
+
+ARGS = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+ARGS.add_argument("--model", default="qwen3-4b")
+ARGS.add_argument("--devices", type=int, default=8)
+ARGS.add_argument("--meshes", default="fsdp8,fsdp4-tp2,data2-fsdp4,tp8", help="axisN-axisM,...")
+ARGS.add_argument("--sizes", default="8x2048,8x8192", help="batch x sequence length, comma list")
+ARGS.add_argument("--computations", default="all", help="names from COMPUTATIONS, or all")
+OPTS = ARGS.parse_args()
+# Must precede the first jax import: the fake device count is read once at start-up.
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={OPTS.devices}"
+)
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from flax import nnx  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from mapfjax import parallel  # noqa: E402
+from mapfjax.models.qwen3 import PRESETS, Qwen3  # noqa: E402
+
+
+def _tokens(mesh, rules, b, t):
+    sharding = parallel.logical_to_sharding(("batch", "seq"), mesh, rules, (b, t))
+    return jax.ShapeDtypeStruct((b, t), jnp.int32, sharding=sharding)
+
+
+def forward(graphdef, state, mesh, b, t):
+    """Full forward to float32 logits [B, T, V] (train rules)."""
+    fn = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x)[0])
+    return fn.lower(state, _tokens(mesh, "train", b, t))
+
+
+def hidden(graphdef, state, mesh, b, t):
+    """Forward to the final hidden states [B, T, H], as chunked log-prob code uses it."""
+    fn = jax.jit(lambda s, x: nnx.merge(graphdef, s).hidden_states(x)[0])
+    return fn.lower(state, _tokens(mesh, "train", b, t))
+
+
+# name -> (sharding rules for the parameters, fn(graphdef, state, mesh, batch, seq) -> lowered)
+COMPUTATIONS = {"forward": ("train", forward), "hidden": ("train", hidden)}
+
+
+def main():
+    cfg = PRESETS[OPTS.model]
+    names = list(COMPUTATIONS) if OPTS.computations == "all" else OPTS.computations.split(",")
+    sizes = [tuple(int(v) for v in s.split("x")) for s in OPTS.sizes.split(",")]
+    print(f"{OPTS.model}, {OPTS.devices} devices, GiB per device (peak = args + out + temp)")
+    for spec in OPTS.meshes.split(","):
+        shape = {m[1]: int(m[2]) for m in (re.fullmatch(r"(\D+)(\d+)", p) for p in spec.split("-"))}
+        mesh = parallel.make_mesh(shape)
+        for name in names:
+            rules, build = COMPUTATIONS[name]
+            graphdef, state = parallel.abstract_sharded_state(lambda: Qwen3(cfg), mesh, rules)
+            for b, t in sizes:
+                with jax.set_mesh(mesh):  # activates the model's activation constraints
+                    mem = parallel.memory_per_device(build(graphdef, state, mesh, b, t))
+                gib = {k: v / 2**30 for k, v in mem.items()}
+                fits = [cap for cap in (16, 80) if mem["peak"] <= cap * 2**30]
+                print(
+                    f"{spec:>12} {name:>8} B={b:<4} T={t:<6} peak {gib['peak']:7.2f} "
+                    f"(args {gib['arguments']:.2f}, out {gib['outputs']:.2f}, temp "
+                    f"{gib['temporaries']:.2f})  fits: {', '.join(f'{c} GB' for c in fits) or '-'}",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()
