@@ -163,3 +163,26 @@ def make_batch(
         ref_logprobs=None if ref_logprobs is None else per_token(ref_logprobs, "ref_logprobs"),
         prompt_len=P,
     )
+
+
+def completion_logprobs(
+    model, batch: SequenceBatch, temperature: float = 1.0, chunk: int = 256
+) -> tuple[Array, Array]:
+    """Log-probs and entropies of the completion tokens under `model` (fp32, chunked vocab).
+
+    The hidden states at columns [P - 1, P + T - 1) predict the tokens at [P, P + T), so the
+    [B, T, V] logits are never materialised (`grpo.chunked_token_logprobs`). Padding positions
+    are fed as token 0 (a pad id may lie outside a small vocabulary; they are masked anyway).
+    Returns (logp f32[B, T], entropy f32[B, T]); values at padding columns are meaningless.
+    """
+    import jax.numpy as jnp
+
+    from mapfjax.rl.grpo import chunked_token_logprobs
+
+    mask = jnp.asarray(batch.attention_mask, bool)
+    tokens = jnp.where(mask, jnp.asarray(batch.tokens), 0)
+    hidden, _ = model.hidden_states(tokens, batch.positions, mask)
+    P, T = batch.prompt_len, batch.completion_len
+    return chunked_token_logprobs(
+        hidden[:, P - 1 : P + T - 1], model.lm_head, tokens[:, P:], temperature, chunk
+    )
