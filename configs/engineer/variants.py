@@ -1,0 +1,55 @@
+"""Engineer context variants V1..V6 of the paper's ablation (PAPER.md section 4).
+
+python launch/train.py --config configs/tiny_cpu.py ... uses these as `modules`; alone:
+    get_config("V6"), get_config("V6_full_T") (T with full RL details), get_config("V3").
+Reading of the ablation [ours]: cumulative, V1 F; V2 +G; V3 +H with the round-0 default;
+V4 H without it; V5 +S; V6 +T bookkeeping (the paper's main setting).
+"""
+
+import os
+
+import ml_collections
+
+GUIDELINE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "guideline.md")
+
+
+def modules(
+    g: bool = False,
+    h: bool = False,
+    include_default: bool = False,
+    s: bool = False,
+    t: bool = False,
+    detail: str = "bookkeeping",
+) -> ml_collections.ConfigDict:
+    """A modules config; F (the failure breakdown) is on in every variant."""
+    return ml_collections.ConfigDict(
+        {
+            "F": {"enabled": True},
+            "G": {"enabled": g, "path": GUIDELINE, "text": ""},
+            # max_rounds = 0: show every earlier round.
+            "H": {"enabled": h, "include_default": include_default, "max_rounds": 0},
+            "S": {"enabled": s},
+            "T": {"enabled": t, "detail": detail},
+        }
+    )
+
+
+VARIANTS = {
+    "V1": dict(),
+    "V2": dict(g=True),
+    "V3": dict(g=True, h=True, include_default=True),
+    "V4": dict(g=True, h=True),
+    "V5": dict(g=True, h=True, s=True),
+    "V6": dict(g=True, h=True, s=True, t=True),
+    "V6_full_T": dict(g=True, h=True, s=True, t=True, detail="full"),
+}
+
+
+def get_config(arg: str = "V6") -> ml_collections.ConfigDict:
+    """The engineer's context config for one variant name (a key of VARIANTS)."""
+    name = (arg or "V6").strip()
+    if name not in VARIANTS:
+        raise ValueError(
+            f"configs/engineer/variants.py: variant {name!r}; allowed: {sorted(VARIANTS)}"
+        )
+    return ml_collections.ConfigDict({"variant": name, "modules": modules(**VARIANTS[name])})

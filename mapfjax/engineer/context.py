@@ -1,0 +1,357 @@
+"""The engineer's context: round records and the switchable modules F G H S T (PAPER.md section 4).
+
+Each module renders one compact markdown section; `build_context` joins the enabled ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import ml_collections
+
+from mapfjax.env.config import RATIO_FIELDS, key_size, size_key
+from mapfjax.env.types import FAILURE_NAMES
+
+ROW_KEYS = ("size", "valid", "optimal", "failure")  # required in every validation row
+T_DETAILS = ("bookkeeping", "full")
+# Training keys the "bookkeeping" T module shows; everything else is an RL detail.
+BOOKKEEPING_KEYS = ("round", "rounds", "epoch", "epochs")
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundRecord:
+    """What one finished round leaves for the engineer.
+
+    round: index n of the round (0 = the default config).
+    config: the generator config C_n the round trained on, as a plain nested dict.
+    validation: `failure_breakdown(rows)` of the validation after training on C_n.
+    summary: the engineer's rationale for choosing C_n (empty for round 0).
+    training: training facts, e.g. {"round": 1, "epoch": 2, "lr": 1e-6, "group_size": 8}.
+    """
+
+    round: int
+    config: dict[str, Any]
+    validation: dict[str, Any]
+    summary: str = ""
+    training: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RoundRecord:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - fields)
+        if unknown:
+            raise ValueError(f"RoundRecord: unknown key(s) {unknown}; allowed: {sorted(fields)}")
+        for key in ("round", "config", "validation"):
+            if key not in d:
+                raise ValueError(f"RoundRecord: missing key {key!r}")
+        return cls(
+            round=int(d["round"]),
+            config=dict(d["config"]),
+            validation=dict(d["validation"]),
+            summary=str(d.get("summary", "")),
+            training=dict(d.get("training", {})),
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> RoundRecord:
+        return cls.from_dict(json.loads(text))
+
+
+def failure_breakdown(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per-size counts from validation rows; keys are config size keys ('s7'), sorted by size.
+
+    Each entry: n, valid, optimal, failures {label: count for every FAILURE_NAMES label},
+    truncated (count), tokens (summed response tokens) and tokens_n (rows that reported them).
+    Counts rather than rates so that breakdowns can be merged and stored exactly.
+    """
+    out: dict[int, dict[str, Any]] = {}
+    for i, row in enumerate(rows):
+        for key in ROW_KEYS:
+            if key not in row:
+                raise ValueError(f"validation row {i}: missing key {key!r}; required: {ROW_KEYS}")
+        size, valid, failure = int(row["size"]), bool(row["valid"]), row["failure"]
+        if valid and failure is not None:
+            raise ValueError(f"validation row {i}: valid but failure = {failure!r}")
+        if not valid and failure not in FAILURE_NAMES:
+            raise ValueError(
+                f"validation row {i}: failure = {failure!r}; allowed: one of {FAILURE_NAMES}"
+            )
+        if row["optimal"] and not valid:
+            raise ValueError(f"validation row {i}: optimal but not valid")
+        e = out.setdefault(
+            size,
+            {
+                "n": 0,
+                "valid": 0,
+                "optimal": 0,
+                "failures": dict.fromkeys(FAILURE_NAMES, 0),
+                "truncated": 0,
+                "tokens": 0,
+                "tokens_n": 0,
+            },
+        )
+        e["n"] += 1
+        e["valid"] += valid
+        e["optimal"] += bool(row["optimal"])
+        if not valid:
+            e["failures"][failure] += 1
+        e["truncated"] += bool(row.get("truncated", False))
+        if row.get("response_tokens") is not None:
+            e["tokens"] += int(row["response_tokens"])
+            e["tokens_n"] += 1
+    return {size_key(s): out[s] for s in sorted(out)}
+
+
+# ----------------------------------------------------------------------------- rendering
+
+
+def _pct(num: float, den: float, digits: int = 1) -> str:
+    return "-" if den == 0 else f"{100.0 * num / den:.{digits}f}"
+
+
+def _sorted_sizes(keys) -> list[str]:
+    return sorted(keys, key=key_size)
+
+
+def _size_label(key: str) -> str:
+    n = key_size(key)
+    return f"{size_key(n)} ({n}x{n})"
+
+
+def _num(v: Any) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _sizes_of(config: Mapping[str, Any] | ml_collections.ConfigDict) -> dict[str, Any]:
+    d = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else config
+    return dict(d.get("sizes", {}))
+
+
+def render_config(config: Mapping[str, Any] | ml_collections.ConfigDict) -> str:
+    """The per-size ratios of a config as a markdown table."""
+    sizes = _sizes_of(config)
+    rows = [
+        [_size_label(k)] + [f"{float(sizes[k][f]):.3g}" for f in RATIO_FIELDS]
+        for k in _sorted_sizes(sizes)
+    ]
+    return _table(["size", *RATIO_FIELDS], rows)
+
+
+def _failure_cell(count: int, n: int) -> str:
+    return "0" if count == 0 else f"{count} ({_pct(count, n, 0)}%)"
+
+
+def render_breakdown(breakdown: Mapping[str, Mapping[str, Any]]) -> str:
+    """A failure breakdown as a markdown table, one row per size plus an `all` row."""
+    keys = _sorted_sizes(breakdown)
+    total: dict[str, Any] = {
+        "n": 0,
+        "valid": 0,
+        "optimal": 0,
+        "failures": dict.fromkeys(FAILURE_NAMES, 0),
+        "truncated": 0,
+        "tokens": 0,
+        "tokens_n": 0,
+    }
+    for k in keys:
+        e = breakdown[k]
+        for f in ("n", "valid", "optimal", "truncated", "tokens", "tokens_n"):
+            total[f] += e.get(f, 0)
+        for label in FAILURE_NAMES:
+            total["failures"][label] += e["failures"].get(label, 0)
+
+    def row(label: str, e: Mapping[str, Any]) -> list[str]:
+        n = e["n"]
+        tokens = "-" if not e.get("tokens_n") else f"{e['tokens'] / e['tokens_n']:.0f}"
+        return [
+            label,
+            str(n),
+            _pct(e["valid"], n),
+            _pct(e["optimal"], n),
+            *[_failure_cell(e["failures"].get(f, 0), n) for f in FAILURE_NAMES],
+            tokens,
+            _pct(e.get("truncated", 0), n, 0),
+        ]
+
+    rows = [row(_size_label(k), breakdown[k]) for k in keys]
+    if len(keys) > 1:
+        rows.append(row("all", total))
+    header = ["size", "n", "valid %", "optimal %", *FAILURE_NAMES, "mean tokens", "truncated %"]
+    return _table(header, rows)
+
+
+def _main_failure(e: Mapping[str, Any]) -> str:
+    counts = e.get("failures", {})
+    best = max(FAILURE_NAMES, key=lambda f: (counts.get(f, 0), -FAILURE_NAMES.index(f)))
+    return "-" if counts.get(best, 0) == 0 else f"{best} {_pct(counts[best], e['n'], 0)}%"
+
+
+# ----------------------------------------------------------------------------- modules
+
+
+def _module_f(records: Sequence[RoundRecord], current, opts) -> str:
+    if not records:
+        return "No validation results yet."
+    last = records[-1]
+    return f"Validation after round {last.round}:\n\n" + render_breakdown(last.validation)
+
+
+def _module_g(records, current, opts) -> str:
+    text = str(opts.get("text", "") or "")
+    if not text:
+        path = str(opts.get("path", "") or "")
+        if not path:
+            raise ValueError("modules.G: set modules.G.path (a guideline file) or modules.G.text")
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as e:
+            raise ValueError(f"modules.G.path = {path!r}: cannot read the guideline ({e})") from e
+    return text.strip()
+
+
+def _module_h(records: Sequence[RoundRecord], current, opts) -> str:
+    chosen = [r for r in records if opts.get("include_default", True) or r.round != 0]
+    limit = int(opts.get("max_rounds", 0) or 0)
+    if limit > 0:
+        chosen = chosen[-limit:]
+    if not chosen:
+        return "No earlier rounds to show."
+    rows = []
+    for r in chosen:
+        sizes = _sizes_of(r.config)
+        for k in _sorted_sizes(set(sizes) | set(r.validation)):
+            cfg = sizes.get(k, {})
+            e = r.validation.get(k)
+            rows.append(
+                [str(r.round), _size_label(k)]
+                + [f"{float(cfg[f]):.3g}" if f in cfg else "-" for f in RATIO_FIELDS]
+                + (
+                    [_pct(e["valid"], e["n"], 0), _pct(e["optimal"], e["n"], 0), _main_failure(e)]
+                    if e
+                    else ["-", "-", "-"]
+                )
+            )
+    header = ["round", "size", "data", "hole", "wait", "valid %", "optimal %", "main failure"]
+    return _table(header, rows)
+
+
+def _module_s(records: Sequence[RoundRecord], current, opts) -> str:
+    summary = records[-1].summary.strip() if records else ""
+    return summary or "No summary from a previous round."
+
+
+def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, Mapping):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _module_t(records: Sequence[RoundRecord], current, opts) -> str:
+    detail = opts.get("detail", "bookkeeping")
+    if not records:
+        return "Training has not started yet."
+    last = records[-1]
+    info = {"round": last.round, **_flat(last.training)}
+    if detail == "bookkeeping":
+        info = {k: v for k, v in info.items() if k in BOOKKEEPING_KEYS}
+    lines = [f"- {k}: {_num(v)}" for k, v in sorted(info.items())]
+    return f"Finished round {last.round}; the config you write is for round {last.round + 1}.\n" + (
+        "\n".join(lines)
+    )
+
+
+class ContextModule(NamedTuple):
+    header: str
+    render: Callable[[Sequence[RoundRecord], Any, Mapping[str, Any]], str]
+
+
+# Rendering order: principles first, then where training stands, then evidence.
+MODULES: dict[str, ContextModule] = {
+    "G": ContextModule("## Guideline", _module_g),
+    "T": ContextModule("## Training progress", _module_t),
+    "H": ContextModule("## History of earlier rounds", _module_h),
+    "S": ContextModule("## Your summary from the previous round", _module_s),
+    "F": ContextModule("## Failure breakdown", _module_f),
+}
+CURRENT_HEADER = "## Current config"
+MODULE_OPTIONS = {
+    "F": ("enabled",),
+    "G": ("enabled", "path", "text"),
+    "H": ("enabled", "include_default", "max_rounds"),
+    "S": ("enabled",),
+    "T": ("enabled", "detail"),
+}
+
+
+def check_modules(modules: ml_collections.ConfigDict | Mapping[str, Any]) -> dict[str, dict]:
+    """Validate a modules config; return it as {name: options}. Missing modules are off."""
+    d = modules.to_dict() if isinstance(modules, ml_collections.ConfigDict) else dict(modules)
+    unknown = sorted(set(d) - set(MODULES))
+    if unknown:
+        raise ValueError(f"modules: unknown module(s) {unknown}; allowed: {sorted(MODULES)}")
+    out = {}
+    for name, opts in d.items():
+        opts = dict(opts) if isinstance(opts, Mapping) else {"enabled": opts}
+        extra = sorted(set(opts) - set(MODULE_OPTIONS[name]))
+        if extra:
+            raise ValueError(
+                f"modules.{name}: unknown option(s) {extra}; allowed: {list(MODULE_OPTIONS[name])}"
+            )
+        if not isinstance(opts.get("enabled", False), bool):
+            raise ValueError(f"modules.{name}.enabled = {opts['enabled']!r}; allowed: True/False")
+        if name == "T" and opts.get("detail", "bookkeeping") not in T_DETAILS:
+            raise ValueError(f"modules.T.detail = {opts['detail']!r}; allowed: {list(T_DETAILS)}")
+        out[name] = opts
+    return out
+
+
+def enabled_modules(modules) -> list[str]:
+    """Names of the enabled modules in rendering order."""
+    opts = check_modules(modules)
+    return [m for m in MODULES if opts.get(m, {}).get("enabled", False)]
+
+
+def build_context(
+    records: Sequence[RoundRecord],
+    current_config: ml_collections.ConfigDict | Mapping[str, Any],
+    modules: ml_collections.ConfigDict | Mapping[str, Any],
+) -> str:
+    """Deterministic markdown: the enabled modules in MODULES order, then the current config.
+
+    records: the finished rounds, oldest first (records[-1] is the round just validated).
+    The current config section is always present: a diff needs something to apply to.
+    """
+    opts = check_modules(modules)
+    parts = []
+    for name in enabled_modules(opts):
+        module = MODULES[name]
+        parts.append(f"{module.header}\n{module.render(records, current_config, opts[name])}")
+    parts.append(f"{CURRENT_HEADER}\n{render_config(current_config)}")
+    return "\n\n".join(parts) + "\n"
+
+
+def mean_valid_rate(breakdown: Mapping[str, Mapping[str, Any]]) -> float:
+    """Mean over sizes of the valid rate (the paper's aggregate), NaN when empty."""
+    rates = [e["valid"] / e["n"] for e in breakdown.values() if e["n"]]
+    return sum(rates) / len(rates) if rates else math.nan
