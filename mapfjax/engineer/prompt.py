@@ -50,7 +50,7 @@ def build_prompt(
             "config: only the keys you change. Base every edit on the evidence below.",
             "# Allowed keys\n" + allowed_keys_text(current, max_edits),
             "# Context\n" + context.strip(),
-            "# Answer format\nReply with one fenced ```yaml block of `key: value` lines, then "
+            "# Answer format\nReply with one fenced yaml block of `key: value` lines, then "
             "one line starting with `Summary:` that explains your choice in one paragraph "
             "(you will read it next round). Example:\n\n" + example,
         ]

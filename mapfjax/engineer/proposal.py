@@ -20,7 +20,10 @@ MAX_EDITS = 6  # more edits than this is a rewrite, not a local edit [PAPER.md s
 MAX_CHARS = 200_000  # longer answers are cut here (endless generations)
 MAX_SUMMARY_CHARS = 1_000
 
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
+# Fences open and close at the start of a line, so inline ``` in prose is not a block.
+_FENCE = re.compile(
+    r"^[ \t]*```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)^[ \t]*```", re.DOTALL | re.MULTILINE
+)
 _BLOCK_LANGS = ("yaml", "yml", "json", "")
 _NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 _BARE = re.compile(
@@ -247,8 +250,9 @@ def _parse(text: Any, max_edits: int) -> Proposal:
     else:
         source = "bare lines"
         outside = _FENCE.sub("\n", answer)
-        if "```" in outside:  # an unclosed fence: a cut-off answer; its lines are not trusted
-            outside = outside.split("```", 1)[0]
+        opened = re.search(r"^[ \t]*```", outside, re.MULTILINE)
+        if opened:  # an unclosed fence: a cut-off answer; its lines are not trusted
+            outside = outside[: opened.start()]
             rejected.append(("```", "a code block is not closed (cut-off answer?)"))
         items = [(m.group(1), m.group(2)) for m in _BARE.finditer(outside)]
         if not items:

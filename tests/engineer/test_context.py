@@ -1,0 +1,208 @@
+"""Context modules: failure breakdown counts, round records, variant contents, determinism."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from mapfjax.engineer import context as C
+from mapfjax.engineer.prompt import build_prompt
+from mapfjax.engineer.proposal import parse_proposal
+from mapfjax.env.config import default_config
+
+VARIANTS_FILE = Path(__file__).parents[2] / "configs" / "engineer" / "variants.py"
+
+
+def load_variant(name):
+    spec = importlib.util.spec_from_file_location("engineer_variants", VARIANTS_FILE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(name)
+
+
+def row(size, failure=None, optimal=False, tokens=100, truncated=False):
+    return {
+        "id": f"x{size}",
+        "size": size,
+        "num_agents": 2,
+        "valid": failure is None,
+        "optimal": optimal,
+        "failure": failure,
+        "response_tokens": tokens,
+        "truncated": truncated,
+    }
+
+
+ROWS = [
+    row(3, optimal=True, tokens=10),
+    row(3, tokens=20),
+    row(3, "hole", tokens=30),
+    row(3, "hole", tokens=40),
+    row(5, "parse_error", tokens=1000, truncated=True),
+    row(5, "edge_conflict", tokens=200),
+]
+
+
+def test_failure_breakdown_counts_by_hand():
+    b = C.failure_breakdown(ROWS)
+    assert list(b) == ["s3", "s5"]
+    zero = {
+        "parse_error": 0,
+        "illegal_move": 0,
+        "hole": 0,
+        "vertex_conflict": 0,
+        "edge_conflict": 0,
+        "goal_not_reached": 0,
+    }
+    assert b["s3"] == {
+        "n": 4,
+        "valid": 2,
+        "optimal": 1,
+        "failures": {**zero, "hole": 2},
+        "truncated": 0,
+        "tokens": 100,
+        "tokens_n": 4,
+    }
+    assert b["s5"]["failures"] == {**zero, "parse_error": 1, "edge_conflict": 1}
+    assert (b["s5"]["valid"], b["s5"]["truncated"], b["s5"]["tokens"]) == (0, 1, 1200)
+    table = C.render_breakdown(b)
+    # s3: valid 2/4, optimal 1/4, holes 2 (50%), mean tokens 25; all: 2/6 valid.
+    assert "| s3 (3x3) | 4 | 50.0 | 25.0 | 0 | 0 | 2 (50%) | 0 | 0 | 0 | 25 | 0 |" in table
+    assert "| all | 6 | 33.3 | 16.7 |" in table
+    assert "| s5 (5x5) | 2 | 0.0 | 0.0 | 1 (50%) |" in table
+
+
+@pytest.mark.parametrize(
+    "bad, words",
+    [
+        ({"size": 3, "valid": True, "optimal": False}, ["row 1", "failure"]),
+        ({**row(3, "hole"), "failure": "lava"}, ["row 1", "lava", "goal_not_reached"]),
+        ({**row(3), "valid": False, "failure": None}, ["row 1", "None"]),
+        ({**row(3), "failure": "hole", "valid": True}, ["row 1", "valid"]),
+        ({**row(3, "hole"), "optimal": True}, ["row 1", "optimal"]),
+    ],
+)
+def test_failure_breakdown_rejects_bad_rows(bad, words):
+    with pytest.raises(ValueError) as e:
+        C.failure_breakdown([row(4), bad])
+    for w in words:
+        assert w in str(e.value)
+
+
+def record(n, hole=0.2, summary="", training=None):
+    cfg = default_config(sizes=(3, 4, 5), hole_ratio=hole)
+    return C.RoundRecord(n, cfg.to_dict(), C.failure_breakdown(ROWS), summary, training or {})
+
+
+def test_round_record_json_round_trip():
+    r = record(2, summary="more 5x5", training={"round": 2, "epoch": 2, "opt": {"lr": 1e-6}})
+    text = r.to_json()
+    back = C.RoundRecord.from_json(text)
+    assert back == r
+    assert json.loads(text)["validation"]["s3"]["failures"]["hole"] == 2
+    with pytest.raises(ValueError, match="colour"):
+        C.RoundRecord.from_dict({**r.to_dict(), "colour": 1})
+    with pytest.raises(ValueError, match="validation"):
+        C.RoundRecord.from_dict({"round": 0, "config": {}})
+
+
+# The paper's ablation ladder (PAPER.md section 4), read cumulatively.
+EXPECTED = {
+    "V1": {"F"},
+    "V2": {"F", "G"},
+    "V3": {"F", "G", "H"},
+    "V4": {"F", "G", "H"},
+    "V5": {"F", "G", "H", "S"},
+    "V6": {"F", "G", "H", "S", "T"},
+    "V6_full_T": {"F", "G", "H", "S", "T"},
+}
+
+
+def records3():
+    return [
+        record(0, hole=0.123, training={"round": 0, "epoch": 2, "learning_rate": 1e-6}),
+        record(1, hole=0.25, summary="I lowered holes.", training={"round": 1, "epoch": 2}),
+        record(2, hole=0.3, summary="PREVIOUS-SUMMARY", training={"round": 2, "epoch": 4}),
+    ]
+
+
+def sections(text):
+    return {
+        part.split("\n", 1)[0]: part.split("\n", 1)[1] if "\n" in part else ""
+        for part in ("\n" + text).split("\n## ")[1:]
+    }
+
+
+@pytest.mark.parametrize("variant", sorted(EXPECTED))
+def test_variant_context_contains_exactly_its_modules(variant):
+    cfg = load_variant(variant)
+    text = C.build_context(records3(), default_config(sizes=(3, 4, 5)), cfg.modules)
+    for name, module in C.MODULES.items():
+        assert (module.header in text) == (name in EXPECTED[variant]), (variant, name)
+    assert C.CURRENT_HEADER in text
+    assert set(C.enabled_modules(cfg.modules)) == EXPECTED[variant]
+    heads = [line for line in text.splitlines() if line.startswith("## ")]
+    assert len(heads) == len(EXPECTED[variant]) + 1
+
+
+def test_history_with_and_without_the_default_round():
+    recs, cur = records3(), default_config(sizes=(3, 4, 5))
+    with_default = sections(C.build_context(recs, cur, load_variant("V3").modules))
+    without = sections(C.build_context(recs, cur, load_variant("V4").modules))
+    h = "History of earlier rounds"
+    assert "0.123" in with_default[h] and "| 0 | s3 (3x3)" in with_default[h]
+    assert "0.123" not in without[h] and "\n| 0 | s" not in without[h]
+    assert "| 1 | s3 (3x3) | 0.333 | 0.25 |" in without[h] and "| 2 |" in without[h]
+
+
+def test_summary_training_and_failures_sections():
+    recs, cur = records3(), default_config(sizes=(3, 4, 5))
+    s6 = sections(C.build_context(recs, cur, load_variant("V6").modules))
+    full = sections(C.build_context(recs[:1], cur, load_variant("V6_full_T").modules))
+    assert s6["Your summary from the previous round"].strip() == "PREVIOUS-SUMMARY"
+    assert "- epoch: 4" in s6["Training progress"] and "round 3" in s6["Training progress"]
+    assert "learning_rate" not in s6["Training progress"]
+    assert "- learning_rate: 1e-06" in full["Training progress"]
+    assert "Validation after round 2" in s6["Failure breakdown"]
+    guideline = (VARIANTS_FILE.parent / "guideline.md").read_text().strip()
+    assert s6["Guideline"].strip() == guideline
+
+
+def test_empty_records_and_determinism():
+    cur = default_config(sizes=(3, 4))
+    text = C.build_context([], cur, load_variant("V6").modules)
+    assert "No validation results yet." in text and "Training has not started yet." in text
+    recs = records3()
+    a = C.build_context(recs, cur, load_variant("V6").modules)
+    shuffled = [
+        C.RoundRecord.from_dict(json.loads(json.dumps(r.to_dict(), sort_keys=True))) for r in recs
+    ]
+    # Reversed dict insertion order of the modules config must not change the text.
+    mods = load_variant("V6").modules.to_dict()
+    assert C.build_context(shuffled, cur, dict(reversed(list(mods.items())))) == a
+
+
+def test_bad_module_configs_name_the_key():
+    mods = load_variant("V6").modules.to_dict()
+    with pytest.raises(ValueError, match="X.*allowed"):
+        C.build_context([], default_config(), {**mods, "X": {"enabled": True}})
+    with pytest.raises(ValueError, match="modules.T.detail.*verbose"):
+        C.build_context([], default_config(), {**mods, "T": {"enabled": True, "detail": "verbose"}})
+    with pytest.raises(ValueError, match="nope.md"):
+        C.build_context([], default_config(), {"G": {"enabled": True, "path": "/nope/nope.md"}})
+    with pytest.raises(ValueError, match="modules.H.*colour"):
+        C.build_context([], default_config(), {"H": {"enabled": True, "colour": 1}})
+
+
+def test_prompt_has_rules_context_schema_and_a_parseable_example():
+    cur = default_config(sizes=(3, 4, 5))
+    ctx = C.build_context(records3(), cur, load_variant("V6").modules)
+    p = build_prompt(ctx, cur, max_edits=4)
+    assert ctx.strip() in p
+    assert "sizes.s<N>.<field>" in p and "[0, 0.5]" in p and "At most 4 keys" in p
+    assert "current sizes: s3, s4, s5" in p and "Summary:" in p
+    example = p.split("# Answer format", 1)[1]
+    parsed = parse_proposal(example)
+    assert parsed.diff == {"sizes.s6.data_ratio": 0.15, "sizes.s6.wait_ratio": 0.4}
+    assert parsed.summary.startswith("6x6 has a learnable")

@@ -1,0 +1,233 @@
+"""Proposal parsing against adversarial text, and projection of the parsed diff."""
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mapfjax.engineer import proposal as P
+from mapfjax.env.config import MAX_HOLE_RATIO, ConfigError, default_config, project, validate
+
+CUR = default_config(sizes=(3, 4, 5, 6, 7))
+
+
+@pytest.mark.parametrize(
+    "text, diff",
+    [
+        ("```yaml\nsizes.s7.data_ratio: 0.05\n```", {"sizes.s7.data_ratio": 0.05}),
+        ('```json\n{"sizes.s4.hole_ratio": 0.3}\n```', {"sizes.s4.hole_ratio": 0.3}),
+        ('```\n{"sizes": {"s4": {"wait_ratio": 1}}}\n```', {"sizes.s4.wait_ratio": 1.0}),
+        (
+            "```yaml\nsizes:\n  7x7:\n    hole_ratio: .1  # fewer\n"
+            "  s3:\n    wait_ratio: 2e-1\n```",
+            {"sizes.s7.hole_ratio": 0.1, "sizes.s3.wait_ratio": 0.2},
+        ),
+        ("```yml\nenv.sizes.7.data_ratio: 0.2\n```", {"sizes.s7.data_ratio": 0.2}),
+        ("```yaml\n- `sizes.s5.hole_ratio`: -1\n```", {"sizes.s5.hole_ratio": -1.0}),
+        (
+            "I suggest:\n- sizes.s5.hole_ratio: 0.1\n* `env.sizes.s6.wait_ratio` = 0.9\nthanks",
+            {"sizes.s5.hole_ratio": 0.1, "sizes.s6.wait_ratio": 0.9},
+        ),
+        (
+            "<think>\n```yaml\nsizes.s3.hole_ratio: 0.5\n```\n</think>\n"
+            "```yaml\nsizes.s3.hole_ratio: 0\n```",
+            {"sizes.s3.hole_ratio": 0.0},
+        ),
+        (
+            "```yaml\nsizes.s3.hole_ratio: 0.4\n```\nsecond thoughts:\n"
+            "```yaml\nsizes.s4.hole_ratio: 0.1\n```",
+            {"sizes.s4.hole_ratio": 0.1},
+        ),
+        (
+            "```yaml\nsizes.s3.hole_ratio: 0.4\nsizes.s3.hole_ratio: 0.4\n```",
+            {"sizes.s3.hole_ratio": 0.4},
+        ),
+    ],
+)
+def test_parses_accepted_forms(text, diff):
+    p = P.parse_proposal(text)
+    assert p.diff == diff and p.error == ""
+
+
+def test_summary_and_source():
+    p = P.parse_proposal("```json\n{}\n```\n**Summary:** Make 5x5 easier.\n\nignored")
+    assert p.summary == "Make 5x5 easier." and p.source == "json block" and p.diff == {}
+    assert P.parse_proposal("Summary: a\nsizes.s3.hole_ratio: 0.1").source == "bare lines"
+
+
+@pytest.mark.parametrize(
+    "text, item, reason",
+    [
+        ("```yaml\nsizes.s7.colour: 0.1\n```", "sizes.s7.colour", "unknown key"),
+        ("```yaml\nseed: 3\n```", "seed", "unknown key"),
+        ("```yaml\nnum_agents: 5\n```", "num_agents", "unknown key"),
+        ("```yaml\nreward.optimal_bonus: 1\n```", "reward", "unknown key"),
+        ("```yaml\nsizes.big.hole_ratio: 0.1\n```", "sizes.big", "not a map size"),
+        ("```yaml\nsizes.s7.hole_ratio: high\n```", "high", "not a number"),
+        ('```yaml\nsizes.s7.hole_ratio: "0.1"\n```', "0.1", "not a number"),
+        ("```yaml\nsizes.s7.hole_ratio: 5%\n```", "5%", "not a number"),
+        ('```json\n{"sizes.s7.hole_ratio": true}\n```', "True", "not a number"),
+        ('```json\n{"sizes.s7.hole_ratio": null}\n```', "None", "not a number"),
+        ('```json\n{"sizes.s7.hole_ratio": NaN}\n```', "NaN", "finite"),
+        ('```json\n{"sizes.s7.hole_ratio": [0.1]}\n```', "[0.1]", "not a number"),
+        ("```yaml\nsizes.s7.hole_ratio: 1e999\n```", "1e999", "finite"),
+        ("```json\n[1, 2]\n```", "[1, 2]", "not an object"),
+        ("```json\n{broken\n```", "{broken", "invalid JSON"),
+        ("```yaml\nsizes.s7.hole_ratio: 0.1\nsizes.s7.hole_ratio: 0.2\n```", "s7", "twice"),
+        ('```json\n{"sizes.s7.hole_ratio": 0.1, "sizes.s7.hole_ratio": 0.2}\n```', "s7", "twice"),
+        ("```yaml\njust words\n```", "just words", "key: value"),
+        ("```python\nimport os\n```", "python", "only yaml or json"),
+    ],
+)
+def test_rejects_with_reason(text, item, reason):
+    p = P.parse_proposal(text)
+    assert p.diff == {}
+    assert p.error
+    assert any(item in i and reason in r for i, r in p.rejected), p.rejected
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("", "no ```yaml"),
+        ("I would make it harder.", "no ```yaml"),
+        ("<think>sizes.s3.hole_ratio: 0.1 and then", "inside <think>"),
+        ("```yaml\nsizes.s3.hole_ratio: 0.1\nsizes.s4.hole", "no ```yaml"),
+        ("```yaml\n```", "empty"),
+    ],
+)
+def test_nothing_usable_says_why(text, words):
+    p = P.parse_proposal(text)
+    assert p.diff == {} and words in p.error
+    d = P.apply_proposal(p, CUR, "t")
+    assert d.kept_current and words in d.reason and d.config.to_dict() == CUR.to_dict()
+
+
+def test_too_many_edits_rejects_the_rewrite():
+    lines = [f"sizes.s{n}.{f}: 0.1" for n in (3, 4, 5) for f in ("hole_ratio", "wait_ratio")]
+    text = "```yaml\n" + "\n".join(lines + ["sizes.s6.hole_ratio: 0.1"]) + "\n```"
+    assert P.parse_proposal(text, max_edits=7).diff
+    p = P.parse_proposal(text, max_edits=6)
+    assert p.diff == {} and "too many edits (7 > 6)" in p.error
+
+
+def test_not_text_and_endless_text():
+    assert "not text" in P.parse_proposal(None).error
+    p = P.parse_proposal("sizes.s3.hole_ratio: 0.1\n" + "x" * (P.MAX_CHARS + 10))
+    assert p.diff == {"sizes.s3.hole_ratio": 0.1}
+    assert ("<answer>", f"cut at {P.MAX_CHARS} characters") in p.rejected
+    assert "unparseable" not in P.parse_proposal("```json\n" + "[" * 50_000 + "\n```").error
+
+
+KEYS = ["sizes.s3.hole_ratio", "env.sizes.7x7.data_ratio", "sizes.4.wait_ratio", "seed"]
+FRAGMENTS = st.one_of(
+    st.text(max_size=30),
+    st.sampled_from(
+        ["```yaml\n", "```json\n", "```\n", "\n```\n", "<think>", "</think>", "Summary: ", "{", "}"]
+    ),
+    st.builds(
+        lambda k, v, sep: f"{k}{sep}{v}\n",
+        st.sampled_from(KEYS + ["sizes.s99.hole_ratio", "sizes.s2.data_ratio", "sizes:"]),
+        st.one_of(
+            st.floats(allow_nan=True, allow_infinity=True).map(repr),
+            st.integers(-(10**30), 10**30).map(str),
+            st.sampled_from(["", "x", "true", "null", "[1]", "1e400", "-0.0", ".5"]),
+        ),
+        st.sampled_from([": ", " = ", ":", ":\n  "]),
+    ),
+)
+
+
+def check_decision(p, d):
+    for k, v in p.diff.items():
+        assert P.canonical_key(k) == k and math.isfinite(v)
+    validate(d.config)
+    assert d.config.num_agents == CUR.num_agents and d.config.seed == CUR.seed
+    assert d.config.oracle.to_dict() == CUR.oracle.to_dict()
+    for e in d.config.sizes.values():
+        assert 0 <= e.hole_ratio <= MAX_HOLE_RATIO and 0 <= e.wait_ratio <= 1
+    assert math.isclose(sum(e.data_ratio for e in d.config.sizes.values()), 1.0)
+    assert d.kept_current == (d.config.to_dict() == CUR.to_dict())
+    assert d.kept_current == bool(d.reason)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(FRAGMENTS, max_size=12).map("".join))
+def test_adversarial_text_never_raises_and_stays_legal(text):
+    p = P.parse_proposal(text)
+    check_decision(p, P.apply_proposal(p, CUR, "t"))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.text(max_size=400))
+def test_arbitrary_text_never_raises(text):
+    p = P.parse_proposal(text)
+    check_decision(p, P.apply_proposal(p, CUR, "t"))
+
+
+DIFFS = st.dictionaries(
+    st.builds(
+        lambda n, f: f"sizes.s{n}.{f}",
+        st.integers(3, 7),
+        st.sampled_from(["data_ratio", "hole_ratio", "wait_ratio"]),
+    ),
+    st.floats(-2, 2, allow_nan=False),
+    max_size=6,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(DIFFS, st.text(st.characters(blacklist_characters="`\n"), max_size=40))
+def test_format_parse_round_trip_and_projection(diff, summary):
+    p = P.parse_proposal(P.format_diff(diff, summary))
+    assert p.diff == diff
+    assert p.summary == " ".join(summary.split())
+    d = P.apply_proposal(p, CUR, "t")
+    if diff:
+        full, _ = P.complete_data_ratios(diff, CUR)
+        expected, changes = project(full, CUR)
+        assert d.config.to_dict() == expected.to_dict()
+        assert set(changes) <= set(d.changes)
+
+
+def test_set_data_ratios_are_kept_and_others_scaled():
+    p = P.parse_proposal("```yaml\nsizes.s7.data_ratio: 0.4\nsizes.s3.data_ratio: 0.1\n```")
+    d = P.apply_proposal(p, CUR, "t")
+    s = d.config.sizes
+    assert math.isclose(s.s7.data_ratio, 0.4) and math.isclose(s.s3.data_ratio, 0.1)
+    # 4x4, 5x5, 6x6 shared 0.6 of the data and now share 0.5, in the same proportions.
+    for k in ("s4", "s5", "s6"):
+        assert math.isclose(s[k].data_ratio, 0.5 / 3)
+    assert any("scaled" in c for c in d.changes)
+    assert CUR.sizes.s7.data_ratio == 0.2  # the current config is not mutated
+
+
+def test_illegal_sizes_are_dropped_others_applied():
+    text = (
+        "```yaml\nsizes.s11.hole_ratio: 0.1\nsizes.s2.wait_ratio: 0.1\n"
+        "sizes.s4.hole_ratio: 0.9\n```"
+    )
+    d = P.apply_proposal(P.parse_proposal(text), CUR, "t")
+    assert d.diff == {"sizes.s4.hole_ratio": 0.9}
+    assert d.config.sizes.s4.hole_ratio == 0.5 and "s11" not in d.config.sizes
+    reasons = dict(d.rejected)
+    assert "outside" in reasons["sizes.s11.hole_ratio: 0.1"]
+    assert "outside" in reasons["sizes.s2.wait_ratio: 0.1"]
+    assert any("clipped" in c for c in d.changes)
+    with pytest.raises(ConfigError):
+        project({"sizes.s11.hole_ratio": 0.1}, CUR)
+
+
+def test_new_size_and_no_op_diff():
+    d = P.apply_proposal(P.parse_proposal("sizes.s9.data_ratio: 0.1"), CUR, "t")
+    assert math.isclose(d.config.sizes.s9.data_ratio, 0.1) and not d.kept_current
+    same = P.apply_proposal(P.parse_proposal("sizes.s3.hole_ratio: 0.2"), CUR, "t")
+    assert same.kept_current and "unchanged" in same.reason
+
+
+def test_decision_json_round_trip():
+    d = P.apply_proposal(P.parse_proposal("sizes.s3.hole_ratio: 0.3\nSummary: x"), CUR, "e", k=1)
+    back = P.Decision.from_dict(d.to_dict())
+    assert back.to_dict() == d.to_dict()
+    assert back.config.sizes.s3.hole_ratio == 0.3 and back.extra == {"k": 1}
