@@ -52,6 +52,19 @@ def hidden(graphdef, state, mesh, b, t):
 COMPUTATIONS = {"forward": ("train", forward), "hidden": ("train", hidden)}
 
 
+def sample(graphdef, state, mesh, b, t):
+    """Sampling: prefill T/2 prompt tokens, decode T/2 more over a bf16 KV cache of T slots."""
+    from mapfjax.models import sampler
+
+    half = t // 2
+    return sampler.lower_generate(
+        graphdef, state, batch=b, prompt_len=half, max_new_tokens=t - half, mesh=mesh
+    )
+
+
+COMPUTATIONS["sample"] = ("sample", sample)
+
+
 def main():
     cfg = PRESETS[OPTS.model]
     names = list(COMPUTATIONS) if OPTS.computations == "all" else OPTS.computations.split(",")

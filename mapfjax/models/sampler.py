@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import math
 from collections.abc import Callable, Sequence
@@ -235,6 +236,10 @@ def _decode(
     return (toks, lengths, lps, lpfs, finished, steps), cache
 
 
+def _mesh_context(mesh):
+    return contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)
+
+
 def _resolve_mesh(mesh):
     if mesh is None:
         current = jax.sharding.get_mesh()
@@ -402,35 +407,37 @@ def generate(
         )
     tokens, mask, prompt_lens, done = arrays
 
-    logits, cache = _prefill(
-        graphdef,
-        state,
-        tokens,
-        mask,
-        config=config,
-        cache_len=cache_len,
-        cache_dtype=jnp.dtype(cache_dtype),
-        shardings=shardings,
-    )
-    key = jax.random.key(0) if key is None else key
-    out, _ = _decode(
-        graphdef,
-        state,
-        cache,
-        logits,
-        prompt_lens,
-        done,
-        key,
-        jnp.float32(temperature if not greedy else 1.0),
-        jnp.float32(top_p),
-        max_new_tokens=max_new_tokens,
-        greedy=greedy,
-        top_k=int(top_k),
-        use_top_p=top_p < 1.0,
-        stop_tokens=tuple(int(t) for t in stop_tokens),
-        pad_id=int(pad_id),
-        shardings=shardings,
-    )
+    # Under the mesh the model's own activation constraints apply too (no-ops without one).
+    with _mesh_context(mesh):
+        logits, cache = _prefill(
+            graphdef,
+            state,
+            tokens,
+            mask,
+            config=config,
+            cache_len=cache_len,
+            cache_dtype=jnp.dtype(cache_dtype),
+            shardings=shardings,
+        )
+        key = jax.random.key(0) if key is None else key
+        out, _ = _decode(
+            graphdef,
+            state,
+            cache,
+            logits,
+            prompt_lens,
+            done,
+            key,
+            jnp.float32(temperature if not greedy else 1.0),
+            jnp.float32(top_p),
+            max_new_tokens=max_new_tokens,
+            greedy=greedy,
+            top_k=int(top_k),
+            use_top_p=top_p < 1.0,
+            stop_tokens=tuple(int(t) for t in stop_tokens),
+            pad_id=int(pad_id),
+            shardings=shardings,
+        )
     toks, lengths, lps, lpfs, finished, steps = out
     if batch != rows:
         toks, lengths, lps, lpfs, finished = (
@@ -486,19 +493,20 @@ def lower_generate(
         pad_id=DEFAULT_PAD_ID,
         shardings=shardings,
     )
-    return _prefill_and_decode.lower(
-        graphdef,
-        state,
-        spec((batch, prompt_len), jnp.int32),
-        spec((batch, prompt_len), bool),
-        spec((batch,), jnp.int32),
-        spec((batch,), bool),
-        jax.random.key(0),
-        jnp.float32(1.0),
-        jnp.float32(0.95),
-        prefill_kw=tuple(sorted(prefill_kw.items())),
-        decode_kw=tuple(sorted(decode_kw.items())),
-    )
+    with _mesh_context(mesh):
+        return _prefill_and_decode.lower(
+            graphdef,
+            state,
+            spec((batch, prompt_len), jnp.int32),
+            spec((batch, prompt_len), bool),
+            spec((batch,), jnp.int32),
+            spec((batch,), bool),
+            jax.random.key(0),
+            jnp.float32(1.0),
+            jnp.float32(0.95),
+            prefill_kw=tuple(sorted(prefill_kw.items())),
+            decode_kw=tuple(sorted(decode_kw.items())),
+        )
 
 
 def _vector(sharding):
