@@ -146,6 +146,11 @@ def test_variant_context_contains_exactly_its_modules(variant):
     assert len(heads) == len(EXPECTED[variant]) + 1
 
 
+def test_unknown_variant_names_the_allowed_ones():
+    with pytest.raises(ValueError, match="V7.*V6"):
+        load_variant("V7")
+
+
 def test_history_with_and_without_the_default_round():
     recs, cur = records3(), default_config(sizes=(3, 4, 5))
     with_default = sections(C.build_context(recs, cur, load_variant("V3").modules))
