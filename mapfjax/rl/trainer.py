@@ -264,7 +264,7 @@ def train_step(
         metrics = _combine(ms, ws)
         metrics["loss"] = loss
 
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
