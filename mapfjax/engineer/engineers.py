@@ -297,7 +297,7 @@ class ApiEngineer:
                     max_tokens=self.max_tokens,
                 )
                 text = reply.choices[0].message.content or ""
-            except Exception as e:  # noqa: BLE001 - every failure becomes a recorded reason
+            except Exception as e:  # every failure becomes a recorded reason
                 errors.append(f"attempt {attempt}: {type(e).__name__}: {str(e)[:200]}")
                 if attempt < self.max_retries and _retryable(e):
                     self.sleep(self.backoff * 2**attempt)
@@ -354,7 +354,7 @@ class PolicyEngineer:
             return keep_current(current, self.name, "free mode needs a generate_fn")
         try:
             texts = list(self.generate_fn([prompt], self.num_samples))
-        except Exception as e:  # noqa: BLE001 - a sampling failure keeps the config, says why
+        except Exception as e:  # a sampling failure keeps the config, says why
             return keep_current(current, self.name, f"generate_fn failed: {type(e).__name__}: {e}")
         samples = []
         for i, text in enumerate(texts):
@@ -381,7 +381,7 @@ class PolicyEngineer:
             return keep_current(current, self.name, "no local edit is possible")
         try:
             best, scores = choose_by_likelihood(self.score_fn, prompt, candidates)
-        except Exception as e:  # noqa: BLE001 - a scoring failure keeps the config, says why
+        except Exception as e:  # a scoring failure keeps the config, says why
             return keep_current(current, self.name, f"score_fn failed: {type(e).__name__}: {e}")
         extra = {"mode": "constrained", "chosen": best, "scores": scores}
         return apply_proposal(

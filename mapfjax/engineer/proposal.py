@@ -31,7 +31,14 @@ _BARE = re.compile(
     r"[ \t]*[:=][ \t]*(\S+)[ \t]*,?[ \t]*$",
     re.MULTILINE,
 )
-_SUMMARY = re.compile(r"^[ \t>*_#-]*summary[*_ \t]*:[*_ \t]*(.*)$", re.IGNORECASE | re.MULTILINE)
+# `Summary:`, also in bold (`**Summary:**`, `**Summary**:`), quoted or as a list item.
+_SUMMARY = re.compile(
+    r"^[ \t>*_#-]*summary[ \t]*(?:\*\*|__)?:(?:\*\*|__)?[ \t]*(.*)$", re.IGNORECASE | re.MULTILINE
+)
+
+
+class _Scalar(str):
+    """A YAML or bare-line value as written; only these strings may be read as numbers."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,7 +131,7 @@ def _number(value: Any) -> float:
         raise ValueError(f"{value!r} is not a number")
     if isinstance(value, int | float):
         v = float(value)
-    elif isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
+    elif isinstance(value, _Scalar) and _NUMBER.fullmatch(value.strip()):
         v = float(value.strip())
     else:
         raise ValueError(f"{str(value)[:40]!r} is not a number")
@@ -179,7 +186,7 @@ def _parse_yaml(body: str) -> tuple[list[tuple[str, Any]], list[tuple[str, str]]
             stack.pop()
         path = ".".join([k for _, k in stack] + [key.strip().strip("`'\"")])
         if value.strip():
-            items.append((path, value.strip().rstrip(",")))
+            items.append((path, _Scalar(value.strip().rstrip(","))))
         else:
             stack.append((indent, key.strip().strip("`'\"")))
     return items, rejected
@@ -216,7 +223,7 @@ def parse_proposal(text: Any, max_edits: int = MAX_EDITS) -> Proposal:
     """
     try:
         return _parse(text, max_edits)
-    except Exception as e:  # noqa: BLE001 - the contract is "never raises"; say what happened
+    except Exception as e:  # the contract is "never raises": record what happened instead
         raw = text if isinstance(text, str) else repr(text)[:MAX_CHARS]
         return Proposal(raw=raw, diff={}, error=f"unparseable answer ({type(e).__name__}: {e})")
 
@@ -254,7 +261,7 @@ def _parse(text: Any, max_edits: int) -> Proposal:
         if opened:  # an unclosed fence: a cut-off answer; its lines are not trusted
             outside = outside[: opened.start()]
             rejected.append(("```", "a code block is not closed (cut-off answer?)"))
-        items = [(m.group(1), m.group(2)) for m in _BARE.finditer(outside)]
+        items = [(m.group(1), _Scalar(m.group(2))) for m in _BARE.finditer(outside)]
         if not items:
             source = "none"
     diff, conflicts = {}, set()

@@ -2,11 +2,13 @@
 
 import math
 
+import jax
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mapfjax.engineer import proposal as P
+from mapfjax.env import generate
 from mapfjax.env.config import MAX_HOLE_RATIO, ConfigError, default_config, project, validate
 
 CUR = default_config(sizes=(3, 4, 5, 6, 7))
@@ -68,6 +70,7 @@ def test_summary_and_source():
         ('```yaml\nsizes.s7.hole_ratio: "0.1"\n```', "0.1", "not a number"),
         ("```yaml\nsizes.s7.hole_ratio: 5%\n```", "5%", "not a number"),
         ('```json\n{"sizes.s7.hole_ratio": true}\n```', "True", "not a number"),
+        ('```json\n{"sizes.s7.hole_ratio": "0.1"}\n```', "0.1", "not a number"),
         ('```json\n{"sizes.s7.hole_ratio": null}\n```', "None", "not a number"),
         ('```json\n{"sizes.s7.hole_ratio": NaN}\n```', "NaN", "finite"),
         ('```json\n{"sizes.s7.hole_ratio": [0.1]}\n```', "[0.1]", "not a number"),
@@ -178,7 +181,12 @@ DIFFS = st.dictionaries(
 
 
 @settings(max_examples=150, deadline=None)
-@given(DIFFS, st.text(st.characters(blacklist_characters="`\n"), max_size=40))
+@given(
+    DIFFS,
+    st.text(st.characters(blacklist_characters="`\n"), max_size=40).filter(
+        lambda t: not t.lstrip().startswith(("**", "__"))  # bold closing the `Summary:` label
+    ),
+)
 def test_format_parse_round_trip_and_projection(diff, summary):
     p = P.parse_proposal(P.format_diff(diff, summary))
     assert p.diff == diff
@@ -224,6 +232,21 @@ def test_new_size_and_no_op_diff():
     assert math.isclose(d.config.sizes.s9.data_ratio, 0.1) and not d.kept_current
     same = P.apply_proposal(P.parse_proposal("sizes.s3.hole_ratio: 0.2"), CUR, "t")
     assert same.kept_current and "unchanged" in same.reason
+
+
+def test_generator_achieves_the_projected_config():
+    cur = default_config(sizes=(3, 4, 5))
+    cur.oracle.processes = 1
+    text = "sizes.s3.data_ratio: 0.5\nsizes.s4.hole_ratio: 0.3\nsizes.s3.wait_ratio: 0.5"
+    d = P.apply_proposal(P.parse_proposal(text), cur, "t")
+    problems = generate(jax.random.key(0), d.config, 24).problems
+    # By hand: 24 x (0.5, 0.25, 0.25) instances; round(ratio x area) holes; round(n x wait).
+    expected = {3: (12, 2, 6), 4: (6, 5, 2), 5: (6, 5, 2)}
+    for size, (n, holes, waits) in expected.items():
+        got = [p for p in problems if p.height == size]
+        assert len(got) == n
+        assert all(sum(row.count("H") for row in p.grid) == holes for p in got)
+        assert sum(bool(p.needs_wait) for p in got) == waits
 
 
 def test_decision_json_round_trip():
