@@ -1,0 +1,133 @@
+"""A small byte-level BPE tokenizer for MAPF-FrozenLake text, written as Hugging Face files
+(`tokenizer.json`, `tokenizer_config.json` with a Qwen3-style chat template)."""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Iterable
+
+from mapfjax.models.tokenizer import (
+    EMPTY_THINK,
+    END_THINK,
+    ENDOFTEXT,
+    IM_END,
+    IM_START,
+    THINK,
+    builtin_chat_text,
+)
+
+# Fixed ids 0..4, in this order; <|endoftext|> doubles as the pad token.
+SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END, THINK, END_THINK)
+
+# Pre-tokenisation (regex pieces are isolated; BPE merges only inside a piece):
+#  - one digit per piece, so coordinates and sizes tokenise digit by digit;
+#  - a grid symbol standing alone between spaces/newlines (with its leading space), so every
+#    cell of a map row is one token whatever its neighbours;
+#  - an action word with its leading ", " or " ", so each action of a plan is one token;
+#  - newlines on their own.
+# Everything else (the fixed role, legend and rule text) stays in long pieces that BPE
+# compresses into a few tokens.
+GRID_SYMBOLS = "FHSsABCGgabc"
+ACTIONS = ("UP", "DOWN", "LEFT", "RIGHT", "WAIT")
+SPLIT_PATTERN = (
+    r"\d"
+    rf"|(?: |(?<![^ \n]))[{GRID_SYMBOLS}](?![^ \n])"
+    rf"|,? ?(?:{'|'.join(ACTIONS)})(?![A-Za-z])"
+    r"|\n"
+)
+
+# Pieces every vocabulary must hold as single tokens, even when the corpus never shows them
+# (e.g. agents 2..4's symbols in a 2-agent corpus): fed to the trainer as often as the corpus.
+REQUIRED_TEXT = " ".join(GRID_SYMBOLS) + "\n" + ": " + " ".join(ACTIONS) + ", " + ", ".join(ACTIONS)
+
+# Qwen3-style template: same text as `tokenizer.builtin_chat_text`; `enable_thinking=False`
+# appends the empty think block to the generation prompt.
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}"
+    "{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{- '<think>\\n\\n</think>\\n\\n' }}"
+    "{%- endif %}"
+    "{%- endif %}"
+)
+
+
+def build_tokenizer(texts: Iterable[str], vocab_size: int):
+    """A trained `tokenizers.Tokenizer` (byte-level BPE, `SPLIT_PATTERN` pre-tokenisation).
+
+    vocab_size counts the 256 byte tokens and the 5 special tokens; it must exceed 261.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    if not isinstance(vocab_size, int) or vocab_size <= 256 + len(SPECIAL_TOKENS):
+        raise ValueError(
+            f"vocab_size={vocab_size!r}: allowed an int > {256 + len(SPECIAL_TOKENS)} "
+            "(256 bytes + 5 special tokens + merges)"
+        )
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    texts = list(texts)
+    tok.train_from_iterator(texts + [REQUIRED_TEXT] * max(len(texts), 10), trainer=trainer)
+    for i, s in enumerate(SPECIAL_TOKENS):
+        if tok.token_to_id(s) != i:
+            raise RuntimeError(f"special token {s!r} got id {tok.token_to_id(s)}, expected {i}")
+    return tok
+
+
+def save_tokenizer(tok, out_dir, max_length: int = 4096) -> pathlib.Path:
+    """Write `tok` as HF tokenizer files into `out_dir` (created if missing)."""
+    import transformers
+
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=IM_END,
+        pad_token=ENDOFTEXT,
+        additional_special_tokens=[IM_START, THINK, END_THINK],
+        model_max_length=max_length,
+        clean_up_tokenization_spaces=False,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(str(out))
+    return out
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir) -> pathlib.Path:
+    """Train a BPE on `texts` (rendered prompts and answers) and write HF files to `out_dir`.
+
+    Loadable with `transformers.AutoTokenizer.from_pretrained(out_dir)` and
+    `mapfjax.models.tokenizer.load_tokenizer(out_dir)`. Returns `out_dir` as a Path.
+    """
+    return save_tokenizer(build_tokenizer(texts, vocab_size), out_dir)
+
+
+def corpus(problems, answers) -> list[str]:
+    """Training texts: each problem's prompt and each answer's canonical text.
+
+    problems: `Problem`s; answers: per-problem action lists (as `oracle.answer_actions`).
+    """
+    from mapfjax.env import text
+
+    # Whole chat turns, so the role names and the think block get merged too.
+    return [
+        builtin_chat_text([{"role": "user", "content": text.render_prompt(p)}], False)
+        + f"{text.render_answer(a)}{IM_END}\n"
+        for p, a in zip(problems, answers, strict=True)
+    ] + [EMPTY_THINK]
