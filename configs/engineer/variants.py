@@ -1,10 +1,6 @@
-"""Engineer context variants V1..V6 of the paper's ablation (PAPER.md section 4).
-
-python launch/train.py --config configs/tiny_cpu.py ... uses these as `modules`; alone:
-    get_config("V6"), get_config("V6_full_T") (T with full RL details), get_config("V3").
-Reading of the ablation [ours]: cumulative, V1 F; V2 +G; V3 +H with the round-0 default;
-V4 H without it; V5 +S; V6 +T bookkeeping (the paper's main setting).
-"""
+"""Engineer context variants V1..V6 (PAPER.md section 4), read cumulatively [ours]: V1 F; V2 +G;
+V3 +H with the round-0 default; V4 H without it; V5 +S; V6 +T bookkeeping (the paper's setting).
+Use: --config=configs/engineer/variants.py:V6 --config.modules.T.detail=full (or V6_full_T)."""
 
 import os
 

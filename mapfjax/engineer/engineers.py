@@ -359,7 +359,9 @@ class PolicyEngineer:
         samples = []
         for i, text in enumerate(texts):
             d = apply_proposal(parse_proposal(text, self.max_edits), current, self.name)
-            samples.append({"index": i, "changed": not d.kept_current, "reason": d.reason})
+            samples.append(
+                {"index": i, "changed": not d.kept_current, "reason": d.reason, "text": text}
+            )
             if not d.kept_current:
                 return dataclasses.replace(
                     d, extra={"mode": "free", "chosen": i, "samples": samples}
@@ -383,7 +385,12 @@ class PolicyEngineer:
             best, scores = choose_by_likelihood(self.score_fn, prompt, candidates)
         except Exception as e:  # a scoring failure keeps the config, says why
             return keep_current(current, self.name, f"score_fn failed: {type(e).__name__}: {e}")
-        extra = {"mode": "constrained", "chosen": best, "scores": scores}
+        extra = {
+            "mode": "constrained",
+            "chosen": best,
+            "scores": scores,
+            "candidates": [c.description for c in candidates],
+        }
         return apply_proposal(
             parse_proposal(candidates[best].text(), self.max_edits), current, self.name, **extra
         )

@@ -162,6 +162,7 @@ def test_policy_free_takes_the_first_sample_that_changes_the_config():
     assert d.extra["chosen"] == 2 and d.raw == GOOD and d.summary == "more waits."
     assert d.config.sizes.s4.wait_ratio == 0.45 and d.config.sizes.s5.hole_ratio == 0.2
     assert [s["changed"] for s in d.extra["samples"]] == [False, False, True]
+    assert d.extra["samples"][0]["text"] == "I am not sure."
 
 
 def test_policy_falls_back_to_the_models_choice_among_local_edits():
@@ -174,6 +175,9 @@ def test_policy_falls_back_to_the_models_choice_among_local_edits():
     d = eng.propose(CONTEXT, CUR, 0)
     assert not d.kept_current and d.extra["mode"] == "constrained"
     assert d.diff == {"sizes.s5.hole_ratio": 0.1} and d.config.sizes.s5.hole_ratio == 0.1
+    chosen = d.extra["chosen"]
+    assert d.extra["scores"][chosen] == 1.0 and sorted(d.extra["scores"])[-2] == 0.0
+    assert d.extra["candidates"][chosen] == "lower hole_ratio of 5x5 from 0.2 to 0.1"
     only_free = E.PolicyEngineer(generate_fn=bad, mode="free", num_samples=2)
     k = only_free.propose(CONTEXT, CUR, 0)
     assert k.kept_current and "sample 0" in k.reason and "sample 1" in k.reason
