@@ -267,6 +267,7 @@ def server():
 
 
 def api(url, sleeps, **kw):
+    pytest.importorskip("openai")  # the optional `api` extra
     return E.ApiEngineer(
         base_url=url,
         model="m",
@@ -330,6 +331,7 @@ def test_api_unreachable_keeps_config_with_reason():
 
 def test_api_settings_from_environment(server, monkeypatch):
     url, queue, requests = server
+    pytest.importorskip("openai")
     monkeypatch.setenv("OPENAI_BASE_URL", url)
     monkeypatch.setenv("OPENAI_API_KEY", "env-key")
     monkeypatch.setenv("OPENAI_MODEL", "env-model")
