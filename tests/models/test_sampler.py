@@ -315,3 +315,12 @@ def test_lower_generate_is_the_sampling_computation(models):
     )
     np.testing.assert_array_equal(got[0], want.tokens)
     np.testing.assert_allclose(got[2], want.logprobs, atol=1e-6)
+
+
+def test_bucket_is_clamped_to_the_cache_limit(models):
+    (ours, _), _ = models
+    prompts = [list(range(1, 26)), [3, 4]]  # bucket 32, but only 35 - 8 = 27 slots remain
+    free = sampler.generate(ours, prompts, 8, stop_tokens=())
+    tight = sampler.generate(ours, prompts, 8, stop_tokens=(), max_cache_len=35)
+    np.testing.assert_array_equal(tight.tokens, free.tokens)
+    np.testing.assert_allclose(tight.logprobs, free.logprobs, atol=1e-5)
