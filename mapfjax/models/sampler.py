@@ -16,13 +16,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from mapfjax.models.qwen3 import KVCache
+from mapfjax import parallel
+from mapfjax.models.qwen3 import KV_CACHE_AXES, KVCache
 
 # Qwen3's `<|im_end|>` (end of turn) and `<|endoftext|>` (pad); PAPER.md section 7.
 DEFAULT_STOP_TOKENS = (151645, 151643)
 DEFAULT_PAD_ID = 151643
-
-_CACHE_AXES = ("layers", "batch", "cache_seq", "kv_heads", "head_dim")
 
 
 @flax.struct.dataclass
@@ -32,9 +31,11 @@ class SampleOutput:
     tokens: int32 [B, N], completions, `pad_id` after the stop token or the budget.
     lengths: int32 [B], generated tokens per row, the stop token included.
     logprobs: float32 [B, N], log-prob of each token under the distribution it was drawn
-      from (temperature, then top-k, then top-p, renormalised); 0 after `lengths`.
+      from (temperature, then top-k, then top-p, renormalised); 0 after `lengths`. Greedy
+      (temperature 0): log_softmax(logits).
     logprobs_full: float32 [B, N], log_softmax(logits / temperature) at each token, without
-      top-k/top-p truncation (what a trainer recomputes); 0 after `lengths`.
+      top-k/top-p truncation (what a trainer recomputes); 0 after `lengths`. Greedy: equal
+      to `logprobs`.
     finished: bool [B], True when the row stopped on a stop token, False when truncated.
     steps: int32 [], token positions actually sampled, 1..N (< N when every row stopped early).
     """
@@ -212,12 +213,12 @@ def _decode(
     bufs = tuple(_constrain(x, batch_sh if x.ndim == 2 else _vector(batch_sh)) for x in bufs)
     bufs = record(bufs, 0, logits)
 
-    def cond(state):
-        i, _, bufs = state
+    def cond(carry):
+        i, _, bufs = carry
         return (i < n) & ~jnp.all(bufs[4])
 
-    def body(state):
-        i, cache, bufs = state
+    def body(carry):
+        i, cache, bufs = carry
         prev = jax.lax.dynamic_index_in_dim(bufs[0], i - 1, axis=1, keepdims=True)  # [B, 1]
         # Finished rows feed pad_id, which may lie outside a small vocabulary (an
         # out-of-range embedding lookup gives NaN); their outputs are discarded anyway.
@@ -255,20 +256,16 @@ def _resolve_mesh(mesh):
 
 def _shardings(mesh, config, batch: int, cache_len: int):
     """(batch [B, ...] sharding, (cache k/v sharding, cache valid sharding)) on `mesh`."""
-    from mapfjax import parallel
-
     rules = parallel.RULES["sample"]
     kv_shape = (config.num_layers, batch, cache_len, config.num_kv_heads, config.head_dim)
     batch_sh = parallel.logical_to_sharding(("batch", None), mesh, rules, (batch, cache_len))
-    kv = parallel.logical_to_sharding(_CACHE_AXES, mesh, rules, kv_shape)
+    kv = parallel.logical_to_sharding(KV_CACHE_AXES, mesh, rules, kv_shape)
     valid = parallel.logical_to_sharding(("batch", "cache_seq"), mesh, rules, (batch, cache_len))
     return batch_sh, (kv, valid)
 
 
 def _batch_shards(mesh) -> int:
     """How many ways the sampling rules split the batch on `mesh`."""
-    from mapfjax import parallel
-
     spec = parallel.logical_to_spec(("batch",), mesh, parallel.RULES["sample"])
     return _num_shards(jax.sharding.NamedSharding(mesh, spec), 0)
 
