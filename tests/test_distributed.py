@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 WORKER = pathlib.Path(__file__).with_name("distributed_worker.py")
 ROOT = WORKER.parent.parent
@@ -33,9 +34,6 @@ def _result(proc):
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
     return json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
-
-
-import pytest  # noqa: E402
 
 
 @pytest.mark.slow
