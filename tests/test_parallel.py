@@ -92,9 +92,9 @@ def test_sharded_forward_and_grads_match_single_device(reference, shape, rules):
     sharded = Qwen3(CFG, **F32)
     nnx.update(sharded, nnx.state(model))
     parallel.shard_model(sharded, mesh, rules)
-    q = sharded.layers[0].attn.q[...]
+    q = sharded.layers.attn.q[...]
     assert q.sharding.spec == parallel.logical_to_spec(
-        ("embed", "q_heads", "head_dim"), mesh, rules, q.shape
+        ("layers", "embed", "q_heads", "head_dim"), mesh, rules, q.shape
     )
     if mesh.shape["tp"] > 1 or (rules == "train" and mesh.shape["fsdp"] > 1):
         assert q.addressable_shards[0].data.size < q.size

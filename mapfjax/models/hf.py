@@ -99,37 +99,43 @@ LAYOUTS: dict[str, Layout] = {
     ),
 }
 
-# HF key -> (our parameter path, layout). "{i}" is the layer index.
+# HF key -> (our parameter path, layout). "{i}" is the layer index: our layer parameters are
+# stacked, layer i being row i of a [L, ...] array.
 KEY_TABLE: dict[str, tuple[str, str]] = {
     "model.embed_tokens.weight": ("embedding", "same"),
     "model.norm.weight": ("final_norm.scale", "same"),
-    "model.layers.{i}.input_layernorm.weight": ("layers.{i}.input_norm.scale", "same"),
-    "model.layers.{i}.post_attention_layernorm.weight": ("layers.{i}.post_attn_norm.scale", "same"),
-    "model.layers.{i}.self_attn.q_proj.weight": ("layers.{i}.attn.q", "heads_in"),
-    "model.layers.{i}.self_attn.k_proj.weight": ("layers.{i}.attn.k", "heads_in"),
-    "model.layers.{i}.self_attn.v_proj.weight": ("layers.{i}.attn.v", "heads_in"),
-    "model.layers.{i}.self_attn.o_proj.weight": ("layers.{i}.attn.o", "heads_out"),
-    "model.layers.{i}.self_attn.q_norm.weight": ("layers.{i}.attn.q_norm.scale", "same"),
-    "model.layers.{i}.self_attn.k_norm.weight": ("layers.{i}.attn.k_norm.scale", "same"),
-    "model.layers.{i}.mlp.gate_proj.weight": ("layers.{i}.mlp.gate", "transpose"),
-    "model.layers.{i}.mlp.up_proj.weight": ("layers.{i}.mlp.up", "transpose"),
-    "model.layers.{i}.mlp.down_proj.weight": ("layers.{i}.mlp.down", "transpose"),
+    "model.layers.{i}.input_layernorm.weight": ("layers.input_norm.scale", "same"),
+    "model.layers.{i}.post_attention_layernorm.weight": ("layers.post_attn_norm.scale", "same"),
+    "model.layers.{i}.self_attn.q_proj.weight": ("layers.attn.q", "heads_in"),
+    "model.layers.{i}.self_attn.k_proj.weight": ("layers.attn.k", "heads_in"),
+    "model.layers.{i}.self_attn.v_proj.weight": ("layers.attn.v", "heads_in"),
+    "model.layers.{i}.self_attn.o_proj.weight": ("layers.attn.o", "heads_out"),
+    "model.layers.{i}.self_attn.q_norm.weight": ("layers.attn.q_norm.scale", "same"),
+    "model.layers.{i}.self_attn.k_norm.weight": ("layers.attn.k_norm.scale", "same"),
+    "model.layers.{i}.mlp.gate_proj.weight": ("layers.mlp.gate", "transpose"),
+    "model.layers.{i}.mlp.up_proj.weight": ("layers.mlp.up", "transpose"),
+    "model.layers.{i}.mlp.down_proj.weight": ("layers.mlp.down", "transpose"),
 }
 UNTIED_KEYS = {"lm_head.weight": ("unembedding", "transpose")}
 # Present in some checkpoints but carrying nothing we need (non-persistent rope buffers).
 _IGNORED = re.compile(r"^model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$")
 
 
-def key_map(config: Qwen3Config) -> dict[str, tuple[str, str]]:
-    """Every HF tensor name of `config`'s checkpoint -> (our dotted parameter path, layout)."""
+def param_sources(config: Qwen3Config) -> dict[str, tuple[str, list[str] | None, str]]:
+    """Our dotted parameter path -> (layout, HF key per layer or None, HF key if unstacked)."""
+    table = KEY_TABLE | ({} if config.tie_word_embeddings else UNTIED_KEYS)
     out = {}
-    for hf_key, (ours, layout) in KEY_TABLE.items():
-        layers = range(config.num_layers) if "{i}" in hf_key else [None]
-        for i in layers:
-            out[hf_key.format(i=i)] = (ours.format(i=i), layout)
-    if not config.tie_word_embeddings:
-        out.update(UNTIED_KEYS)
+    for hf_key, (ours, layout) in table.items():
+        if "{i}" in hf_key:
+            out[ours] = (layout, [hf_key.format(i=i) for i in range(config.num_layers)], "")
+        else:
+            out[ours] = (layout, None, hf_key)
     return out
+
+
+def hf_keys(config: Qwen3Config) -> list[str]:
+    """Every tensor name a checkpoint of `config` must hold."""
+    return [k for _, layers, key in param_sources(config).values() for k in (layers or [key])]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -296,7 +302,7 @@ def from_pretrained(
     config, _ = read_config(root)
     param_dtype = dtype if param_dtype is None else param_dtype
     tensors = _checkpoint_tensors(root)
-    keys = key_map(config)
+    keys = hf_keys(config)
     where = {k: str(t.file) for k, t in tensors.items()}
 
     # Some tied checkpoints also store the (identical) head; its values are not needed.
@@ -318,27 +324,33 @@ def from_pretrained(
     graphdef, state = nnx.split(abstract)
     if mesh is not None:
         shardings = dict(nnx.to_flat_state(parallel.model_shardings(state, mesh, rules)))
-    by_path = {ours: (hf, layout) for hf, (ours, layout) in keys.items()}
+    sources = param_sources(config)
     target = np.dtype(param_dtype)
     for path, var in nnx.to_flat_state(state):
         name = _path_str(path)
-        if name not in by_path:
+        if name not in sources:
             raise CheckpointError(f"parameter {name} has no entry in hf.KEY_TABLE")
-        hf_key, layout_name = by_path[name]
-        layout, tensor, shape = LAYOUTS[layout_name], tensors[hf_key], tuple(var.shape)
-        if tensor.shape != layout.hf_shape(shape):
-            raise CheckpointError(
-                f"{tensor.file}: tensor {hf_key!r} has shape {tensor.shape}, expected "
-                f"{layout.hf_shape(shape)} for config.json's architecture"
-            )
-        mm = tensor.mmap()
+        layout_name, per_layer, key = sources[name]
+        layout, shape = LAYOUTS[layout_name], tuple(var.shape)
+        inner = shape[1:] if per_layer else shape
+        for k in per_layer or [key]:
+            if tensors[k].shape != layout.hf_shape(inner):
+                raise CheckpointError(
+                    f"{tensors[k].file}: tensor {k!r} has shape {tensors[k].shape}, expected "
+                    f"{layout.hf_shape(inner)} for config.json's architecture"
+                )
+        maps = [tensors[k].mmap() for k in per_layer or [key]]
         if mesh is None:
             sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         else:
             sharding = shardings[path].get_value()
 
-        def read(index, mm=mm, layout=layout, shape=shape):
-            return np.asarray(layout.read(mm, index, shape), dtype=target)
+        def read(index, maps=maps, layout=layout, inner=inner, stacked=bool(per_layer)):
+            if not stacked:
+                return np.asarray(layout.read(maps[0], index, inner), dtype=target)
+            first, last = _bounds(index[0], len(maps))
+            rows = [layout.read(maps[i], index[1:], inner) for i in range(first, last)]
+            return np.stack(rows).astype(target, copy=False)
 
         var.set_value(jax.make_array_from_callback(shape, sharding, read))
     return nnx.merge(graphdef, state)
@@ -377,11 +389,13 @@ def save_pretrained(model: Qwen3, path, dtype=None, *, copy_from=None) -> pathli
     config = model.config
     arrays = {}
     state = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
-    for hf_key, (ours, layout) in key_map(config).items():
-        value = _gather(state[tuple(int(p) if p.isdigit() else p for p in ours.split("."))][...])
+    for ours, (layout, per_layer, key) in param_sources(config).items():
+        value = _gather(state[tuple(ours.split("."))][...])
         if dtype is not None:
             value = value.astype(np.dtype(dtype))
-        arrays[hf_key] = np.ascontiguousarray(LAYOUTS[layout].to_hf(value))
+        to_hf = LAYOUTS[layout].to_hf
+        for k, v in zip(per_layer, value, strict=True) if per_layer else [(key, value)]:
+            arrays[k] = np.ascontiguousarray(to_hf(v))
     if jax.process_index() != 0:
         return path
     hf_config = config.to_hf()

@@ -259,11 +259,12 @@ class Attention(nnx.Module):
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps, param_dtype=param_dtype)
         self.cfg, self.dtype, self.chunk = cfg, dtype, chunk
 
-    def __call__(self, x, positions, allowed, kv=None, layer: int = 0, index=None):
+    def __call__(self, x, positions, allowed, kv=None, layer=0, index=None):
         """x: [B, T, H]; positions: [B, T]; allowed: bool [B, T, S] (which slots each query sees).
 
         kv: optional (k_all, v_all), each [L, B, S, K, D]; this layer's new keys/values are written
-        at slots [index, index + T) of layer `layer` and attention reads all S slots. Without kv,
+        at slots [index, index + T) of layer `layer` (int32 [], may be traced) and attention
+        reads all S slots. Without kv,
         S = T. Returns (out [B, T, H], updated kv or None).
         """
         cfg, dt = self.cfg, self.dtype
@@ -316,19 +317,25 @@ class DecoderLayer(nnx.Module):
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=param_dtype)
         self.mlp = MLP(cfg, **kw)
 
-    def __call__(self, x, positions, allowed, kv=None, layer: int = 0, index=None):
+    def __call__(self, x, positions, allowed, kv=None, layer=0, index=None):
         """x: [B, T, H] -> ([B, T, H], kv); see `Attention.__call__`."""
         h, kv = self.attn(self.input_norm(x), positions, allowed, kv, layer, index)
         x = x + h
         return x + self.mlp(self.post_attn_norm(x)), kv
 
 
-def _run_layer(layer, x, positions, allowed, kv, index, layer_idx):
-    return layer(x, positions, allowed, kv, layer_idx, index)
-
-
-# Rematerialise each layer in the backward pass: activation memory O(1 layer) instead of O(L).
-_run_layer_remat = nnx.remat(_run_layer, static_argnums=(6,))
+def _stacked_layers(config: Qwen3Config, key, **kw) -> DecoderLayer:
+    """L decoder layers as one DecoderLayer whose parameters have a leading "layers" axis."""
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: DecoderLayer(config, rngs=nnx.Rngs(0), **kw)))
+    keys = jax.random.split(key, config.num_layers)
+    states = jax.vmap(lambda k: nnx.state(DecoderLayer(config, rngs=nnx.Rngs(params=k), **kw)))(
+        keys
+    )
+    layers = nnx.merge(graphdef, states)
+    for _, var in nnx.iter_graph(layers):
+        if isinstance(var, nnx.Param):
+            var.set_metadata("logical_axes", ("layers", *var.get_metadata()["logical_axes"]))
+    return layers
 
 
 class Qwen3(nnx.Module):
@@ -338,6 +345,8 @@ class Qwen3(nnx.Module):
     remat rematerialises each layer in the backward pass; attention_chunk is the query block
     length above which attention is computed blockwise (memory O(chunk x S), not O(T x S)).
     Under `jax.set_mesh`, activations are constrained to split rows over data x fsdp.
+    The layers are stacked (parameters [L, ...]) and run with `lax.scan`: one compiled layer,
+    and FSDP weight gathers happen layer by layer inside the loop.
     """
 
     def __init__(
@@ -351,12 +360,11 @@ class Qwen3(nnx.Module):
         attention_chunk: int = 1024,
     ):
         rngs = nnx.Rngs(0) if rngs is None else rngs
-        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.config, self.dtype, self.remat = config, dtype, remat
         v, h = config.vocab_size, config.hidden_size
         self.embedding = _param(rngs, (v, h), ("vocab", "embed"), param_dtype)
-        kw["chunk"] = attention_chunk
-        self.layers = nnx.List([DecoderLayer(config, **kw) for _ in range(config.num_layers)])
+        kw = dict(dtype=dtype, param_dtype=param_dtype, chunk=attention_chunk)
+        self.layers = _stacked_layers(config, rngs.params(), **kw)
         self.final_norm = RMSNorm(h, config.rms_norm_eps, param_dtype=param_dtype)
         if not config.tie_word_embeddings:
             self.unembedding = _param(rngs, (h, v), ("embed", "vocab"), param_dtype)
@@ -387,10 +395,16 @@ class Qwen3(nnx.Module):
         act = ("batch", "seq", "act_embed")
         x = jnp.take(self.embedding[...], tokens, axis=0).astype(self.dtype)
         x = parallel.constrain(x, act)
-        for i, layer in enumerate(self.layers):
-            fn = _run_layer_remat if self.remat else _run_layer
-            x, kv = fn(layer, x, positions, allowed, kv, index, i)
-            x = parallel.constrain(x, act)
+        graphdef, params = nnx.split(self.layers)
+
+        def body(carry, layer_params):
+            x, kv, i = carry
+            x, kv = nnx.merge(graphdef, layer_params)(x, positions, allowed, kv, i, index)
+            return (parallel.constrain(x, act), kv, i + 1), None
+
+        # remat: keep only each layer's input for the backward pass, recompute the rest.
+        body = jax.checkpoint(body) if self.remat else body
+        (x, kv, _), _ = lax.scan(body, (x, kv, jnp.int32(0)), params)
         x = self.final_norm(x)
         if cache is not None:
             cache = KVCache(k=kv[0], v=kv[1], valid=valid, index=cache.index + t)

@@ -94,7 +94,7 @@ def test_index_sharded_checkpoint(tmp_path):
     model = from_pretrained(path, **F32)
     ref = load_reference(path)
     np.testing.assert_array_equal(
-        np.asarray(model.layers[1].mlp.down[...]),
+        np.asarray(model.layers.mlp.down[...][1]),
         ref.model.layers[1].mlp.down_proj.weight.detach().numpy().T,
     )
 
@@ -110,10 +110,11 @@ def test_load_onto_mesh(tmp_path, mesh_shape):
         nnx.to_flat_state(nnx.state(model)), nnx.to_flat_state(expect), strict=True
     ):
         assert var[...].sharding == want.get_value(), p
-    q = model.layers[0].attn.q[...]
+    q = model.layers.attn.q[...]  # [L, H, N, D]
     tp = mesh.shape["tp"]
-    assert q.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tp" if tp > 1 else None, None)
-    assert q.addressable_shards[0].data.shape == (64 // 4, 8 // tp, 16)
+    want = jax.sharding.PartitionSpec(None, "fsdp", "tp" if tp > 1 else None, None)
+    assert q.sharding.spec == want
+    assert q.addressable_shards[0].data.shape == (2, 64 // 4, 8 // tp, 16)
     for (p, a), (_, b) in zip(
         nnx.to_flat_state(nnx.state(model)), nnx.to_flat_state(nnx.state(plain)), strict=True
     ):
@@ -151,7 +152,7 @@ def test_save_overwrites_atomically_and_casts(tmp_path):
     assert not (target / "stale.txt").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no temp dirs left behind
     theirs = load_reference(target, dtype=torch.float32)
-    expect = np.asarray(model.layers[0].mlp.gate[...].astype(jnp.bfloat16).astype(jnp.float32))
+    expect = np.asarray(model.layers.mlp.gate[...][0].astype(jnp.bfloat16).astype(jnp.float32))
     gate = theirs.model.layers[0].mlp.gate_proj.weight.detach().numpy().T
     np.testing.assert_array_equal(gate, expect)
 

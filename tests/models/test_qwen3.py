@@ -138,11 +138,9 @@ def test_grouped_query_equals_repeated_kv_heads():
     gqa = Qwen3(cfg, **F32, rngs=nnx.Rngs(5))
     mha = Qwen3(dataclasses.replace(cfg, num_kv_heads=4), **F32)
     state = nnx.state(gqa)
-    for layer in state["layers"].values():
-        for name in ("k", "v"):  # query head n reads KV head n // groups (HF order)
-            layer["attn"][name] = layer["attn"][name].replace(
-                jnp.repeat(layer["attn"][name][...], 2, axis=1)
-            )
+    attn = state["layers"]["attn"]
+    for name in ("k", "v"):  # [L, H, K, D]; query head n reads KV head n // groups (HF order)
+        attn[name] = attn[name].replace(jnp.repeat(attn[name][...], 2, axis=2))
     nnx.update(mha, state)
     tokens = _tokens(2, 6, seed=2)
     np.testing.assert_allclose(
@@ -206,7 +204,7 @@ def test_bf16_default_policy():
     m16 = Qwen3(cfg, rngs=nnx.Rngs(9))
     m32 = Qwen3(cfg, **F32, rngs=nnx.Rngs(9))
     nnx.update(m32, jax.tree.map(lambda x: x.astype(jnp.float32), nnx.state(m16)))
-    assert m16.layers[0].mlp.up[...].dtype == jnp.bfloat16
+    assert m16.layers.mlp.up[...].dtype == jnp.bfloat16
     tokens = _tokens(2, 6)
     lo16, lo32 = run(m16, tokens)[0], run(m32, tokens)[0]
     assert lo16.dtype == jnp.float32 and m16.hidden_states(tokens)[0].dtype == jnp.bfloat16
