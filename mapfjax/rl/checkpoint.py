@@ -11,8 +11,6 @@ import orbax.checkpoint as ocp
 
 from mapfjax.models.hf import CheckpointError
 
-_RNG = "rng"
-
 
 def _name(path) -> str:
     parts = []
@@ -68,7 +66,10 @@ class Checkpointer:
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, enable_async_checkpointing=async_save, create=True
         )
-        self.manager = ocp.CheckpointManager(self.directory, options=options)
+        handlers = {"state": ocp.StandardCheckpointHandler(), "data": ocp.JsonCheckpointHandler()}
+        self.manager = ocp.CheckpointManager(
+            self.directory, options=options, item_handlers=handlers
+        )
 
     def steps(self) -> list[int]:
         """Completed checkpoint steps, oldest first."""

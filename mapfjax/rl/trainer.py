@@ -4,6 +4,7 @@ with global loss normalisers, non-finite updates skipped; `Trainer` owns the `Tr
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -304,6 +305,32 @@ def _batch_shardings(batch: SequenceBatch, mesh, rules):
     return jax.tree.map(one, batch)
 
 
+@functools.lru_cache(maxsize=32)
+def _jitted_step(graphdef, loss_fn, loss_cfg, optim: OptimConfig, treedef, sharding_leaves):
+    """The jitted `train_step` for one (model graph, loss, optimiser, placement); cached so a
+    fresh Trainer of the same setup (e.g. after a restore) reuses the compiled step."""
+    state_shardings = jax.tree.unflatten(treedef, sharding_leaves)
+    step = functools.partial(
+        train_step,
+        graphdef=graphdef,
+        loss_fn=loss_fn,
+        loss_cfg=loss_cfg,
+        tx=make_optimizer(optim),
+        accum_steps=optim.accum_steps,
+        remat=optim.remat,
+        schedule=lr_schedule(optim),
+    )
+    return jax.jit(step, donate_argnums=0, out_shardings=(state_shardings, None))
+
+
+@functools.lru_cache(maxsize=32)
+def _jitted_logprobs(graphdef):
+    def fn(params, batch, rest, temperature):
+        return completion_logprobs(nnx.merge(graphdef, params, rest), batch, temperature)
+
+    return jax.jit(fn)
+
+
 class Trainer:
     """Holds the sharded `TrainState` and the model's static graph; runs jitted updates.
 
@@ -358,23 +385,11 @@ class Trainer:
         self.state = jax.jit(init, out_shardings=self.state_shardings)(params, rng)
         kl = getattr(loss_cfg, "kl_coef", 0.0)
         self.ref_params = jax.tree.map(jnp.copy, self.state.params) if kl and kl > 0 else None
-        self._step = jax.jit(
-            lambda state, batch, rest: train_step(
-                state,
-                batch,
-                rest,
-                graphdef=self.graphdef,
-                loss_fn=self.loss_fn,
-                loss_cfg=self.loss_cfg,
-                tx=self.tx,
-                accum_steps=self.optim.accum_steps,
-                remat=self.optim.remat,
-                schedule=self.schedule,
-            ),
-            donate_argnums=0,
-            out_shardings=(self.state_shardings, None),
+        leaves, treedef = jax.tree.flatten(self.state_shardings)
+        self._step = _jitted_step(
+            self.graphdef, self.loss_fn, self.loss_cfg, self.optim, treedef, tuple(leaves)
         )
-        self._logprobs = jax.jit(self._logprobs_fn)
+        self._logprobs = _jitted_logprobs(self.graphdef)
         self._checkpointers: dict[str, Any] = {}
 
     # ---------------------------------------------------------------- placement
@@ -457,10 +472,6 @@ class Trainer:
         if self.ref_params is not None and batch.ref_logprobs is None:
             batch = batch.replace(ref_logprobs=self.reference_logprobs(batch))
         return [self.step(batch) for _ in range(num_iterations)]
-
-    def _logprobs_fn(self, params, batch, rest, temperature):
-        model = nnx.merge(self.graphdef, params, rest)
-        return completion_logprobs(model, batch, temperature)
 
     def logprobs(self, batch: SequenceBatch, temperature: float | None = None):
         """Current-policy (logp, entropy) f32[B, T] of the completion tokens (no gradient)."""

@@ -1,6 +1,8 @@
 """Trainer: sharded step == unsharded step, accumulation == one big batch, non-finite skips,
 old log-probs across iterations, no reference pass without KL, GRPO loss vs a NumPy reference."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -51,6 +53,23 @@ def max_diff(a, b):
     return max(jax.tree.leaves(diffs))
 
 
+def _cfg(loss, aggregation="token_mean"):
+    return GRPOConfig(group_size=4, aggregation=aggregation) if loss == "grpo" else None
+
+
+# Rows of very different lengths: micro-batches hold different token counts, so a mean of
+# per-micro-batch token means would differ from the full-batch token mean.
+BATCH = random_batch(3, rows=8, max_completion=8)
+
+
+@functools.cache
+def reference_step(loss, aggregation="token_mean"):
+    """(params, metrics) after one unsharded, unaccumulated step on BATCH (shared by tests)."""
+    tr = Trainer(tiny_model(), OPTIM, loss, loss_cfg=_cfg(loss, aggregation))
+    metrics = tr.step(BATCH)
+    return jax.device_get(tr.params), metrics
+
+
 # --------------------------------------------------------------------------- losses vs NumPy
 
 
@@ -58,7 +77,7 @@ def _numpy_completion_logp(model, batch, temperature):
     """Full [B, L, V] logits from the plain forward, NumPy log-softmax, completion gather."""
     mask = np.asarray(batch.attention_mask)
     tokens = np.where(mask, batch.tokens, 0)
-    logits, _ = model(jnp.asarray(tokens), jnp.asarray(batch.positions), jnp.asarray(mask))
+    logits, _ = nnx.jit(lambda m, *a: m(*a))(model, tokens, batch.positions, mask)
     z = np.asarray(logits, np.float64) / temperature
     z = z - z.max(-1, keepdims=True)
     logsm = z - np.log(np.exp(z).sum(-1, keepdims=True))
@@ -74,7 +93,7 @@ def test_grpo_loss_matches_numpy_reference():
     model = tiny_model()
     batch = random_batch(1)
     cfg = GRPOConfig(group_size=4, temperature=0.7, clip_low=0.1, clip_high=0.3)
-    loss, metrics = trainer_lib.grpo_token_loss(model, batch, cfg)
+    loss, metrics = nnx.jit(trainer_lib.grpo_token_loss, static_argnums=2)(model, batch, cfg)
     logp = _numpy_completion_logp(model, batch, 0.7)
     mask = np.asarray(batch.loss_mask)
     ratio = np.exp(logp - batch.old_logprobs)
@@ -94,16 +113,14 @@ def test_grpo_loss_matches_numpy_reference():
 @pytest.mark.parametrize("loss", ["grpo", "sft"])
 @pytest.mark.parametrize("mesh_shape", [{"fsdp": 4, "tp": 2}, {"data": 2, "fsdp": 4}])
 def test_sharded_step_equals_unsharded(loss, mesh_shape):
-    batch = random_batch(2)
-    ref = Trainer(tiny_model(), OPTIM, loss, loss_cfg=loss_cfg(loss))
-    m_ref = ref.step(batch)
+    ref_params, m_ref = reference_step(loss)
     mesh = parallel.make_mesh(mesh_shape)
     sharded = Trainer(tiny_model(), OPTIM, loss, mesh, loss_cfg=loss_cfg(loss))
     emb = sharded.params["embedding"][...]
     assert emb.sharding.spec != jax.sharding.PartitionSpec()  # really split over devices
-    m = sharded.step(batch)
-    assert max_diff(ref.params, sharded.params) < 1e-5
-    assert max_diff(ref.params, nnx.state(tiny_model(), nnx.Param)) > 1e-4  # it did move
+    m = sharded.step(BATCH)
+    assert max_diff(ref_params, sharded.params) < 1e-5
+    assert max_diff(ref_params, nnx.state(tiny_model(), nnx.Param)) > 1e-4  # it did move
     np.testing.assert_allclose(m["loss"], m_ref["loss"], rtol=1e-5, atol=1e-6)
 
 
@@ -115,21 +132,18 @@ def test_sharded_step_equals_unsharded(loss, mesh_shape):
     [("grpo", "token_mean"), ("grpo", "seq_mean_token_mean"), ("sft", None)],
 )
 def test_accumulation_equals_one_big_batch(loss, aggregation):
-    # Rows of very different lengths: micro-batches hold different token counts, so a mean of
-    # per-micro-batch token means would differ from the full-batch token mean.
-    batch = random_batch(3, rows=8, max_completion=8)
-    lens = np.asarray(batch.loss_mask).sum(1)
+    lens = np.asarray(BATCH.loss_mask).sum(1)
     assert lens[0::2].sum() != lens[1::2].sum()
-    cfg = GRPOConfig(group_size=4, aggregation=aggregation) if loss == "grpo" else None
-    big = Trainer(tiny_model(), OPTIM, loss, loss_cfg=cfg)
+    cfg = _cfg(loss, aggregation or "token_mean")
+    big_params, m_big = reference_step(loss, aggregation or "token_mean")
     acc = Trainer(
         tiny_model(), OptimConfig(**{**OPTIM.__dict__, "accum_steps": 2}), loss, loss_cfg=cfg
     )
-    m_big, m_acc = big.step(batch), acc.step(batch)
+    m_acc = acc.step(BATCH)
     np.testing.assert_allclose(m_acc["loss"], m_big["loss"], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(m_acc["grad_norm"], m_big["grad_norm"], rtol=1e-5)
     assert m_acc["num_tokens"] == m_big["num_tokens"] == lens.sum()
-    assert max_diff(big.params, acc.params) < 1e-5
+    assert max_diff(big_params, acc.params) < 1e-5
 
 
 def test_accumulation_rejects_indivisible_batch():

@@ -1,0 +1,132 @@
+"""Checkpoints: exact resume, keep-last-N, refusals of other shapes and corrupt files (state
+untouched), Hugging Face export."""
+
+import dataclasses
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from mapfjax import parallel
+from mapfjax.models import hf
+from mapfjax.models.qwen3 import PRESETS, Qwen3
+from mapfjax.rl.batch import make_batch
+from mapfjax.rl.checkpoint import CheckpointError, export_hf
+from mapfjax.rl.grpo import GRPOConfig
+from mapfjax.rl.trainer import OptimConfig, Trainer
+
+CFG = PRESETS["tiny"]
+OPTIM = OptimConfig(lr=1e-3, warmup_steps=2, total_steps=10, end_lr_ratio=0.1, weight_decay=0.01)
+GRPO = GRPOConfig(group_size=4)
+
+
+def tiny_model(cfg=CFG, seed=0):
+    return Qwen3(cfg, dtype=jnp.float32, param_dtype=jnp.float32, rngs=nnx.Rngs(seed))
+
+
+def data_stream(index):
+    """The batch at a data position (deterministic in the index)."""
+    rng = np.random.default_rng(index)
+    prompts = [list(rng.integers(1, CFG.vocab_size, rng.integers(2, 8))) for _ in range(8)]
+    comps = [list(rng.integers(1, CFG.vocab_size, rng.integers(1, 8))) for _ in range(8)]
+    old = [list(rng.normal(-5.5, 0.2, len(c))) for c in comps]
+    return make_batch(prompts, comps, 0, 8, 8, old, rng.normal(size=8))
+
+
+def _host(tree):
+    def one(x):
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            x = jax.random.key_data(x)
+        return np.asarray(x)
+
+    return jax.tree.map(one, jax.device_get(tree))
+
+
+def leaves_equal(a, b):
+    la, lb = jax.tree.leaves(_host(a)), jax.tree.leaves(_host(b))
+    return len(la) == len(lb) and all(np.array_equal(x, y) for x, y in zip(la, lb, strict=True))
+
+
+def test_interrupt_and_resume_is_exact(tmp_path):
+    mesh = parallel.make_mesh({"fsdp": 4, "tp": 2})
+    run = Trainer(tiny_model(), OPTIM, "grpo", mesh, loss_cfg=GRPO, seed=7)
+    k = 2
+    for i in range(k):
+        run.step(data_stream(i))
+    run.next_key()
+    run.save(tmp_path, {"data_index": k}, wait=True)
+    run.step(data_stream(k))  # the uninterrupted run goes on
+    run.close()
+
+    fresh = Trainer(tiny_model(seed=1), OPTIM, "grpo", mesh, loss_cfg=GRPO, seed=0)
+    assert not leaves_equal(fresh.params, run.params)
+    data = fresh.restore(tmp_path)
+    assert data == {"data_index": k} and int(fresh.state.step) == k
+    assert fresh.params["embedding"][...].sharding == run.params["embedding"][...].sharding
+    fresh.step(data_stream(data["data_index"]))
+    assert leaves_equal(fresh.state.params, run.state.params)
+    assert leaves_equal(fresh.state.opt_state, run.state.opt_state)
+    assert np.array_equal(
+        jax.random.key_data(fresh.next_key()), jax.random.key_data(run.next_key())
+    )
+    fresh.close()
+
+
+def test_keeps_last_n_steps(tmp_path):
+    tr = Trainer(tiny_model(), OPTIM, "sft")
+    for i in range(4):
+        tr.step(data_stream(i))
+        tr.save(tmp_path, {"i": i}, keep=2)
+    tr.wait()
+    steps = sorted(int(p.name) for p in tmp_path.iterdir() if p.name.isdigit())
+    assert steps == [3, 4]
+    assert tr.restore(tmp_path, step=3) == {"i": 2} and int(tr.state.step) == 3
+    with pytest.raises(CheckpointError, match="no step 1 .*allowed steps \\[3, 4\\]"):
+        tr.restore(tmp_path, step=1)
+    tr.close()
+
+
+def test_refuses_other_model_shape_and_keeps_state(tmp_path):
+    src = Trainer(tiny_model(), OPTIM, "sft")
+    src.step(data_stream(0))
+    src.save(tmp_path, wait=True)
+    src.close()
+    other = Trainer(tiny_model(dataclasses.replace(CFG, intermediate_size=96)), OPTIM, "sft")
+    before = _host(other.state)
+    with pytest.raises(CheckpointError, match=f"{tmp_path}.*leaf '.*mlp.*' has shape"):
+        other.restore(tmp_path)
+    assert leaves_equal(before, other.state)
+    other.close()
+
+
+def test_refuses_corrupt_checkpoint_and_keeps_state(tmp_path):
+    src = Trainer(tiny_model(), OPTIM, "sft")
+    src.step(data_stream(0))
+    src.save(tmp_path, wait=True)
+    src.close()
+    # Truncate every array data file of the saved state.
+    data_files = [p for p in (tmp_path / "1" / "state").rglob("*") if p.is_file()]
+    data_files = [p for p in data_files if p.parent.name == "d"]
+    assert data_files
+    for p in data_files:
+        p.write_bytes(b"\0" * 7)
+    fresh = Trainer(tiny_model(seed=3), OPTIM, "sft")
+    before = _host(fresh.state)
+    with pytest.raises(CheckpointError, match=f"{tmp_path / '1'}"):
+        fresh.restore(tmp_path)
+    assert leaves_equal(before, fresh.state)
+    with pytest.raises(CheckpointError, match="no checkpoint in"):
+        fresh.restore(tmp_path / "empty")
+    fresh.close()
+
+
+def test_export_hf_round_trip(tmp_path):
+    tr = Trainer(tiny_model(), OPTIM, "sft")
+    tr.step(data_stream(0))
+    path = export_hf(tr, tmp_path / "hf")
+    assert (pathlib.Path(path) / "config.json").exists()
+    loaded = hf.from_pretrained(path, dtype=jnp.float32)
+    assert leaves_equal(nnx.state(loaded, nnx.Param), tr.params)
