@@ -1,5 +1,5 @@
 """Checkpoints: exact resume, keep-last-N, refusals of other shapes and corrupt files (state
-untouched), Hugging Face export."""
+untouched), Hugging Face export; the metrics logger."""
 
 import dataclasses
 import pathlib
@@ -16,6 +16,7 @@ from mapfjax.models.qwen3 import PRESETS, Qwen3
 from mapfjax.rl.batch import make_batch
 from mapfjax.rl.checkpoint import CheckpointError, export_hf
 from mapfjax.rl.grpo import GRPOConfig
+from mapfjax.rl.metrics import MetricsLogger, read_metrics
 from mapfjax.rl.trainer import OptimConfig, Trainer
 
 CFG = PRESETS["tiny"]
@@ -130,3 +131,39 @@ def test_export_hf_round_trip(tmp_path):
     assert (pathlib.Path(path) / "config.json").exists()
     loaded = hf.from_pretrained(path, dtype=jnp.float32)
     assert leaves_equal(nnx.state(loaded, nnx.Param), tr.params)
+
+
+# --------------------------------------------------------------------------- metrics log
+
+
+class _FakeWriter:
+    def __init__(self):
+        self.calls = []
+
+    def add_scalar(self, tag, value, step):
+        self.calls.append((tag, value, step))
+
+    def close(self):
+        self.calls.append("closed")
+
+
+def test_metrics_logger_jsonl_and_sinks(tmp_path):
+    with MetricsLogger(tmp_path, total_steps=3, tensorboard=False) as log:
+        log.tb = _FakeWriter()
+        writer = log.tb
+        log.log(1, {"loss": np.float32(0.5), "note": "warmup", "nan": float("nan")})
+        with pytest.warns(UserWarning, match="truncation_rate=0.90"):
+            log.log(2, {"loss": jnp.asarray(0.25), "truncation_rate": 0.9})
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2]
+    assert records[0]["loss"] == 0.5 and records[0]["note"] == "warmup"
+    assert np.isnan(records[0]["nan"]) and records[1]["loss"] == 0.25
+    assert ("loss", 0.25, 2) in writer.calls and writer.calls[-1] == "closed"
+    assert not any(c[0] == "note" for c in writer.calls[:-1])
+
+
+def test_read_metrics_names_the_bad_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 0.1}\n{"step": 2, "loss":\n')
+    with pytest.raises(ValueError, match=f"{path}:2: not a JSON object"):
+        read_metrics(path)

@@ -1,0 +1,169 @@
+"""Per-step metrics: JSONL (one object a line, appended atomically), TensorBoard and wandb when
+installed and enabled, and a tqdm progress bar."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import warnings
+from collections.abc import Mapping
+
+# Metric keys shown on the progress bar when present.
+BAR_KEYS = ("loss", "reward_mean", "valid_rate", "entropy", "grad_norm", "lr")
+# Keys holding the fraction of completions cut by the token budget (rollout / trainer names).
+TRUNCATION_KEYS = ("truncation_rate", "full_length_frac")
+
+
+def _tensorboard_writer(logdir: pathlib.Path):
+    """A SummaryWriter from tensorboardX or flax.metrics.tensorboard, or None if neither
+    imports (neither is a dependency of this package)."""
+    try:
+        from tensorboardX import SummaryWriter
+
+        return SummaryWriter(str(logdir))
+    except ImportError:
+        pass
+    try:
+        from flax.metrics import tensorboard
+
+        return tensorboard.SummaryWriter(str(logdir))
+    except ImportError:
+        return None
+
+
+def _scalar(value) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+class MetricsLogger:
+    """Writes `log(step, metrics)` calls to logdir/metrics.jsonl and, when available, to
+    TensorBoard (logdir/tb) and wandb; shows a tqdm bar over `total_steps`.
+
+    tensorboard: "auto" (use it if tensorboardX or flax's writer imports), True (require it) or
+    False. wandb: None/False, or a dict of `wandb.init` keyword arguments (project, name,
+    config, ...); ignored with a warning when wandb is not installed. warn_truncation: warn
+    when a truncation-rate metric exceeds this fraction (a too-short generation budget
+    silently zeroes rewards).
+    """
+
+    def __init__(
+        self,
+        logdir,
+        total_steps: int | None = None,
+        *,
+        tensorboard: bool | str = "auto",
+        wandb: Mapping | None = None,
+        progress: bool = True,
+        warn_truncation: float = 0.5,
+        initial_step: int = 0,
+    ):
+        self.logdir = pathlib.Path(logdir).expanduser()
+        self.logdir.mkdir(parents=True, exist_ok=True)
+        self.path = self.logdir / "metrics.jsonl"
+        self.warn_truncation = warn_truncation
+        self.tb = None
+        if tensorboard:
+            self.tb = _tensorboard_writer(self.logdir / "tb")
+            if self.tb is None and tensorboard is True:
+                raise ImportError(
+                    "MetricsLogger(tensorboard=True) needs `pip install tensorboardX` "
+                    "(or tensorflow for flax.metrics.tensorboard); use tensorboard='auto'"
+                )
+        self.wandb = None
+        if wandb:
+            try:
+                import wandb as wandb_lib
+            except ImportError:
+                warnings.warn(
+                    "wandb logging requested but wandb is not installed; skipped", stacklevel=2
+                )
+            else:
+                self.wandb = wandb_lib.init(**dict(wandb))
+        self.bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total_steps, initial=initial_step, dynamic_ncols=True)
+        self._last_step = initial_step
+
+    def log(self, step: int, metrics: Mapping, **extra) -> dict:
+        """Records the metrics of one step; returns the JSON object written."""
+        record = {"step": int(step), **{k: _jsonable(v) for k, v in {**metrics, **extra}.items()}}
+        line = json.dumps(record, allow_nan=True, sort_keys=False) + "\n"
+        # One write() on an O_APPEND descriptor: concurrent readers never see half a line.
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+        scalars = {k: s for k, v in record.items() if k != "step" and (s := _scalar(v)) is not None}
+        if self.tb is not None:
+            # flax's writer names it `scalar`, tensorboardX `add_scalar`.
+            write = getattr(self.tb, "add_scalar", None) or self.tb.scalar
+            for k, v in scalars.items():
+                write(k, v, int(step))
+        if self.wandb is not None:
+            self.wandb.log(scalars, step=int(step))
+        for k in TRUNCATION_KEYS:
+            if k in scalars and scalars[k] > self.warn_truncation:
+                warnings.warn(
+                    f"step {step}: {k}={scalars[k]:.2f} > {self.warn_truncation}: most "
+                    "completions hit the token budget; raise max_new_tokens or rewards stay 0",
+                    stacklevel=2,
+                )
+        if self.bar is not None:
+            self.bar.update(max(0, int(step) - self._last_step))
+            shown = {k: f"{scalars[k]:.4g}" for k in BAR_KEYS if k in scalars}
+            self.bar.set_postfix(shown, refresh=False)
+        self._last_step = int(step)
+        return record
+
+    def close(self):
+        """Flushes and closes every sink."""
+        if self.tb is not None:
+            self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+        if self.bar is not None:
+            self.bar.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _jsonable(value):
+    if isinstance(value, str | bool | int | type(None)):
+        return value
+    scalar = _scalar(value)
+    if scalar is not None:
+        return scalar
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return str(value)
+
+
+def read_metrics(path) -> list[dict]:
+    """Reads a metrics JSONL file; a malformed line raises ValueError naming file and line."""
+    path = pathlib.Path(path)
+    records = []
+    with path.open() as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not a JSON object ({e.msg})") from None
+            if not isinstance(record, dict) or "step" not in record:
+                raise ValueError(f"{path}:{lineno}: expected an object with a 'step' key")
+            records.append(record)
+    return records
