@@ -257,11 +257,13 @@ def train_step(
             else:
                 w = w / total
             (lk, m), g = grad_fn(state.params, mb)
-            g_acc = jax.tree.map(lambda a, b: a + w * b, g_acc, g)
+            g_acc = jax.tree.map(lambda a, b: a + w * b.astype(jnp.float32), g_acc, g)
             return (g_acc, l_acc + w * lk), (m, w)
 
-        zeros = jax.tree.map(jnp.zeros_like, state.params)
+        # Accumulate in fp32 (bf16 sums of many micro-batches lose the small ones).
+        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
         (grads, loss), (ms, ws) = lax.scan(body, (zeros, jnp.float32(0.0)), micro)
+        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
         metrics = _combine(ms, ws)
         metrics["loss"] = loss
 
@@ -303,6 +305,79 @@ def _batch_shardings(batch: SequenceBatch, mesh, rules):
         return parallel.logical_to_sharding(axes, mesh, rules, np.shape(x))
 
     return jax.tree.map(one, batch)
+
+
+def _init_state(tx, params, rng) -> TrainState:
+    # Own buffers: the step donates the state, which must not free the caller's model arrays.
+    params = jax.tree.map(jnp.copy, params)
+    zero = jnp.zeros((), jnp.int32)
+    return TrainState(params, tx.init(params), zero, rng, zero, zero)
+
+
+def train_state_shardings(abstract: TrainState, tx, mesh, rules) -> TrainState:
+    """Shardings of a (possibly abstract) TrainState: parameters and their optimiser moments by
+    the parameters' logical axes, counters and RNG replicated; one device without a mesh."""
+    if mesh is None:
+        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        return jax.tree.map(lambda _: device, abstract)
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    param_sh = parallel.model_shardings(abstract.params, mesh, rules)
+    opt_sh = optax.tree_map_params(
+        tx,
+        lambda _, s: s,
+        abstract.opt_state,
+        param_sh,
+        transform_non_params=lambda _: replicated,
+        is_leaf=lambda x: isinstance(x, nnx.Variable),
+    )
+    return TrainState(param_sh, opt_sh, replicated, replicated, replicated, replicated)
+
+
+def lower_train_step(
+    make_model: Callable[[], nnx.Module],
+    optim: OptimConfig,
+    loss: str,
+    loss_cfg,
+    mesh,
+    rows: int,
+    prompt_len: int,
+    completion_len: int,
+    rules="train",
+    with_ref_logprobs: bool = False,
+):
+    """`jax.jit(train_step).lower(...)` on abstract inputs for ahead-of-time memory planning:
+    the model, optimiser state and a [rows, prompt_len + completion_len] batch exist only as
+    ShapeDtypeStructs with their shardings (nothing is allocated)."""
+    tx = make_optimizer(optim)
+    graphdef, params, rest = nnx.split(nnx.eval_shape(make_model), nnx.Param, ...)
+    abstract = jax.eval_shape(functools.partial(_init_state, tx), params, jax.random.key(0))
+    shardings = train_state_shardings(abstract, tx, mesh, rules)
+    state = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
+    )
+    L, T = prompt_len + completion_len, completion_len
+
+    def spec(shape, dtype):
+        axes = ("batch",) + (None,) * (len(shape) - 1)
+        sh = parallel.logical_to_sharding(axes, mesh, rules, shape)
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
+
+    batch = SequenceBatch(
+        tokens=spec((rows, L), jnp.int32),
+        attention_mask=spec((rows, L), jnp.bool_),
+        positions=spec((rows, L), jnp.int32),
+        loss_mask=spec((rows, T), jnp.bool_),
+        old_logprobs=spec((rows, T), jnp.float32),
+        advantages=spec((rows,), jnp.float32),
+        ref_logprobs=spec((rows, T), jnp.float32) if with_ref_logprobs else None,
+        prompt_len=prompt_len,
+    )
+    if loss_cfg is None:
+        loss_cfg = DEFAULT_LOSS_CONFIGS[loss]()
+    leaves, treedef = jax.tree.flatten(shardings)
+    step = _jitted_step(graphdef, LOSSES[loss], loss_cfg, optim, treedef, tuple(leaves))
+    with jax.set_mesh(mesh):
+        return step.lower(state, batch, rest)
 
 
 @functools.lru_cache(maxsize=32)
@@ -368,19 +443,10 @@ class Trainer:
         self.schedule = lr_schedule(optim)
         self.graphdef, params, self.rest = nnx.split(model, nnx.Param, ...)
 
-        def init(params, rng):
-            return TrainState(
-                params=params,
-                opt_state=self.tx.init(params),
-                step=jnp.zeros((), jnp.int32),
-                rng=rng,
-                bad_steps=jnp.zeros((), jnp.int32),
-                skipped=jnp.zeros((), jnp.int32),
-            )
-
+        init = functools.partial(_init_state, self.tx)
         rng = jax.random.key(seed)
         abstract = jax.eval_shape(init, params, rng)
-        self.state_shardings = self._state_shardings(abstract)
+        self.state_shardings = train_state_shardings(abstract, self.tx, mesh, rules)
         # Copy the parameters into trainer-owned (donatable) buffers on their shards.
         self.state = jax.jit(init, out_shardings=self.state_shardings)(params, rng)
         kl = getattr(loss_cfg, "kl_coef", 0.0)
@@ -393,29 +459,6 @@ class Trainer:
         self._checkpointers: dict[str, Any] = {}
 
     # ---------------------------------------------------------------- placement
-
-    def _state_shardings(self, abstract: TrainState):
-        if self.mesh is None:
-            device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-            return jax.tree.map(lambda _: device, abstract)
-        replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
-        param_sh = parallel.model_shardings(abstract.params, self.mesh, self.rules)
-        opt_sh = optax.tree_map_params(
-            self.tx,
-            lambda _, s: s,
-            abstract.opt_state,
-            param_sh,
-            transform_non_params=lambda _: replicated,
-            is_leaf=lambda x: isinstance(x, nnx.Variable),
-        )
-        return TrainState(
-            params=param_sh,
-            opt_state=opt_sh,
-            step=replicated,
-            rng=replicated,
-            bad_steps=replicated,
-            skipped=replicated,
-        )
 
     def place_batch(self, batch: SequenceBatch) -> SequenceBatch:
         """Puts a (host) batch on the mesh, rows split over data x fsdp."""

@@ -1,0 +1,75 @@
+"""Ahead-of-time memory plan of the GRPO train step (forward, backward, AdamW update) for real
+model sizes on fake CPU devices; prints XLA's bytes per device. No weights are allocated.
+
+    python launch/memory_plan_grpo.py --model qwen3-4b --prompts 8 --group 8 \
+        --prompt-len 512 --response-len 4096 --accum 8 --meshes fsdp8,fsdp4-tp2
+"""
+
+import argparse
+import os
+import re
+import sys
+
+ARGS = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+ARGS.add_argument("--model", default="qwen3-4b")
+ARGS.add_argument("--devices", type=int, default=8)
+ARGS.add_argument("--meshes", default="fsdp8,fsdp4-tp2", help="axisN-axisM,...")
+ARGS.add_argument("--prompts", type=int, default=8)
+ARGS.add_argument("--group", type=int, default=8)
+ARGS.add_argument("--prompt-len", type=int, default=512)
+ARGS.add_argument("--response-len", type=int, default=4096)
+ARGS.add_argument("--accum", default="8", help="micro-batches per update, comma list")
+ARGS.add_argument("--param-dtype", default="bfloat16", help="bfloat16 or float32 (master)")
+OPTS = ARGS.parse_args()
+# Must precede the first jax import: the fake device count is read once at start-up.
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={OPTS.devices}"
+)
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax.numpy as jnp  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from mapfjax import parallel  # noqa: E402
+from mapfjax.models.qwen3 import PRESETS, Qwen3  # noqa: E402
+from mapfjax.rl.grpo import GRPOConfig  # noqa: E402
+from mapfjax.rl.trainer import OptimConfig, lower_train_step  # noqa: E402
+
+
+def main():
+    cfg = PRESETS[OPTS.model]
+    rows = OPTS.prompts * OPTS.group
+    pdt = jnp.dtype(OPTS.param_dtype)
+    loss_cfg = GRPOConfig(group_size=OPTS.group, max_response_tokens=OPTS.response_len)
+    print(
+        f"{OPTS.model} GRPO step, {rows} rows x ({OPTS.prompt_len} + {OPTS.response_len}) tokens,"
+        f" bf16 activations, {pdt.name} params + Adam moments, remat; GiB per device"
+    )
+    for spec in OPTS.meshes.split(","):
+        shape = {m[1]: int(m[2]) for m in (re.fullmatch(r"(\D+)(\d+)", p) for p in spec.split("-"))}
+        mesh = parallel.make_mesh(shape)
+        for accum in (int(a) for a in OPTS.accum.split(",")):
+            optim = OptimConfig(lr=1e-6, accum_steps=accum, remat=True)
+            lowered = lower_train_step(
+                lambda: Qwen3(cfg, dtype=jnp.bfloat16, param_dtype=pdt, remat=True),
+                optim,
+                "grpo",
+                loss_cfg,
+                mesh,
+                rows,
+                OPTS.prompt_len,
+                OPTS.response_len,
+            )
+            mem = parallel.memory_per_device(lowered)
+            gib = {k: v / 2**30 for k, v in mem.items()}
+            fits = [cap for cap in (16, 80) if mem["peak"] <= cap * 2**30]
+            print(
+                f"{spec:>10} accum={accum:<3} peak {gib['peak']:7.2f} (args {gib['arguments']:.2f}"
+                f", out {gib['outputs']:.2f}, aliased {gib['aliased']:.2f}, temp "
+                f"{gib['temporaries']:.2f})  fits: {', '.join(f'{c} GB' for c in fits) or '-'}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
