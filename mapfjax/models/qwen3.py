@@ -264,8 +264,7 @@ class Attention(nnx.Module):
 
         kv: optional (k_all, v_all), each [L, B, S, K, D]; this layer's new keys/values are written
         at slots [index, index + T) of layer `layer` (int32 [], may be traced) and attention
-        reads all S slots. Without kv,
-        S = T. Returns (out [B, T, H], updated kv or None).
+        reads all S slots. Without kv, S = T. Returns (out [B, T, H], updated kv or None).
         """
         cfg, dt = self.cfg, self.dtype
         b, t, _ = x.shape
