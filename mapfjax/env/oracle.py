@@ -20,12 +20,16 @@ OPTIMAL, TIMEOUT, UNSOLVABLE = "optimal", "timeout", "unsolvable"
 _INF = 1 << 30
 # (d_row, d_col) -> action code, for turning cell paths back into actions.
 _DELTA_TO_ACTION = {(int(dr), int(dc)): a for a, (dr, dc) in enumerate(ACTION_DELTAS)}
-# High-level nodes popped before we try to prove unsolvability (CBS alone never stops on an
-# unsolvable instance: its tree grows forever). Counted in nodes, so results are deterministic.
-_PROOF_AFTER = 64
-# Joint-state caps of the unsolvability proof: all pairs of agents, then each whole group.
-_PAIR_CAP = 60_000
-_GROUP_CAP = 20_000
+# CBS nodes popped before the joint-state search and the pair check join in (both are counted
+# in expansions, not seconds, so results are deterministic), the joint-state expansions granted
+# per CBS node (a joint expansion is ~50x cheaper than a CBS node, so each gets about half the
+# time; on crowded small maps either can win by orders of magnitude), and the expansion budget
+# of each pair check (a 10x10 pair space has ~4e5 states).
+_JOINT_AFTER = 64
+_JOINT_RATE = 50
+_PAIR_BUDGET = 200_000
+# Most free cells for which `_Joint` builds exact two-agent cost tables (~0.1 s per pair at 40).
+_PAIR_TABLE_CELLS = 40
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +42,8 @@ class Solution:
     paths:    per agent, (row, col) at time steps 0..cost.
     nodes:    high-level CBS nodes popped from the open list (the root counts).
     seconds:  wall-clock time of the solve.
+    method:   what decided the result: "cbs", "joint" (joint-state A*), "pairs" (a pair of
+              agents proved unsolvable) or "bfs" (a goal is unreachable).
     """
 
     status: str
@@ -47,6 +53,7 @@ class Solution:
     paths: tuple[tuple[tuple[int, int], ...], ...] | None = None
     nodes: int = 0
     seconds: float = 0.0
+    method: str = "cbs"
 
     @property
     def optimal(self) -> bool:
@@ -70,6 +77,7 @@ class _Map:
                     out.append(rr * self.w + cc)
             nbrs.append(tuple(out))
         self.nbrs = tuple(nbrs)
+        self.free = sum(map(bool, nbrs))
         self._dist: dict[int, list[int]] = {}
 
     def cell(self, rc) -> int:
@@ -124,14 +132,20 @@ class _Cons:
 
     vertex: keys t * n + cell (may not be at cell at time t).
     edge:   keys (t * n + u) * n + v (may not move u -> v arriving at time t).
-    goal_last: latest t of a vertex constraint on the agent's goal (-1 if none): the agent may
-               stop for good only after it. tmax: latest time of any constraint (-1 if none).
+    goal_last: the agent may settle on its goal only after this time (-1: any time); raised by
+               a vertex constraint on its goal or by target reasoning. tmax: latest time of any
+               constraint (-1 if none).
+    max_cost:  the agent must settle on its goal by this time (target reasoning).
+    blocked:   cell -> t: another agent has settled there by t, so the cell is off limits from
+               t on (target reasoning; t counts in tmax). Never mutated; updates copy it.
     """
 
     vertex: frozenset = frozenset()
     edge: frozenset = frozenset()
     goal_last: int = -1
     tmax: int = -1
+    max_cost: int = _INF
+    blocked: dict = dataclasses.field(default_factory=dict)
 
 
 def _other_paths_table(n: int, paths, agent: int, goal: int):
@@ -167,14 +181,16 @@ def _low_level(m: _Map, start: int, goal: int, cons: _Cons, table) -> tuple[int,
 
     Heuristic max(BFS distance, goal_last + 1 - t) is consistent. Ties go to fewer conflicts
     with `table` (other agents' paths), then to later times. Termination bound: after `tmax`
-    no constraint applies, so an optimal path costs at most tmax + 1 + (largest BFS distance
-    to the goal); states whose f exceeds that are pruned and the search space is finite.
+    the constraints no longer change, so an optimal path costs at most tmax + 1 + (largest BFS
+    distance to the goal), or tmax + (free cells) when blocked cells lengthen paths; states
+    whose f exceeds that (or `max_cost`) are pruned and the search space is finite.
     """
     n, nbrs = m.n, m.nbrs
     dist = m.dist(goal)
-    vset, eset = cons.vertex, cons.edge
+    vset, eset, blocked = cons.vertex, cons.edge, cons.blocked
     floor = cons.goal_last + 1
-    horizon = max(cons.tmax, 0) + 1 + dist[n]
+    horizon = max(cons.tmax, 0) + (m.free if blocked else 1 + dist[n])
+    horizon = min(horizon, cons.max_cost)
     occ, swaps, sit, times = table
     f0 = max(dist[start], floor)
     if f0 > horizon:
@@ -207,6 +223,8 @@ def _low_level(m: _Map, start: int, goal: int, cons: _Cons, table) -> tuple[int,
             mk = (base + u) * n + v
             if eset and mk in eset:
                 continue
+            if blocked and nt >= blocked.get(v, _INF):
+                continue
             fv = nt + dist[v]
             if fv < floor:
                 fv = floor
@@ -236,7 +254,7 @@ def _trace(parent: dict, key: int, n: int) -> tuple[int, ...]:
 def _mdd_widths(m: _Map, start: int, goal: int, cons: _Cons, cost: int) -> list[int]:
     """Number of distinct cells at each time 0..cost over all optimal constrained paths."""
     n, nbrs, dist = m.n, m.nbrs, m.dist(goal)
-    vset, eset = cons.vertex, cons.edge
+    vset, eset, blocked = cons.vertex, cons.edge, cons.blocked
     layers = [{start}]
     for t in range(1, cost + 1):
         base = t * n
@@ -245,7 +263,10 @@ def _mdd_widths(m: _Map, start: int, goal: int, cons: _Cons, cost: int) -> list[
                 v
                 for u in layers[-1]
                 for v in nbrs[u]
-                if t + dist[v] <= cost and base + v not in vset and (base + u) * n + v not in eset
+                if t + dist[v] <= cost
+                and base + v not in vset
+                and (base + u) * n + v not in eset
+                and t < blocked.get(v, _INF)
             }
         )
     alive = {goal}
@@ -292,19 +313,21 @@ class _Node:
         self.cost = sum(len(p) - 1 for p in paths)
         self.conflicts = _conflicts(paths)
 
+    def cost_of(self, agent: int) -> int:
+        return len(self.paths[agent]) - 1
+
 
 def _constrain(cons: _Cons, n: int, goal: int, conflict, side: int) -> _Cons:
     """Constraint forbidding agent `side` (0: i, 1: j) its part of `conflict`."""
     t, _, _, kind, a, b = conflict
     if kind == 0:
-        return _Cons(
-            cons.vertex | {t * n + a},
-            cons.edge,
-            max(cons.goal_last, t) if a == goal else cons.goal_last,
-            max(cons.tmax, t),
+        g = max(cons.goal_last, t) if a == goal else cons.goal_last
+        return dataclasses.replace(
+            cons, vertex=cons.vertex | {t * n + a}, goal_last=g, tmax=max(cons.tmax, t)
         )
     u, v = (a, b) if side == 0 else (b, a)
-    return _Cons(cons.vertex, cons.edge | {(t * n + u) * n + v}, cons.goal_last, max(cons.tmax, t))
+    e = cons.edge | {(t * n + u) * n + v}
+    return dataclasses.replace(cons, edge=e, tmax=max(cons.tmax, t))
 
 
 class _Search:
@@ -318,6 +341,25 @@ class _Search:
         goal = self.goals[agent]
         table = _other_paths_table(self.m.n, paths, agent, goal)
         return _low_level(self.m, self.starts[agent], goal, cons, table)
+
+    def settle(self, node: _Node, agent: int, t: int) -> _Node | None:
+        """Target reasoning (Li et al. 2020): the branch where `agent` has settled on its goal
+        by time t; the other branch (it settles after t) is the usual vertex constraint. So
+        nobody else may stand on that goal from t on; replan whoever does."""
+        goal, paths, cons = self.goals[agent], list(node.paths), list(node.cons)
+        cons[agent] = dataclasses.replace(cons[agent], max_cost=min(cons[agent].max_cost, t))
+        for a in range(len(paths)):
+            if a == agent:
+                continue
+            c = cons[a]
+            if t < c.blocked.get(goal, _INF):
+                blocked = {**c.blocked, goal: t}
+                c = cons[a] = dataclasses.replace(c, blocked=blocked, tmax=max(c.tmax, t))
+            if goal in paths[a][t:]:
+                paths[a] = self.plan(a, c, paths)
+                if paths[a] is None:
+                    return None
+        return _Node(tuple(paths), tuple(cons))
 
     def widths(self, agent: int, cons: _Cons, cost: int) -> list[int]:
         key = (agent, id(cons), cost)
@@ -348,57 +390,158 @@ class _Search:
         return best
 
 
-def _joint_reachable(nbrs, starts: tuple, goals: tuple, cap: int, deadline: float):
-    """Breadth-first reachability of `goals` from `starts` in the joint configuration graph
-    (no vertex or edge conflicts). True / False, or None when `cap` states or time ran out."""
-    if starts == goals:
-        return True
-    seen = {starts}
-    frontier = [starts]
-    k = len(starts)
-    while frontier:
-        nxt = []
-        for s in frontier:
-            partial = [()]
-            for a in range(k):
-                u = s[a]
-                grown = []
-                for pre in partial:
-                    for v in nbrs[u]:
-                        if v in pre:
-                            continue
-                        if v != u and any(s[b] == v and pre[b] == u for b in range(a)):
-                            continue
-                        grown.append((*pre, v))
-                partial = grown
-            for s2 in partial:
-                if s2 not in seen:
-                    if s2 == goals:
-                        return True
-                    seen.add(s2)
-                    nxt.append(s2)
-            if len(seen) > cap or time.perf_counter() > deadline:
+def _pair_table(m: _Map, ga: int, gb: int) -> list[int]:
+    """Exact cost-to-go of two agents alone, by Dijkstra backwards from their settled goals.
+
+    Indexed ((pa * n + pb) * 2 + fa) * 2 + fb (fa, fb: settled flags); _INF marks dead states.
+    Moves are symmetric, so a state's predecessors are its neighbours (WAIT included).
+    """
+    n, nbrs = m.n, m.nbrs
+    table = [_INF] * (4 * n * n)
+    table[((ga * n + gb) * 2 + 1) * 2 + 1] = 0
+    heap = [(0, ga, gb, 1, 1)]
+    while heap:
+        d, va, vb, fa, fb = heapq.heappop(heap)
+        if d > table[((va * n + vb) * 2 + fa) * 2 + fb]:
+            continue
+        # Each agent's predecessor options: (cell, settled flag, cost paid).
+        pre_a = [(va, 1, 0), (va, 0, 0)] if fa else [(u, 0, 1) for u in nbrs[va]]
+        pre_b = [(vb, 1, 0), (vb, 0, 0)] if fb else [(u, 0, 1) for u in nbrs[vb]]
+        for pa, fa0, ca in pre_a:
+            for pb, fb0, cb in pre_b:
+                if pa == pb or (pa == vb and pb == va and pa != va):
+                    continue
+                key = ((pa * n + pb) * 2 + fa0) * 2 + fb0
+                if d + ca + cb < table[key]:
+                    table[key] = d + ca + cb
+                    heapq.heappush(heap, (d + ca + cb, pa, pb, fa0, fb0))
+    return table
+
+
+def _matchings(agents: list[int]) -> list[tuple]:
+    """All maximum sets of disjoint pairs of `agents` (for k = 5: 15 of two pairs each)."""
+    if len(agents) < 2:
+        return [()]
+    a, rest = agents[0], agents[1:]
+    out = [((a, b), *mt) for b in rest for mt in _matchings([x for x in rest if x != b])]
+    return out + (_matchings(rest) if len(agents) % 2 else [])
+
+
+class _Joint:
+    """Exact A* over joint states with operator decomposition (one agent moves per expansion).
+
+    A state is (j, old, new, fin): agents < j already moved from `old` to `new` this step, `fin`
+    is a bitmask of agents settled on their goals for good. An unsettled agent pays 1 per step;
+    one standing on its goal may settle instead (cost 0, it never moves again), so a path's
+    cost is exactly the sum-of-costs. The heuristic at whole-step states is the best sum over
+    disjoint agent pairs of their exact two-agent costs (`_pair_table`, small maps only) plus
+    the others' BFS distances; it is consistent, and a dead pair prunes the state. Within a
+    step the parent's value minus what was paid since is used. The state space is finite, so
+    an exhausted open list proves the problem unsolvable. `run` resumes where it stopped.
+    """
+
+    def __init__(self, m: _Map, starts: tuple, goals: tuple, pair_tables: bool = True):
+        self.n, self.nbrs, self.goals, self.k = m.n, m.nbrs, goals, len(starts)
+        self.dists = [m.dist(g) for g in goals]
+        self.owner = {g: a for a, g in enumerate(goals)}
+        self.tables = {}
+        if pair_tables and m.free <= _PAIR_TABLE_CELLS:
+            for a in range(self.k):
+                for b in range(a + 1, self.k):
+                    if self.dists[a][goals[b]] < _INF:  # same component: they may meet
+                        self.tables[a, b] = _pair_table(m, goals[a], goals[b])
+        self.matchings = _matchings(list(range(self.k)))
+        root = (0, starts, (), 0)
+        self.best = {root: 0}
+        self.parent = {root: None}
+        h = self._h(starts, 0)
+        self.heap = [(h, 0, 0, root, h)] if h < _INF else []
+        self.expanded = 0
+        self.closed: set = set()
+
+    def _h(self, pos: tuple, fin: int) -> int:
+        n, dists = self.n, self.dists
+        single = [0 if fin >> a & 1 else dists[a][pos[a]] for a in range(self.k)]
+        extra = {}
+        for (a, b), table in self.tables.items():
+            v = table[((pos[a] * n + pos[b]) * 2 + (fin >> a & 1)) * 2 + (fin >> b & 1)]
+            if v >= _INF:
+                return _INF
+            extra[a, b] = v - single[a] - single[b]
+        return sum(single) + max(sum(extra.get(pr, 0) for pr in mt) for mt in self.matchings)
+
+    def run(self, budget: int, deadline: float):
+        """Expand up to `budget` states: (OPTIMAL, cell paths), (UNSOLVABLE, None) or None."""
+        k, nbrs, goals, owner = self.k, self.nbrs, self.goals, self.owner
+        heap, best, parent, closed = self.heap, self.best, self.parent, self.closed
+        done = (1 << k) - 1
+        stop = self.expanded + budget
+        while heap:
+            if self.expanded >= stop:
                 return None
-        frontier = nxt
-    return False
+            if self.expanded & 1023 == 0 and time.perf_counter() > deadline:
+                return None
+            _, negg, _, state, h = heapq.heappop(heap)
+            if state in closed:
+                continue
+            closed.add(state)
+            self.expanded += 1
+            j, old, new, fin = state
+            if fin == done and j == 0:
+                return OPTIMAL, self._paths(state)
+            g, u = -negg, old[j]
+            if fin >> j & 1:
+                moves = ((u, 0, fin),)
+            else:
+                moves = [(v, 1, fin) for v in nbrs[u]]
+                if u == goals[j]:
+                    moves.insert(0, (u, 0, fin | 1 << j))
+            for v, cost, fin2 in moves:
+                if v in new:
+                    continue
+                o = owner.get(v)
+                if o is not None and o != j and fin >> o & 1:
+                    continue  # a settled agent stands there forever
+                if v != u and v in old:  # a swap with an agent that already moved?
+                    b = old.index(v)
+                    if b < j and new[b] == u:
+                        continue
+                nxt = (0, (*new, v), (), fin2) if j + 1 == k else (j + 1, old, (*new, v), fin2)
+                g2 = g + cost
+                if nxt in closed or g2 >= best.get(nxt, _INF):
+                    continue
+                h2 = self._h(nxt[1], fin2) if j + 1 == k else h - cost
+                if h2 >= _INF:
+                    continue
+                best[nxt] = g2
+                parent[nxt] = state
+                heapq.heappush(heap, (g2 + h2, -g2, len(best), nxt, h2))
+        return UNSOLVABLE, None
+
+    def _paths(self, state) -> tuple[tuple[int, ...], ...]:
+        steps = []  # (positions, fin) at t = 0, 1, ...
+        while state is not None:
+            if state[0] == 0:
+                steps.append((state[1], state[3]))
+            state = self.parent[state]
+        steps.reverse()
+        out = []
+        for a in range(self.k):
+            # Settled during step t -> t + 1 means cost t.
+            cost = next(t for t, (_, fin) in enumerate(steps) if fin >> a & 1) - 1
+            out.append(tuple(pos[a] for pos, _ in steps[: cost + 1]))
+        return tuple(out)
 
 
-def _proved_unsolvable(m: _Map, starts, goals, deadline: float) -> bool:
-    """Sound but incomplete: a subset of agents that cannot reach its goals dooms them all."""
-    # Agents in different connected components never meet; label a component by its least cell.
-    comp = [next(u for u in range(m.n) if m.dist(g)[u] < _INF) for g in goals]
-    groups: dict[int, list[int]] = {}
-    for a, c in enumerate(comp):
-        groups.setdefault(c, []).append(a)
-    for members in groups.values():
-        subsets = [(a, b) for x, a in enumerate(members) for b in members[x + 1 :]]
-        if len(members) > 2:
-            subsets.append(tuple(members))
-        for sub in subsets:
-            cap = _PAIR_CAP if len(sub) == 2 else _GROUP_CAP
-            s = tuple(starts[a] for a in sub)
-            g = tuple(goals[a] for a in sub)
-            if _joint_reachable(m.nbrs, s, g, cap, deadline) is False:
+def _pair_unsolvable(m: _Map, starts, goals, deadline: float) -> bool:
+    """Sound, incomplete: if two agents alone cannot both reach their goals, nobody can."""
+    for a in range(len(starts)):
+        for b in range(a + 1, len(starts)):
+            if m.dist(goals[a])[starts[b]] >= _INF:
+                continue  # different components: they never meet
+            pair = _Joint(m, (starts[a], starts[b]), (goals[a], goals[b]), pair_tables=False)
+            r = pair.run(_PAIR_BUDGET, deadline)
+            if r is not None and r[0] == UNSOLVABLE:
                 return True
     return False
 
@@ -406,9 +549,12 @@ def _proved_unsolvable(m: _Map, starts, goals, deadline: float) -> bool:
 def solve(problem: Problem, max_nodes: int = 20_000, time_limit: float = 10.0) -> Solution:
     """Sum-of-costs optimal plan by Conflict-Based Search (deterministic).
 
-    "unsolvable" when some goal is unreachable, the CBS tree is exhausted or a joint-state
-    reachability check (run after a few dozen nodes) proves it; "timeout" when `max_nodes`
-    high-level nodes or `time_limit` seconds run out first.
+    CBS (cardinal conflicts first, bypass, conflict-avoidance tie-breaking) runs first. CBS
+    never stops on an unsolvable instance and is slow on crowded tiny maps, so once it has
+    popped `_JOINT_AFTER` nodes an exact joint-state A* (`_Joint`) is interleaved with it,
+    `_JOINT_RATE` expansions per CBS node, and pairs of agents are checked for
+    unsolvability. "unsolvable": a goal is unreachable, the CBS tree or the joint state space
+    is exhausted, or a pair is; "timeout": `max_nodes` CBS nodes or `time_limit` seconds ran out.
     """
     t0 = time.perf_counter()
     deadline = t0 + time_limit
@@ -418,7 +564,7 @@ def solve(problem: Problem, max_nodes: int = 20_000, time_limit: float = 10.0) -
     goals = tuple(m.cell(g) for g in problem.goals)
     done = functools.partial(_finish, m, t0)
     if any(m.dist(g)[s] >= _INF for s, g in zip(starts, goals)):
-        return done(UNSOLVABLE, None, 0)
+        return done(UNSOLVABLE, None, 0, "bfs")
     search = _Search(m, starts, goals)
     cons = tuple(_Cons() for _ in starts)
     paths: list = [None] * len(starts)
@@ -426,44 +572,54 @@ def solve(problem: Problem, max_nodes: int = 20_000, time_limit: float = 10.0) -
         paths[a] = search.plan(a, cons[a], paths)
     root = _Node(tuple(paths), cons)
     heap = [(root.cost, len(root.conflicts), 0, root)]
-    seq, nodes, proof_tried = 0, 0, False
+    seq, nodes, checkpoint, joint = 0, 0, _JOINT_AFTER, None
     while heap:
         if nodes >= max_nodes or time.perf_counter() > deadline:
-            return done(TIMEOUT, None, nodes)
-        if nodes >= _PROOF_AFTER and not proof_tried:
-            proof_tried = True
-            if _proved_unsolvable(m, starts, goals, deadline):
-                return done(UNSOLVABLE, None, nodes)
+            return done(TIMEOUT, None, nodes, "cbs")
+        if nodes >= checkpoint:
+            if joint is None:
+                if _pair_unsolvable(m, starts, goals, deadline):
+                    return done(UNSOLVABLE, None, nodes, "pairs")
+                joint = _Joint(m, starts, goals)
+            r = joint.run(_JOINT_RATE * nodes - joint.expanded, deadline)
+            if r is not None:
+                return done(*r, nodes, "joint")
+            checkpoint *= 2
         node = heapq.heappop(heap)[3]
         nodes += 1
         if not node.conflicts:
-            return done(OPTIMAL, node.paths, nodes)
+            return done(OPTIMAL, node.paths, nodes, "cbs")
         cf = search.choose(node)
-        children = []
+        t, i, j, kind, cell = cf[:5]
+        # A target conflict: someone stands on the goal of an agent that settled there by t.
+        settled = [x for x in (i, j) if kind == 0 and cell == goals[x] and t >= node.cost_of(x)]
+        children = [search.settle(node, settled[0], t)] if settled else []
         for side, agent in enumerate(cf[1:3]):
-            c = _constrain(node.cons[agent], m.n, goals[agent], cf, side)
+            c = node.cons[agent]
+            if settled and agent != settled[0]:
+                continue  # its branch is "settled by t", made above
+            if settled:  # the complement: it settles after t (it may still pass at t)
+                c = dataclasses.replace(c, goal_last=max(c.goal_last, t), tmax=max(c.tmax, t))
+            else:
+                c = _constrain(c, m.n, goals[agent], cf, side)
             p = search.plan(agent, c, node.paths)
-            if p is None:
-                continue
-            paths = node.paths[:agent] + (p,) + node.paths[agent + 1 :]
-            children.append(_Node(paths, node.cons[:agent] + (c,) + node.cons[agent + 1 :]))
-        bypass = [
-            ch
-            for ch in children
-            if ch.cost == node.cost and len(ch.conflicts) < len(node.conflicts)
-        ]
-        if bypass:  # same cost, fewer conflicts: adopt the path, keep the parent's constraints
-            better = _Node(bypass[0].paths, node.cons)
-            children = [better]
+            if p is not None:
+                paths = node.paths[:agent] + (p,) + node.paths[agent + 1 :]
+                children.append(_Node(paths, node.cons[:agent] + (c,) + node.cons[agent + 1 :]))
+        children = [ch for ch in children if ch is not None]
+        for ch in children:  # bypass: same cost, fewer conflicts -> adopt the path, no split
+            if ch.cost == node.cost and len(ch.conflicts) < len(node.conflicts):
+                children = [_Node(ch.paths, node.cons)]
+                break
         for ch in children:
             seq += 1
             heapq.heappush(heap, (ch.cost, len(ch.conflicts), -seq, ch))
-    return done(UNSOLVABLE, None, nodes)
+    return done(UNSOLVABLE, None, nodes, "cbs")
 
 
-def _finish(m: _Map, t0: float, status: str, cell_paths, nodes: int) -> Solution:
+def _finish(m: _Map, t0: float, status: str, cell_paths, nodes: int, method: str) -> Solution:
     if cell_paths is None:
-        return Solution(status, nodes=nodes, seconds=time.perf_counter() - t0)
+        return Solution(status, nodes=nodes, seconds=time.perf_counter() - t0, method=method)
     paths = tuple(tuple(m.rc(u) for u in p) for p in cell_paths)
     actions = tuple(
         tuple(_DELTA_TO_ACTION[(b[0] - a[0], b[1] - a[1])] for a, b in zip(p, p[1:])) for p in paths
@@ -477,6 +633,7 @@ def _finish(m: _Map, t0: float, status: str, cell_paths, nodes: int) -> Solution
         paths=paths,
         nodes=nodes,
         seconds=time.perf_counter() - t0,
+        method=method,
     )
 
 
