@@ -90,8 +90,8 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int):
     return tok
 
 
-def save_tokenizer(tok, out_dir, max_length: int = 4096) -> pathlib.Path:
-    """Write `tok` as HF tokenizer files into `out_dir` (created if missing)."""
+def save_tokenizer(out_dir, tok, max_length: int = 4096) -> pathlib.Path:
+    """Write the `tokenizers.Tokenizer` `tok` as HF tokenizer files into `out_dir`."""
     import transformers
 
     fast = transformers.PreTrainedTokenizerFast(
@@ -115,7 +115,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir) -> pathlib.P
     Loadable with `transformers.AutoTokenizer.from_pretrained(out_dir)` and
     `mapfjax.models.tokenizer.load_tokenizer(out_dir)`. Returns `out_dir` as a Path.
     """
-    return save_tokenizer(build_tokenizer(texts, vocab_size), out_dir)
+    return save_tokenizer(out_dir, build_tokenizer(texts, vocab_size))
 
 
 def corpus(problems, answers) -> list[str]:
@@ -131,3 +131,22 @@ def corpus(problems, answers) -> list[str]:
         + f"{text.render_answer(a)}{IM_END}\n"
         for p, a in zip(problems, answers, strict=True)
     ] + [EMPTY_THINK]
+
+
+def attach_tokenizer(model_dir, tokenizer) -> None:
+    """Copy `tokenizer`'s files into an HF model directory and record its special token ids
+    (bos/eos/pad) in config.json and generation_config.json, so transformers generation stops
+    on `<|im_end|>`."""
+    import json
+
+    model_dir = pathlib.Path(model_dir)
+    tokenizer.save_pretrained(str(model_dir))
+    ids = {
+        "bos_token_id": tokenizer.convert_tokens_to_ids(IM_START),
+        "eos_token_id": tokenizer.convert_tokens_to_ids(IM_END),
+        "pad_token_id": tokenizer.convert_tokens_to_ids(ENDOFTEXT),
+    }
+    for name in ("config.json", "generation_config.json"):
+        path = model_dir / name
+        cfg = json.loads(path.read_text()) if path.is_file() else {}
+        path.write_text(json.dumps(cfg | ids, indent=2) + "\n")

@@ -1,0 +1,107 @@
+"""The shipped tiny MAPF-FrozenLake model: BPE tokenizer, SFT on oracle answers, short GRPO.
+
+python launch/train_tiny.py --config configs/tiny_model.py --config.workdir=/tmp/tiny
+"""
+
+import ml_collections
+
+from mapfjax.env.config import default_config
+
+# Share of SFT instances per map size: mostly 3x3..5x5, where the model is meant to be good.
+SFT_SIZES = {3: 0.3, 4: 0.3, 5: 0.25, 6: 0.07, 7: 0.02, 8: 0.02, 9: 0.02, 10: 0.02}
+
+
+def env_config(ratios: dict[int, float], seed: int, hole_ratio=0.2, wait_ratio=0.3):
+    """A 2-agent generator config with the given per-size data ratios."""
+    c = default_config(2, sizes=tuple(ratios), hole_ratio=hole_ratio, wait_ratio=wait_ratio)
+    for n, r in ratios.items():
+        c.sizes[f"s{n}"].data_ratio = r
+    c.seed = seed
+    return c
+
+
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+    """arg "quick" shrinks every stage to a few steps (a smoke run of the pipeline)."""
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    c.workdir = "/tmp/mapfjax_tiny"  # tokenizer, data cache, checkpoints, logs
+    c.out_dir = "mapfjax/assets/tiny"  # exported model + tokenizer + VALIDATION.md
+    c.dtype = "float32"  # bf16 matmuls are slow on CPU
+    c.processes = 2  # oracle worker processes for data generation
+
+    c.tokenizer = ml_collections.ConfigDict(dict(vocab_size=1024, instances=2000))
+    # Qwen3 architecture; vocab_size is the tokenizer's size.
+    c.model = ml_collections.ConfigDict(
+        dict(
+            hidden_size=128,
+            intermediate_size=384,
+            num_layers=4,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=32,
+            rope_theta=10000.0,
+            max_position_embeddings=1024,
+        )
+    )
+
+    c.sft = ml_collections.ConfigDict()
+    c.sft.instances = 24576
+    c.sft.env = env_config(SFT_SIZES, seed=1)
+    c.sft.batch_size = 32
+    c.sft.epochs = 1
+    c.sft.steps = 0  # 0: epochs x batches per epoch; else a cap (the schedule follows it)
+    c.sft.optim = ml_collections.ConfigDict(
+        dict(
+            lr=3e-3,
+            warmup_steps=30,
+            end_lr_ratio=0.05,
+            weight_decay=0.01,
+            b1=0.9,
+            b2=0.98,
+            eps=1e-8,
+            grad_clip=1.0,
+            accum_steps=1,
+            max_bad_steps=5,
+            remat=False,
+        )
+    )
+    c.sft.checkpoint_every = 100
+    c.sft.log_every = 10
+
+    c.grpo = ml_collections.ConfigDict()
+    c.grpo.steps = 30
+    c.grpo.problems_per_step = 8
+    c.grpo.group_size = 8
+    c.grpo.env = env_config({3: 0.3, 4: 0.3, 5: 0.3, 6: 0.1}, seed=2)
+    c.grpo.max_new_tokens = 64
+    c.grpo.temperature = 1.0
+    c.grpo.clip = 0.2
+    c.grpo.optim = c.sft.optim.copy_and_resolve_references()
+    c.grpo.optim.lr = 1e-4
+    c.grpo.optim.warmup_steps = 3
+    c.grpo.optim.end_lr_ratio = 1.0
+    c.grpo.checkpoint_every = 10
+    c.grpo.reward = ml_collections.ConfigDict(
+        dict(valid_reward=1.0, optimal_bonus=0.5, invalid_reward=0.0, format_penalty=0.0)
+    )
+
+    # Fixed validation set: 2 agents, 50 per size 3x3..10x10, its own seed.
+    c.validation = ml_collections.ConfigDict()
+    c.validation.per_size = 50
+    c.validation.env = env_config({n: 1 / 8 for n in range(3, 11)}, seed=12345)
+    c.validation.max_new_tokens = 80
+    c.validation.batch_size = 100
+
+    if arg == "quick":
+        c.tokenizer.instances = 200
+        c.sft.instances = 256
+        c.sft.batch_size = 16
+        c.sft.checkpoint_every = 8
+        c.sft.optim.warmup_steps = 2
+        c.grpo.steps = 4
+        c.grpo.optim.warmup_steps = 1
+        c.grpo.checkpoint_every = 2
+        c.grpo.problems_per_step = 2
+        c.grpo.group_size = 4
+        c.validation.per_size = 4
+    return c

@@ -1,0 +1,79 @@
+"""Train the shipped tiny model: BPE tokenizer, SFT on oracle answers, short GRPO, export and
+greedy validation. Seeded; rerunning the same command resumes from the workdir.
+
+    python launch/train_tiny.py --config configs/tiny_model.py [--config.workdir=/tmp/tiny]
+"""
+
+import json
+import pathlib
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+from absl import app, logging
+from flax import nnx
+from ml_collections import config_flags
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from mapfjax.env import RewardConfig  # noqa: E402
+from mapfjax.models import bpe, hf, qwen3  # noqa: E402
+from mapfjax.models import tokenizer as tk  # noqa: E402
+from mapfjax.rl import data, grpo, rollout  # noqa: E402
+from mapfjax.rl.trainer import OptimConfig, Trainer  # noqa: E402
+
+CONFIG = config_flags.DEFINE_config_file("config", "configs/tiny_model.py")
+
+
+def fit(trainer, ckpt, total, batches, every, log, name):
+    """Train to `total` updates, resuming from `ckpt`; batches(start) -> (batch, logs) iter."""
+    if ckpt.exists() and any(p.name.isdigit() for p in ckpt.iterdir()):
+        trainer.restore(ckpt)
+    t0, start = time.time(), int(trainer.state.step)
+    for step, (batch, extra) in zip(range(start, total), batches(start)):
+        m = trainer.step(batch) | extra
+        log.write(json.dumps({"phase": name, "s": round(time.time() - t0, 1)} | m) + "\n")
+        if (step + 1) % every == 0 or step + 1 == total:
+            trainer.save(ckpt, wait=True)
+            log.flush()
+            print(f"{name} {step + 1}/{total} loss {m['loss']:.4f} {time.time() - t0:.0f}s")
+
+
+def main(_):
+    c = CONFIG.value
+    logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint write at INFO
+    work, out, g = pathlib.Path(c.workdir), pathlib.Path(c.out_dir), c.grpo
+    d = data.prepare(c, work)
+    tok, pad, dtype = d.tokenizer, tk.special_ids(d.tokenizer).pad, jnp.dtype(c.dtype)
+    model_cfg = qwen3.Qwen3Config(vocab_size=len(tok), **c.model)
+    model = qwen3.Qwen3(model_cfg, dtype=dtype, param_dtype=dtype, rngs=nnx.Rngs(c.seed))
+    log = open(work / "log.jsonl", "a")
+    steps = c.sft.steps or c.sft.epochs * (len(d.sft) // c.sft.batch_size)
+    sft = Trainer(model, OptimConfig(**c.sft.optim, total_steps=steps), "sft", seed=c.seed)
+    b, e = c.sft.batch_size, c.sft.epochs
+    sft_batches = lambda s: ((x, {}) for x in data.sft_batches(d.sft, b, pad, c.seed, e, s))
+    fit(sft, work / "sft_ckpt", steps, sft_batches, c.sft.checkpoint_every, log, "sft")
+    loss_cfg = grpo.GRPOConfig(g.group_size, g.clip, g.clip, temperature=g.temperature)
+    optim = OptimConfig(**g.optim, total_steps=g.steps)
+    rl = Trainer(sft.model(), optim, "grpo", loss_cfg=loss_cfg, seed=c.seed)
+    sampling = rollout.SamplingConfig(max_new_tokens=g.max_new_tokens, temperature=g.temperature)
+    args = (g.group_size, sampling, RewardConfig(**g.reward))
+
+    def grpo_batch(step):
+        ps = d.grpo_pool[step * g.problems_per_step :][: g.problems_per_step]
+        key = jax.random.fold_in(jax.random.key(c.seed), step)
+        batch, stats = rollout.rollout(rl, tok, ps, *args, key, grpo_cfg=loss_cfg)
+        return batch, stats.as_dict()
+
+    grpo_batches = lambda s: map(grpo_batch, range(s, g.steps))
+    fit(rl, work / "grpo_ckpt", g.steps, grpo_batches, g.checkpoint_every, log, "grpo")
+    bpe.attach_tokenizer(hf.save_pretrained(rl.model(), out), tok)
+    shipped = hf.from_pretrained(out, dtype=jnp.float32)  # validate exactly what users load
+    v = rollout.validate(shipped, tk.load_tokenizer(out), d.validation, c.validation.max_new_tokens)
+    notes = [f"Greedy decoding, thinking off, seed {c.seed}; made by launch/train_tiny.py."]
+    (out / "VALIDATION.md").write_text(rollout.validation_report(v, "Tiny model", notes))
+    print(v.table())
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,242 @@
+"""SFT data: generated instances -> chat prompts (thinking off) + canonical oracle answers ->
+shuffled `SequenceBatch`es, deterministic given a seed."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import pathlib
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from mapfjax.env import oracle, text
+from mapfjax.env.types import Problem
+from mapfjax.models import tokenizer as tok_lib
+from mapfjax.rl.batch import SequenceBatch, make_batch
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    """One SFT example: `prompt` token ids (chat template, generation prompt with the empty
+    think block) and `completion` ids (the canonical answer, then `<|im_end|>`), all trained."""
+
+    problem_id: str
+    prompt: tuple[int, ...]
+    completion: tuple[int, ...]
+
+
+def oracle_answers(problems: Sequence[Problem], processes: int = 1, **budget) -> list:
+    """Optimal per-agent action lists (`oracle.answer_actions`) for each problem.
+
+    Raises ValueError naming the first problem the oracle could not solve within `budget`.
+    """
+    sols = oracle.solve_many(problems, processes=processes, **budget)
+    out = []
+    for p, s in zip(problems, sols, strict=True):
+        if not s.optimal:
+            raise ValueError(f"problem {p.id!r}: oracle status {s.status!r}, no optimal answer")
+        out.append(oracle.answer_actions(s))
+    return out
+
+
+def encode_prompts(tokenizer, problems: Sequence[Problem], enable_thinking: bool = False):
+    """Chat-template token ids of each problem's rendered prompt."""
+    prompts = [text.render_prompt(p) for p in problems]
+    return tok_lib.encode_chat(tokenizer, prompts, enable_thinking=enable_thinking)
+
+
+def sft_examples(tokenizer, problems: Sequence[Problem], answers=None) -> list[Example]:
+    """Examples for `problems`; `answers` (per-problem action lists) default to the oracle's."""
+    answers = oracle_answers(problems) if answers is None else answers
+    im_end = tok_lib.special_ids(tokenizer).im_end
+    prompts = encode_prompts(tokenizer, problems)
+    out = []
+    for p, ids, a in zip(problems, prompts, answers, strict=True):
+        ans = tokenizer(text.render_answer(a), add_special_tokens=False)["input_ids"]
+        out.append(Example(p.id, tuple(ids), (*ans, im_end)))
+    return out
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def to_batch(
+    examples: Sequence[Example], pad_id: int, prompt_bucket="x64", completion_multiple: int = 16
+) -> SequenceBatch:
+    """One SFT `SequenceBatch` (NumPy leaves): every completion token is in the loss.
+
+    The completion length T is rounded up to `completion_multiple` so few shapes compile.
+    """
+    longest = max(len(e.completion) for e in examples)
+    return make_batch(
+        [list(e.prompt) for e in examples],
+        [list(e.completion) for e in examples],
+        pad_id,
+        prompt_bucket=prompt_bucket,
+        completion_bucket=_round_up(longest, completion_multiple),
+    )
+
+
+def epoch_order(lengths: Sequence[int], batch_size: int, seed: int, epoch: int, window: int = 16):
+    """Row indices of one epoch's batches, int [num_batches, batch_size].
+
+    A permutation from (seed, epoch), cut into windows of `window` batches; rows within a
+    window are sorted by length before being cut into batches (so a batch's rows have similar
+    lengths and little padding), and the batches are then shuffled. window=1 is a plain shuffle.
+    """
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(len(lengths))
+    n = (len(order) // batch_size) * batch_size  # drop the partial last batch
+    lengths = np.asarray(lengths)
+    span = batch_size * window
+    chunks = [order[i : i + span] for i in range(0, n, span)]
+    chunks = [c[: (len(c) // batch_size) * batch_size] for c in chunks]
+    rows = np.concatenate([c[np.argsort(lengths[c], kind="stable")] for c in chunks])
+    batches = rows[:n].reshape(-1, batch_size)
+    return batches[rng.permutation(len(batches))]
+
+
+def sft_batches(
+    examples: Sequence[Example],
+    batch_size: int,
+    pad_id: int,
+    seed: int = 0,
+    epochs: int | None = 1,
+    start_step: int = 0,
+    window: int = 16,
+    **batch_kw,
+) -> Iterator[SequenceBatch]:
+    """Batches of `batch_size` examples, epoch after epoch (None = forever), in the order of
+    `epoch_order` (similar lengths per batch; `window` 1 = a plain shuffle).
+
+    A partial last batch is dropped so every batch has the same number of rows. `start_step`
+    skips that many batches (resuming after a restart yields the same stream as an
+    uninterrupted run).
+    """
+    if batch_size < 1 or batch_size > len(examples):
+        raise ValueError(
+            f"batch_size={batch_size}: allowed 1..{len(examples)} (the number of examples)"
+        )
+    lengths = [len(e.prompt) + len(e.completion) for e in examples]
+    per_epoch = len(examples) // batch_size
+    epoch, step = divmod(start_step, per_epoch)
+    while epochs is None or epoch < epochs:
+        order = epoch_order(lengths, batch_size, seed, epoch, window)
+        for rows in order[step:]:
+            yield to_batch([examples[j] for j in rows], pad_id, **batch_kw)
+        epoch, step = epoch + 1, 0
+
+
+def generate_problems(env_cfg, n: int, seed: int, processes: int = 1) -> list[Problem]:
+    """`n` labelled instances from the generator config `env_cfg`, deterministic in `seed`."""
+    import jax
+
+    from mapfjax.env import generator
+
+    cfg = env_cfg.copy_and_resolve_references()
+    cfg.oracle.processes = processes
+    return generator.generate(jax.random.key(seed), cfg, n).problems
+
+
+def save_examples(path, examples: Sequence[Example]) -> None:
+    """Write examples as JSON lines (atomically)."""
+    from mapfjax.env.io import atomic_write
+
+    lines = (json.dumps(dataclasses.asdict(e)) for e in examples)
+    atomic_write(path, ("\n".join(lines) + "\n").encode())
+
+
+def load_examples(path) -> list[Example]:
+    """Read examples written by `save_examples`; errors name the file and line."""
+    out = []
+    with open(path) as f:
+        for i, line in enumerate(f, 1):
+            try:
+                d = json.loads(line)
+                ex = Example(str(d["problem_id"]), tuple(d["prompt"]), tuple(d["completion"]))
+            except (ValueError, KeyError, TypeError) as e:
+                raise ValueError(f"{path}:{i}: not an SFT example ({e!r})") from e
+            out.append(ex)
+    return out
+
+
+def cached(path, build, save, load):
+    """`load(path)`, after `save(path, build())` when `path` does not exist yet (a pipeline
+    stage whose output survives restarts)."""
+    path = pathlib.Path(path)
+    if not path.exists():
+        save(path, build())
+    return load(path)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunData:
+    """Everything a tiny-model run reads: tokenizer, SFT examples, validation set, GRPO pool."""
+
+    tokenizer: object
+    sft: list[Example]
+    validation: list[Problem]
+    grpo_pool: list[Problem]
+
+
+def prepare(cfg, workdir) -> RunData:
+    """Build (first run) or load (later runs) a run's data under `workdir`, from the config
+    fields tokenizer.{instances, vocab_size}, sft.{env, instances}, validation.{env,
+    per_size}, grpo.{env, steps, problems_per_step}, seed and processes (configs/tiny_model.py).
+    Each part has its own seed offset, so changing one size does not change the others."""
+    from mapfjax.env import io
+    from mapfjax.models import bpe
+
+    work = pathlib.Path(workdir)
+
+    def name(stem: str, ext: str, *parts) -> pathlib.Path:
+        """A cache path keyed by the config parts it depends on (a config change rebuilds)."""
+        key = json.dumps([p.to_dict() if hasattr(p, "to_dict") else p for p in parts])
+        return work / f"{stem}-{hashlib.sha256(key.encode()).hexdigest()[:10]}{ext}"
+
+    def problems(env, n, offset):
+        return generate_problems(env, n, cfg.seed + offset, processes=cfg.processes)
+
+    def tokenizer():
+        ps = problems(cfg.sft.env, cfg.tokenizer.instances, 100)
+        return bpe.build_tokenizer(bpe.corpus(ps, oracle_answers(ps)), cfg.tokenizer.vocab_size)
+
+    tok_dir = name("tokenizer", "", cfg.seed, cfg.sft.env, cfg.tokenizer)
+    tok = cached(tok_dir, tokenizer, bpe.save_tokenizer, tok_lib.load_tokenizer)
+
+    def sft():
+        return sft_examples(tok, problems(cfg.sft.env, cfg.sft.instances, 1))
+
+    def val():
+        n = len(cfg.validation.env.sizes) * cfg.validation.per_size
+        return problems(cfg.validation.env, n, 2)
+
+    def pool():
+        return problems(cfg.grpo.env, cfg.grpo.steps * cfg.grpo.problems_per_step, 3)
+
+    return RunData(
+        tok,
+        cached(
+            name("sft", ".jsonl", tok_dir.name, cfg.sft.env, cfg.sft.instances),
+            sft,
+            save_examples,
+            load_examples,
+        ),
+        cached(
+            name("validation", ".jsonl", cfg.seed, cfg.validation),
+            val,
+            io.save_instances,
+            io.load_instances,
+        ),
+        cached(
+            name(
+                "grpo", ".jsonl", cfg.seed, cfg.grpo.env, cfg.grpo.steps, cfg.grpo.problems_per_step
+            ),
+            pool,
+            io.save_instances,
+            io.load_instances,
+        ),
+    )

@@ -1,0 +1,304 @@
+"""Rollouts for GRPO (problems -> prompts -> G samples each -> parse -> verify -> rewards ->
+group advantages -> `SequenceBatch`) and greedy validation per map size."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import warnings
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+
+from mapfjax.env import dynamics, reward, text, types
+from mapfjax.env.types import Problem
+from mapfjax.models import sampler
+from mapfjax.models import tokenizer as tok_lib
+from mapfjax.rl import grpo
+from mapfjax.rl.batch import SequenceBatch, make_batch
+from mapfjax.rl.data import encode_prompts
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+    """How completions are drawn. temperature 0 = greedy; it must equal the GRPO loss's
+    temperature so old and new log-probs describe the same distribution. A truncation rate
+    above `warn_truncation` triggers a warning (truncated answers score 0: no signal)."""
+
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    enable_thinking: bool = False
+    bucket: str = "x64"
+    warn_truncation: float = 0.2
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutStats:
+    """Host statistics of one rollout (B = problems x group_size responses).
+
+    failures: response count per failure name ("none" = valid, then types.FAILURE_NAMES).
+    mixed_groups: share of groups whose rewards differ (the only groups with a gradient).
+    logprob_gap: mean |sampled - untruncated| log-prob (top-k/top-p cost, 0 without them).
+    logprob_mismatch: mean |sampler - trainer recomputed| log-prob over response tokens, or
+        None when not measured (`rollout(..., measure_mismatch=True)`).
+    """
+
+    reward_mean: float
+    valid_rate: float
+    optimal_rate: float
+    failures: dict[str, int]
+    response_len_mean: float
+    response_len_max: int
+    truncation_rate: float
+    mixed_groups: float
+    logprob_gap: float
+    logprob_mismatch: float | None = None
+
+    def as_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.update({f"fail_{k}": v for k, v in d.pop("failures").items()})
+        return d
+
+
+def policy_model(policy):
+    """The nnx model to sample from: a `Trainer` (its `model()` view) or a model."""
+    if isinstance(policy, nnx.Module):
+        return policy
+    if callable(getattr(policy, "model", None)):
+        return policy.model()
+    raise TypeError(f"expected an nnx model or a Trainer with .model(), got {type(policy)}")
+
+
+def _sample(model, tokenizer, problems, repeats, cfg: SamplingConfig, key):
+    """Generate `repeats` completions per problem (consecutive rows) ->
+    (prompt ids, SampleOutput, completion id lists, decoded texts)."""
+    ids = tok_lib.special_ids(tokenizer)
+    prompts = encode_prompts(tokenizer, problems, cfg.enable_thinking)
+    prompts = [p for p in prompts for _ in range(repeats)]
+    out = sampler.generate(
+        model,
+        prompts,
+        cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        top_k=cfg.top_k,
+        stop_tokens=(ids.im_end, ids.pad),
+        key=key,
+        pad_id=ids.pad,
+        bucket=cfg.bucket,
+    )
+    completions = sampler.to_lists(out)
+    texts = tokenizer.batch_decode(completions, skip_special_tokens=False)
+    return prompts, out, completions, texts
+
+
+def score(problems, repeats: int, texts, reward_cfg: reward.RewardConfig):
+    """Parse and verify responses (`repeats` consecutive rows per problem) ->
+    (Verdict with [B] leaves, rewards f32 [B] as NumPy)."""
+    rows = [p for p in problems for _ in range(repeats)]
+    if len(rows) != len(texts):
+        raise ValueError(f"{len(texts)} texts for {len(problems)} problems x {repeats}")
+    instances = jax.tree.map(np.asarray, types.to_instances(rows))
+    parsed = text.parse_answers(texts, [p.num_agents for p in rows])
+    verdict = dynamics.verify(instances, parsed)
+    return verdict, np.asarray(reward.rewards(verdict, reward_cfg))
+
+
+def _failure_counts(failure: np.ndarray) -> dict[str, int]:
+    """Responses per failure name; valid ones are counted under "none"."""
+    counts = collections.Counter(types.FAILURES[int(f)] or "none" for f in failure)
+    return {name: counts.get(name, 0) for name in ("none", *types.FAILURE_NAMES)}
+
+
+@nnx.jit(static_argnames="temperature")
+def _recomputed_logprobs(model, batch: SequenceBatch, temperature: float):
+    from mapfjax.rl.batch import completion_logprobs
+
+    return completion_logprobs(model, batch, temperature)[0]
+
+
+def rollout(
+    policy,
+    tokenizer,
+    problems: Sequence[Problem],
+    group_size: int,
+    sampling: SamplingConfig,
+    reward_cfg: reward.RewardConfig,
+    key: jax.Array,
+    *,
+    grpo_cfg: grpo.GRPOConfig | None = None,
+    measure_mismatch: bool = False,
+) -> tuple[SequenceBatch, RolloutStats]:
+    """One GRPO rollout: `group_size` samples for each problem with the policy's current weights.
+
+    policy: a `Trainer` or an nnx model. Returns a `SequenceBatch` of B = len(problems) *
+    group_size rows (groups consecutive; NumPy leaves) whose loss mask covers each response
+    up to and including its end-of-turn token, old_logprobs = the sampler's `logprobs_full`,
+    advantages = `grpo.group_advantages` of the rewards (options from `grpo_cfg`), and host
+    `RolloutStats`. measure_mismatch runs one extra forward pass to compare the sampler's log-
+    probs with the trainer's recomputation (PAPER.md section 8).
+    """
+    grpo_cfg = grpo.GRPOConfig(group_size=group_size) if grpo_cfg is None else grpo_cfg
+    if grpo_cfg.group_size != group_size:
+        raise ValueError(f"group_size={group_size} but grpo_cfg.group_size={grpo_cfg.group_size}")
+    if sampling.temperature != grpo_cfg.temperature:
+        raise ValueError(
+            f"sampling.temperature={sampling.temperature} differs from the GRPO loss's "
+            f"temperature={grpo_cfg.temperature}; the importance ratio would compare different "
+            "distributions"
+        )
+    model = policy_model(policy)
+    pad = tok_lib.special_ids(tokenizer).pad
+    prompts, out, completions, texts = _sample(
+        model, tokenizer, problems, group_size, sampling, key
+    )
+    verdict, rew = score(problems, group_size, texts, reward_cfg)
+    adv = np.asarray(
+        grpo.group_advantages(
+            rew, group_size, grpo_cfg.scale_by_std, grpo_cfg.std_eps, grpo_cfg.std_ddof
+        )
+    )
+    n = len(completions)
+    width = sampling.max_new_tokens
+    batch = make_batch(
+        prompts,
+        completions,
+        pad,
+        prompt_bucket=sampling.bucket,
+        completion_bucket=width,
+        old_logprobs=np.asarray(out.logprobs_full)[:n],
+        advantages=adv,
+    )
+    lengths = np.array([len(c) for c in completions])
+    finished = np.asarray(out.finished)[:n]
+    grouped = rew.reshape(-1, group_size)
+    mismatch = None
+    if measure_mismatch:
+        recomputed = np.asarray(_recomputed_logprobs(model, batch, sampling.temperature))
+        live = np.asarray(batch.loss_mask)
+        mismatch = float(np.abs(recomputed - batch.old_logprobs)[live].mean())
+    stats = RolloutStats(
+        reward_mean=float(rew.mean()),
+        valid_rate=float(np.mean(verdict.valid)),
+        optimal_rate=float(np.mean(verdict.optimal)),
+        failures=_failure_counts(np.asarray(verdict.failure)),
+        response_len_mean=float(lengths.mean()),
+        response_len_max=int(lengths.max()),
+        truncation_rate=float(1.0 - finished.mean()),
+        mixed_groups=float(np.mean(grouped.max(1) > grouped.min(1))),
+        logprob_gap=sampler.logprob_gap(out),
+        logprob_mismatch=mismatch,
+    )
+    if stats.truncation_rate > sampling.warn_truncation:
+        msg = (
+            f"rollout: {stats.truncation_rate:.0%} of responses hit max_new_tokens="
+            f"{sampling.max_new_tokens} without an end-of-turn token; they score 0 and carry no "
+            "learning signal: raise sampling.max_new_tokens"
+        )
+        warnings.warn(msg, RuntimeWarning, stacklevel=2)
+        log.warning(msg)
+    return batch, stats
+
+
+# --------------------------------------------------------------------------- validation
+
+
+@dataclasses.dataclass(frozen=True)
+class SizeResult:
+    """Greedy validation of one (map size, agent count) cell."""
+
+    size: int
+    num_agents: int
+    n: int
+    valid_rate: float
+    optimal_rate: float
+    failures: dict[str, int]
+    response_len_mean: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Validation:
+    """Per-(size, agents) results, sorted by agents then size, and their unweighted mean."""
+
+    cells: tuple[SizeResult, ...]
+
+    @property
+    def mean_valid(self) -> float:
+        return float(np.mean([c.valid_rate for c in self.cells]))
+
+    @property
+    def mean_optimal(self) -> float:
+        return float(np.mean([c.optimal_rate for c in self.cells]))
+
+    def table(self) -> str:
+        """A Markdown table: agents, size, n, valid %, optimal %, failure counts."""
+        names = list(types.FAILURE_NAMES)
+        head = "| agents | size | n | valid % | optimal % | " + " | ".join(names) + " |"
+        rows = [head, "|" + "---|" * (5 + len(names))]
+        for c in self.cells:
+            fails = " | ".join(str(c.failures.get(f, 0)) for f in names)
+            rows.append(
+                f"| {c.num_agents} | {c.size}x{c.size} | {c.n} | {100 * c.valid_rate:.1f} | "
+                f"{100 * c.optimal_rate:.1f} | {fails} |"
+            )
+        rows.append(
+            f"| mean | | | {100 * self.mean_valid:.1f} | {100 * self.mean_optimal:.1f} |"
+            + " |" * len(names)
+        )
+        return "\n".join(rows)
+
+
+def validate(
+    model,
+    tokenizer,
+    problems: Sequence[Problem],
+    max_new_tokens: int = 64,
+    batch_size: int = 64,
+    enable_thinking: bool = False,
+    reward_cfg: reward.RewardConfig | None = None,
+) -> Validation:
+    """Greedy decoding on `problems` (labelled, so optimality is known); valid and optimal
+    rates and failure counts per (map size, agent count). `model` may be a `Trainer`."""
+    model = policy_model(model)
+    reward_cfg = reward.RewardConfig() if reward_cfg is None else reward_cfg
+    cfg = SamplingConfig(max_new_tokens, 0.0, enable_thinking=enable_thinking)
+    problems = list(problems)
+    valid, optimal, failure, length = [], [], [], []
+    for i in range(0, len(problems), batch_size):
+        chunk = problems[i : i + batch_size]
+        _, _, completions, texts = _sample(model, tokenizer, chunk, 1, cfg, None)
+        verdict, _ = score(chunk, 1, texts, reward_cfg)
+        valid += list(np.asarray(verdict.valid))
+        optimal += list(np.asarray(verdict.optimal))
+        failure += list(np.asarray(verdict.failure))
+        length += [len(c) for c in completions]
+    cells = collections.defaultdict(list)
+    for j, p in enumerate(problems):
+        cells[(p.num_agents, max(p.height, p.width))].append(j)
+    out = []
+    for (k, size), idx in sorted(cells.items()):
+        out.append(
+            SizeResult(
+                size=size,
+                num_agents=k,
+                n=len(idx),
+                valid_rate=float(np.mean([valid[j] for j in idx])),
+                optimal_rate=float(np.mean([optimal[j] for j in idx])),
+                failures=_failure_counts(np.array([failure[j] for j in idx])),
+                response_len_mean=float(np.mean([length[j] for j in idx])),
+            )
+        )
+    return Validation(tuple(out))
+
+
+def validation_report(v: Validation, title: str, notes: Sequence[str] = ()) -> str:
+    """Markdown: a title, note lines, and the validation table."""
+    lines = [f"# {title}", "", *notes, "", v.table(), ""]
+    return "\n".join(lines)

@@ -1,0 +1,109 @@
+"""SFT data: examples decode to the chat prompt and a valid, optimal oracle answer; batches
+are deterministic, resumable and mask exactly the answer + end-of-turn tokens."""
+
+import numpy as np
+import pytest
+
+from mapfjax.env import dynamics, text, types
+from mapfjax.models import bpe
+from mapfjax.models import tokenizer as tk
+from mapfjax.rl import data
+from tests.models.test_bpe import corpus_and_answers, random_problems
+
+
+def make_tokenizer(path, n: int = 40, seed: int = 0):
+    """A small MAPF BPE tokenizer trained on `n` random labelled problems."""
+    problems, answers = corpus_and_answers(n, seed)
+    return tk.load_tokenizer(bpe.train_tokenizer(bpe.corpus(problems, answers), 800, path))
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    return make_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+@pytest.fixture(scope="module")
+def problems():
+    return random_problems(24, seed=5, sizes=(3, 4, 5, 6))
+
+
+def test_examples_decode_to_prompt_and_optimal_answer(tok, problems):
+    examples = data.sft_examples(tok, problems)
+    assert [e.problem_id for e in examples] == [p.id for p in problems]
+    texts = []
+    for e, p in zip(examples, problems):
+        want = tk.builtin_chat_text([{"role": "user", "content": text.render_prompt(p)}], False)
+        assert tok.decode(list(e.prompt)) == want
+        assert e.completion[-1] == tk.special_ids(tok).im_end
+        answer = tok.decode(list(e.completion[:-1]))
+        assert answer.startswith("<answer>\n") and answer.endswith("</answer>")
+        texts.append(answer)
+    # Independent check of the answers: the verifier calls each one valid and optimal.
+    verdict = dynamics.verify(
+        types.to_instances(problems), text.parse_answers(texts, [p.num_agents for p in problems])
+    )
+    assert np.all(verdict.valid) and np.all(verdict.optimal)
+
+
+def test_batches_mask_answer_and_end_of_turn(tok, problems):
+    examples = data.sft_examples(tok, problems)
+    batch = next(data.sft_batches(examples, 8, tk.special_ids(tok).pad, seed=0))
+    b, length = batch.tokens.shape
+    P, T = batch.prompt_len, batch.completion_len
+    assert b == 8 and length == P + T and P % 64 == 0 and T % 16 == 0
+    by_prompt = {e.prompt: e for e in examples}
+    for i in range(b):
+        row, mask = batch.tokens[i], batch.attention_mask[i]
+        prompt = tuple(row[:P][mask[:P]].tolist())
+        e = by_prompt[prompt]
+        n = len(e.completion)
+        assert tuple(row[P : P + n].tolist()) == e.completion
+        assert batch.loss_mask[i].tolist() == [True] * n + [False] * (T - n)
+        assert batch.tokens[i, P + n - 1] == tk.special_ids(tok).im_end
+        assert not mask[P + n :].any()
+    assert not batch.advantages.any() and not batch.old_logprobs.any()
+
+
+def test_batches_are_deterministic_and_resumable(tok, problems):
+    examples = data.sft_examples(tok, problems)
+    pad = tk.special_ids(tok).pad
+
+    def stream(seed, start=0):
+        it = data.sft_batches(examples, 5, pad, seed=seed, epochs=3, start_step=start)
+        return [b.tokens for b in it]
+
+    a, b, c = stream(0), stream(0), stream(1)
+    assert len(a) == 3 * (len(examples) // 5)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert not all(x.shape == y.shape and np.array_equal(x, y) for x, y in zip(a, c))
+    resumed = stream(0, start=6)
+    assert len(resumed) == len(a) - 6
+    assert all(np.array_equal(x, y) for x, y in zip(a[6:], resumed))
+    # Each epoch is a permutation: every example appears at most once per epoch.
+    epoch = [tuple(r.tolist()) for t in a[:4] for r in t]
+    assert len(set(epoch)) == len(epoch)
+
+
+def test_save_load_round_trip_and_errors(tok, problems, tmp_path):
+    examples = data.sft_examples(tok, problems[:5])
+    path = tmp_path / "sft.jsonl"
+    data.save_examples(path, examples)
+    assert data.load_examples(path) == examples
+    path.write_text(path.read_text() + '{"prompt": [1]}\n')
+    with pytest.raises(ValueError, match=r"sft.jsonl:6"):
+        data.load_examples(path)
+    with pytest.raises(ValueError, match="batch_size=50"):
+        next(data.sft_batches(examples, 50, 0))
+
+
+def test_length_grouping_cuts_padding():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(100, 300, size=640)
+
+    def padding(window):
+        rows = data.epoch_order(lengths, 16, seed=1, epoch=0, window=window)
+        assert sorted(rows.ravel().tolist()) == sorted(set(rows.ravel().tolist()))
+        assert rows.shape == (40, 16)
+        return np.mean([lengths[r].max() - lengths[r].mean() for r in rows])
+
+    assert padding(16) < 0.5 * padding(1)

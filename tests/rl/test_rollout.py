@@ -1,0 +1,171 @@
+"""Rollouts on a tiny random Qwen3: batch layout, masks, old log-probs against a plain forward
+pass, advantages against NumPy, stats, warnings; scoring of known answers; validation."""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from mapfjax.env import oracle, text
+from mapfjax.env.reward import RewardConfig
+from mapfjax.models import tokenizer as tk
+from mapfjax.models.qwen3 import Qwen3, Qwen3Config
+from mapfjax.rl import grpo, rollout
+from tests.models.test_bpe import random_problems
+from tests.rl.test_data import make_tokenizer
+
+G = 4
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    return make_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+@pytest.fixture(scope="module")
+def model(tok):
+    cfg = Qwen3Config(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        rope_theta=1e4,
+        max_position_embeddings=512,
+    )
+    return Qwen3(cfg, dtype=jnp.float32, param_dtype=jnp.float32, rngs=nnx.Rngs(3))
+
+
+@pytest.fixture(scope="module")
+def problems():
+    return random_problems(3, seed=11, sizes=(3, 4))
+
+
+@pytest.fixture(scope="module")
+def result(model, tok, problems):
+    # warn_truncation=0: any truncated row warns (a random model rarely stops in 24 tokens).
+    sampling = rollout.SamplingConfig(max_new_tokens=24, temperature=1.0, warn_truncation=0.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        batch, stats = rollout.rollout(
+            model,
+            tok,
+            problems,
+            G,
+            sampling,
+            RewardConfig(),
+            jax.random.key(0),
+            measure_mismatch=True,
+        )
+    return batch, stats, [str(w.message) for w in caught if w.category is RuntimeWarning]
+
+
+def test_batch_layout_and_masks(result, tok, problems):
+    batch, stats, _ = result
+    ids = tk.special_ids(tok)
+    b = len(problems) * G
+    P, T = batch.prompt_len, batch.completion_len
+    assert batch.tokens.shape == (b, P + T) and T == 24 and P % 64 == 0
+    prompts = tk.encode_chat(tok, [text.render_prompt(p) for p in problems], enable_thinking=False)
+    lengths = batch.loss_mask.sum(1)
+    for i in range(b):
+        row, mask = batch.tokens[i], batch.attention_mask[i]
+        assert row[:P][mask[:P]].tolist() == prompts[i // G]
+        n = int(lengths[i])
+        assert batch.loss_mask[i].tolist() == [True] * n + [False] * (T - n)
+        assert mask[P : P + n].all() and not mask[P + n :].any()
+        completion = row[P : P + n].tolist()
+        stops = [j for j, t in enumerate(completion) if t in (ids.im_end, ids.pad)]
+        # The stop token (end of turn) is the last loss token; a row without one ran out.
+        assert stops in ([], [n - 1])
+        assert (stops == []) == (n == T)
+    assert stats.truncation_rate == pytest.approx(np.mean(lengths == T))
+    assert stats.response_len_max == lengths.max()
+
+
+def test_old_logprobs_match_a_plain_forward_pass(result, model):
+    batch, stats, _ = result
+    logits, _ = model(
+        jnp.asarray(batch.tokens) * batch.attention_mask,
+        batch.positions,
+        jnp.asarray(batch.attention_mask),
+    )
+    P, T = batch.prompt_len, batch.completion_len
+    logp = jax.nn.log_softmax(np.asarray(logits[:, P - 1 : P + T - 1]), axis=-1)
+    ref = np.take_along_axis(np.asarray(logp), batch.tokens[:, P:, None], axis=-1)[..., 0]
+    live = batch.loss_mask
+    np.testing.assert_allclose(batch.old_logprobs[live], ref[live], atol=2e-4)
+    assert not batch.old_logprobs[~live].any()
+    assert stats.logprob_mismatch is not None and stats.logprob_mismatch < 2e-4
+    assert stats.logprob_gap == 0.0  # no top-k / top-p
+
+
+def test_stats_and_advantages_are_consistent(result):
+    batch, stats, _ = result
+    b = batch.tokens.shape[0]
+    assert sum(stats.failures.values()) == b
+    assert stats.valid_rate == pytest.approx(stats.failures["none"] / b)
+    grouped = batch.advantages.reshape(-1, G)
+    np.testing.assert_allclose(grouped.mean(1), 0.0, atol=1e-5)
+    assert set(stats.as_dict()) >= {"reward_mean", "truncation_rate", "fail_parse_error"}
+
+
+def test_score_and_advantages_of_known_answers(problems):
+    p = problems[0]
+    sol = oracle.solve(p)
+    best = text.render_answer(oracle.answer_actions(sol))
+    texts = [best, "no answer here", best.replace("Agent 1", "Agent 7"), best]
+    verdict, rew = rollout.score([p], 4, texts, RewardConfig(optimal_bonus=0.5))
+    np.testing.assert_allclose(rew, [1.5, 0.0, 0.0, 1.5])
+    assert verdict.valid.tolist() == [True, False, False, True]
+    adv = np.asarray(grpo.group_advantages(rew, 4))
+    want = (rew - rew.mean()) / (rew.std() + 1e-6)
+    np.testing.assert_allclose(adv, want, rtol=1e-5)
+
+
+def test_truncation_warns_and_temperature_mismatch_raises(result, model, tok, problems):
+    _, stats, caught = result
+    assert stats.truncation_rate > 0
+    assert len(caught) == 1 and "max_new_tokens=24" in caught[0]
+    with pytest.raises(ValueError, match="temperature"):
+        rollout.rollout(
+            model,
+            tok,
+            problems[:1],
+            2,
+            rollout.SamplingConfig(temperature=1.0),
+            RewardConfig(),
+            jax.random.key(1),
+            grpo_cfg=grpo.GRPOConfig(group_size=2, temperature=0.7),
+        )
+
+
+def test_validate_groups_by_size(model, tok):
+    probs = random_problems(6, seed=4, sizes=(3, 5))
+    v = rollout.validate(model, tok, probs, max_new_tokens=8, batch_size=4)
+    sizes = sorted({p.height for p in probs})
+    assert [c.size for c in v.cells] == sizes
+    assert sum(c.n for c in v.cells) == 6
+    for c in v.cells:
+        assert sum(c.failures.values()) == c.n
+        assert 0.0 <= c.optimal_rate <= c.valid_rate <= 1.0
+    table = v.table().splitlines()
+    assert len(table) == 2 + len(sizes) + 1 and table[-1].startswith("| mean")
+
+
+def test_validation_table_numbers():
+    fails = dict.fromkeys(("none", "parse_error", "hole"), 0)
+    cells = (
+        rollout.SizeResult(3, 2, 10, 0.5, 0.3, fails | {"none": 5, "hole": 5}, 20.0),
+        rollout.SizeResult(4, 2, 10, 0.25, 0.0, fails | {"parse_error": 10}, 20.0),
+    )
+    v = rollout.Validation(cells)
+    assert v.mean_valid == pytest.approx(0.375) and v.mean_optimal == pytest.approx(0.15)
+    table = v.table()
+    assert "| 2 | 3x3 | 10 | 50.0 | 30.0 | 0 | 0 | 5 |" in table
+    assert "| mean | | | 37.5 | 15.0 |" in table
