@@ -175,3 +175,17 @@ def test_initialize_distributed_two_processes():
     for i, (p, (out, err)) in enumerate(zip(procs, outs)):
         assert p.returncode == 0, err[-2000:]
         assert out.split() == ["True", "True", "2", str(i)]
+
+
+@pytest.mark.slow
+def test_memory_plan_script_runs():
+    script = os.path.join(os.path.dirname(__file__), "..", "launch", "memory_plan.py")
+    args = ["--model", "tiny", "--sizes", "2x16", "--meshes", "fsdp4-tp2", "--devices", "8"]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    out = subprocess.run(
+        [sys.executable, script, *args], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = [line for line in out.stdout.splitlines() if "fsdp4-tp2" in line]
+    assert {line.split()[1] for line in lines} >= {"forward", "hidden"}
+    assert all("fits: 16 GB, 80 GB" in line for line in lines)
