@@ -290,13 +290,14 @@ def _path_str(path) -> str:
 
 
 def from_pretrained(
-    path_or_hub_id, dtype=jnp.bfloat16, param_dtype=None, mesh=None, rules="train"
+    path_or_hub_id, dtype=jnp.bfloat16, param_dtype=None, mesh=None, rules="train", **model_kwargs
 ) -> Qwen3:
     """Loads a Hugging Face Qwen3 checkpoint (local dir or hub id) as our `Qwen3`.
 
     param_dtype defaults to `dtype`. With a mesh, each parameter is placed straight onto its
     shards according to `rules` (a name in `parallel.RULES` or a dict); without one, onto the
-    default device. Raises CheckpointError on any mismatch; nothing is loaded partially.
+    default device. model_kwargs go to `Qwen3` (e.g. remat=True, attention_chunk=512).
+    Raises CheckpointError on any mismatch; nothing is loaded partially.
     """
     root = _resolve(path_or_hub_id)
     config, _ = read_config(root)
@@ -319,7 +320,9 @@ def from_pretrained(
         )
 
     abstract = nnx.eval_shape(
-        lambda: Qwen3(config, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(0))
+        lambda: Qwen3(
+            config, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(0), **model_kwargs
+        )
     )
     graphdef, state = nnx.split(abstract)
     if mesh is not None:

@@ -91,7 +91,8 @@ def test_index_sharded_checkpoint(tmp_path):
     path = make_tiny_checkpoint(tmp_path / "ckpt", max_shard_size="40KB")
     assert (path / "model.safetensors.index.json").exists()
     assert not (path / "model.safetensors").exists()
-    model = from_pretrained(path, **F32)
+    model = from_pretrained(path, **F32, remat=True)
+    assert model.remat
     ref = load_reference(path)
     np.testing.assert_array_equal(
         np.asarray(model.layers.mlp.down[...][1]),
