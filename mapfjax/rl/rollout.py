@@ -228,6 +228,9 @@ class Validation:
     """Per-(size, agents) results, sorted by agents then size, and their unweighted mean."""
 
     cells: tuple[SizeResult, ...]
+    # Per instance: {"id", "size", "num_agents", "valid", "optimal", "failure",
+    # "response_tokens", "truncated"} (what the engineer's failure breakdown reads).
+    rows: tuple[dict, ...] = ()
 
     @property
     def mean_valid(self) -> float:
@@ -270,10 +273,11 @@ def validate(
     reward_cfg = reward.RewardConfig() if reward_cfg is None else reward_cfg
     cfg = SamplingConfig(max_new_tokens, 0.0, enable_thinking=enable_thinking)
     problems = list(problems)
-    valid, optimal, failure, length = [], [], [], []
+    valid, optimal, failure, length, finished = [], [], [], [], []
     for i in range(0, len(problems), batch_size):
         chunk = problems[i : i + batch_size]
-        _, _, completions, texts = _sample(model, tokenizer, chunk, 1, cfg, None)
+        _, sampled, completions, texts = _sample(model, tokenizer, chunk, 1, cfg, None)
+        finished += list(np.asarray(sampled.finished)[: len(chunk)])
         verdict, _ = score(chunk, 1, texts, reward_cfg)
         valid += list(np.asarray(verdict.valid))
         optimal += list(np.asarray(verdict.optimal))
@@ -295,7 +299,20 @@ def validate(
                 response_len_mean=float(np.mean([length[j] for j in idx])),
             )
         )
-    return Validation(tuple(out))
+    rows = tuple(
+        {
+            "id": p.id,
+            "size": max(p.height, p.width),
+            "num_agents": p.num_agents,
+            "valid": bool(valid[j]),
+            "optimal": bool(optimal[j]),
+            "failure": types.FAILURES[int(failure[j])],
+            "response_tokens": int(length[j]),
+            "truncated": not bool(finished[j]),
+        }
+        for j, p in enumerate(problems)
+    )
+    return Validation(tuple(out), rows)
 
 
 def validation_report(v: Validation, title: str, notes: Sequence[str] = ()) -> str:
