@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import math
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +24,7 @@ from mapfjax.rl.grpo import GRPOConfig, grpo_loss, masked_mean
 from mapfjax.rl.sft import SFTConfig, sft_loss
 
 Array = jax.Array
+log = logging.getLogger(__name__)
 LossFn = Callable[[nnx.Module, SequenceBatch, Any], tuple[Array, dict[str, Array]]]
 
 
@@ -457,6 +459,7 @@ class Trainer:
         )
         self._logprobs = _jitted_logprobs(self.graphdef)
         self._checkpointers: dict[str, Any] = {}
+        self._warned_rows = False
 
     # ---------------------------------------------------------------- placement
 
@@ -486,6 +489,14 @@ class Trainer:
                 f"Trainer.step: batch of {rows} rows does not divide into "
                 f"OptimConfig.accum_steps={self.optim.accum_steps} micro-batches"
             )
+        shards = 1 if self.mesh is None else self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        if (rows // self.optim.accum_steps) % shards and not self._warned_rows:
+            self._warned_rows = True
+            log.warning(
+                "micro-batches of %d rows do not split over the %d data x fsdp devices: they "
+                "are replicated (slow, memory-hungry); use rows per micro-batch divisible by %d",
+                rows // self.optim.accum_steps, shards, shards,
+            )  # fmt: skip
         batch = self.place_batch(batch)
         if self.ref_params is not None and batch.ref_logprobs is None:
             batch = batch.replace(ref_logprobs=self.reference_logprobs(batch))
@@ -497,6 +508,11 @@ class Trainer:
             skipped=int(self.state.skipped),
             bad_steps=int(self.state.bad_steps),
         )
+        if out["update_skipped"]:
+            log.warning(
+                "step %d: non-finite loss %s / grad_norm %s, update skipped (%d in a row)",
+                out["step"], out["loss"], out["grad_norm"], out["bad_steps"],
+            )  # fmt: skip
         if out["bad_steps"] >= self.optim.max_bad_steps:
             raise RuntimeError(
                 f"Trainer.step: {out['bad_steps']} non-finite updates in a row (loss "
