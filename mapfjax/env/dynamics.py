@@ -165,72 +165,148 @@ def step(instance: Instance, state: EnvState, actions: jnp.ndarray) -> EnvState:
     return jax.tree.map(lambda old, nw: jnp.where(already, old, nw), state, moved_state)
 
 
+# Batched verifier: a while loop over time steps that stops once every plan has failed. Each
+# step is elementwise work on [N, B] arrays with the batch axis last, which XLA's CPU backend
+# vectorises; the loop also keeps XLA from fusing the one transpose of the plans into that work
+# (a fused transpose runs several times slower). A cell is a single integer on a grid padded by
+# a one-cell border with a power-of-two row stride, so a vertex or edge test is one comparison.
+_NUM_CATS = len(_CODES)
+
+
+def _halve(op, x: jnp.ndarray) -> jnp.ndarray:
+    """Reduce the leading axis of x with the elementwise binary `op` by repeated halving.
+
+    (XLA's CPU reduction over a major axis is a scalar loop; this stays vectorised.)
+    """
+    while x.shape[0] > 1:
+        h = x.shape[0] // 2
+        head = op(x[:h], x[h : 2 * h])
+        x = head if x.shape[0] % 2 == 0 else jnp.concatenate([head, x[2 * h :]])
+    return x[0]
+
+
+def _hole_words(holes: jnp.ndarray, shift: int, n_words: int, dtype) -> jnp.ndarray:
+    """holes bool [B, S, S] -> [n_words, B] bitmasks, bit i of word k = cell 16 k + i is a hole.
+
+    Cell (r, c) has index (r+1) * 2^shift + (c+1) (see `_verify_batch`).
+    """
+    b, s, _ = holes.shape
+    stride = 1 << shift
+    grid = jnp.pad(holes, ((0, 0), (1, stride - s - 1), (1, stride - s - 1))).reshape(b, -1)
+    bits = grid[:, : 16 * n_words].reshape(b, n_words, 16).astype(jnp.int32)
+    words = jnp.sum(bits << jnp.arange(16, dtype=jnp.int32), axis=-1).astype(jnp.uint16)
+    return jax.lax.bitcast_convert_type(words, jnp.int16).astype(dtype).T
+
+
 @jax.jit
 def _verify_batch(instances: Instance, plans, ok, horizon) -> Verdict:
     """plans int32 [B, N, T] (WAIT-padded); ok bool [B]; horizon int32 [B].
 
-    No scan: before the first failure, positions are running sums of the moves, so all T
-    steps are checked at once (layout [N, T, B], batch last) and the earliest failing step is
-    selected afterwards.
+    The earliest failure of a plan is the minimum of a key that orders (step, category, agent)
+    lexicographically. Assumes starts inside the map (as `types.validate` guarantees).
     """
     b, n, t_len = plans.shape
     size = instances.holes.shape[-1]
-    actions = jnp.transpose(plans, (1, 2, 0))  # [N, T, B]
-    active = instances.agent_mask.T[:, None, :]  # [N, 1, B]
-    a = jnp.clip(actions, 0, 4)
-    start_r = instances.starts[..., 0].T[:, None, :]  # [N, 1, B]
-    start_c = instances.starts[..., 1].T[:, None, :]
-    r = start_r + jnp.cumsum(jnp.where(active, _DR[a], 0), axis=1)  # [N, T, B] after each step
-    c = start_c + jnp.cumsum(jnp.where(active, _DC[a], 0), axis=1)
-    prev_r = jnp.concatenate([start_r, r[:, :-1]], axis=1)
-    prev_c = jnp.concatenate([start_c, c[:, :-1]], axis=1)
-    holes_flat = instances.holes.reshape(b, size * size)
+    shift = max(4, (size + 1).bit_length())  # row stride 2^shift >= size + 2
+    stride = 1 << shift
+    cells = stride * stride
+    pdt = jnp.int16 if 2 * cells < 2**15 else jnp.int32
+    far = 2**14 if pdt == jnp.int16 else 2**30  # bounds of padded slots: never out of bounds
+    mask = instances.agent_mask  # [B, N]
+    # Padded slots park on distinct cells past the grid: free, and never met by a real agent
+    # before its first failure.
+    park = cells + 1 + jnp.arange(n)[None, :]
 
-    def is_hole(rr, cc):
-        idx = jnp.clip(rr, 0, size - 1) * size + jnp.clip(cc, 0, size - 1)  # [N, T, B]
-        got = jnp.take_along_axis(holes_flat, idx.reshape(n * t_len, b).T, axis=1)
-        return got.T.reshape(n, t_len, b)
+    def cell(rc):
+        return jnp.where(mask, (rc[..., 0] + 1) * stride + rc[..., 1] + 1, park)
 
-    _, _, flags = _step_flags(
-        prev_r, prev_c, actions, active, instances.height, instances.width, is_hole
-    )  # [4, N, T, B]
-    fails = jnp.any(flags, axis=(0, 1))  # [T, B]
-    step_fail = jnp.any(fails, axis=0)  # [B]
-    t_fail = jnp.argmax(fails, axis=0)  # [B]
-    at = jnp.take_along_axis(flags, t_fail[None, None, None, :], axis=2)[:, :, 0]  # [4, N, B]
-    cat = jnp.argmax(jnp.any(at, axis=1), axis=0)  # [B]
-    in_cat = jnp.take_along_axis(at, cat[None, None, :], axis=0)[0]  # [N, B]
-    code = jnp.asarray(_CODES, jnp.int32)[cat]
-    goal_r = instances.goals[..., 0].T[:, None, :]
-    goal_c = instances.goals[..., 1].T[:, None, :]
-    all_r = jnp.concatenate([start_r, r], axis=1)  # [N, T+1, B]
-    all_c = jnp.concatenate([start_c, c], axis=1)
-    off = active & ((all_r != goal_r) | (all_c != goal_c))  # [N, T+1, B]
-    off_final = off[:, -1]  # [N, B]
-    goal_fail = ~step_fail & jnp.any(off_final, axis=0)
+    setup = jnp.stack(
+        [
+            cell(instances.starts),
+            cell(instances.goals),
+            jnp.where(mask, instances.height[:, None], far),
+            jnp.where(mask, instances.width[:, None], far),
+        ]
+    ).astype(pdt)
+    start, goal, height, width = jnp.transpose(setup, (0, 2, 1))  # each [N, B]
+    n_words = -(-((size + 1) * stride + size + 2) // 16)
+    words = _hole_words(instances.holes, shift, n_words, pdt)  # [K, B]
+
+    # An invalid action code jumps a whole grid ahead: out of bounds from any cell.
+    move = jnp.full(plans.shape, cells, pdt)
+    for code, delta in enumerate((0, -stride, stride, -1, 1)):
+        move = jnp.where(plans == code, pdt(delta), move)
+    move = jnp.where(mask[..., None], move, 0)
+    move = jnp.transpose(move if t_len else jnp.zeros((b, n, 1), pdt), (2, 1, 0))  # [T, N, B]
+
+    bits = max(1, (n - 1).bit_length())
+    span = _NUM_CATS << bits  # key = step * span + category * 2^bits + agent
+    kdt = jnp.int16 if (t_len + 1) * span < 2**15 else jnp.int32
+    none = kdt(t_len * span)
+
+    def step_code(new, old):  # [N, B] cells after / before the step -> [B] smallest code
+        row, col = new >> shift, new & (stride - 1)
+        oob = (row < 1) | (row > height) | (col < 1) | (col > width)
+        word = jnp.zeros_like(new)
+        for k in range(n_words):
+            word = jnp.where(new >> 4 == k, words[k], word)
+        hole = (word >> (new & 15)) & 1 == 1
+        checks = [(i, oob[i]) for i in range(n)]
+        checks += [((1 << bits) + i, hole[i]) for i in range(n)]
+        pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
+        checks += [((2 << bits) + i, new[i] == new[j]) for i, j in pairs]
+        # no "i moved" test: a swap without moving is also a vertex conflict, which wins
+        checks += [((3 << bits) + i, (new[i] == old[j]) & (new[j] == old[i])) for i, j in pairs]
+        code = jnp.full((b,), none, kdt)
+        for k, flag in reversed(checks):
+            code = jnp.where(flag, kdt(k), code)
+        return code
+
+    def body(carry):
+        t, pos, key, cost = carry
+        new = pos + jax.lax.dynamic_index_in_dim(move, t, keepdims=False)
+        code = step_code(new, pos)
+        key = jnp.minimum(key, jnp.where(code < none, (t * span).astype(kdt) + code, none))
+        # cost = first time from which the agent stays on its goal = 1 + last time off it
+        cost = jnp.where(new != goal, (t + 2).astype(kdt), cost)
+        return t + 1, new, key, cost
+
+    def cond(carry):
+        t, _, key, _ = carry
+        return (t < t_len) & jnp.any(key == none)
+
+    init = (jnp.int32(0), start, jnp.full((b,), none, kdt), (start != goal).astype(kdt))
+    _, pos, key, cost = jax.lax.while_loop(cond, body, init)
+    # An early exit leaves pos and cost stale, but only when every plan has already failed.
+    step_fail = key < none
+    agent = (key % (1 << bits)).astype(jnp.int32)
+    cat = (key // (1 << bits)) % _NUM_CATS
+    first_off = jnp.full((b,), n, jnp.int32)
+    for i in reversed(range(n)):
+        first_off = jnp.where(pos[i] != goal[i], i, first_off)
+    goal_fail = ~step_fail & (first_off < n)
     failure = jnp.where(
         ~ok,
         types.PARSE_ERROR,
-        jnp.where(step_fail, code, jnp.where(goal_fail, types.GOAL_NOT_REACHED, 0)),
+        jnp.where(
+            step_fail,
+            jnp.asarray(_CODES, jnp.int32)[cat],
+            jnp.where(goal_fail, types.GOAL_NOT_REACHED, types.NO_FAILURE),
+        ),
     ).astype(jnp.int32)
     valid = failure == types.NO_FAILURE
-    # cost = first time from which the agent stays on its goal = 1 + last time it is off it.
-    times = jnp.arange(t_len + 1)[None, :, None]
-    costs = jnp.max(jnp.where(off, times + 1, 0), axis=1)  # [N, B]
     labelled = instances.optimal_soc >= 0
-    soc = jnp.where(valid, costs.sum(0), -1).astype(jnp.int32)
+    cost = cost.astype(jnp.int32)
+    soc = jnp.where(valid, _halve(jnp.add, cost), -1)
+    t_fail = (key // span).astype(jnp.int32) + 1
     return Verdict(
         valid=valid,
         optimal=valid & labelled & (soc == instances.optimal_soc),
         failure=failure,
-        failure_time=jnp.where(~ok | valid, -1, jnp.where(step_fail, t_fail + 1, horizon)).astype(
-            jnp.int32
-        ),
-        failure_agent=jnp.where(
-            ~ok | valid, -1, jnp.where(step_fail, _first(in_cat, 0), _first(off_final, 0))
-        ).astype(jnp.int32),
+        failure_time=jnp.where(~ok | valid, -1, jnp.where(step_fail, t_fail, horizon)),
+        failure_agent=jnp.where(~ok | valid, -1, jnp.where(step_fail, agent, first_off)),
         soc=soc,
-        makespan=jnp.where(valid, costs.max(0), -1).astype(jnp.int32),
+        makespan=jnp.where(valid, _halve(jnp.maximum, cost), -1),
         labelled=labelled,
     )
 
@@ -256,21 +332,30 @@ def verify(
         ok = plans.ok if ok is None else ok
         lengths = plans.lengths if lengths is None else lengths
         plans = plans.plans
-    plans = jnp.asarray(plans, jnp.int32)
+    plans = _as_array(plans, np.int32)
     b, n_slots = instances.agent_mask.shape
     if plans.ndim != 3 or plans.shape[0] != b or plans.shape[1] > n_slots:
         raise ValueError(
             f"plans must have shape [B={b}, n<={n_slots}, T], got {tuple(plans.shape)}"
         )
     if plans.shape[1] < n_slots:
-        pad = n_slots - plans.shape[1]
-        plans = jnp.pad(plans, ((0, 0), (0, pad), (0, 0)), constant_values=types.WAIT)
-    ok = jnp.ones(b, bool) if ok is None else jnp.asarray(ok, bool)
-    if lengths is None:
-        horizon = jnp.full(b, plans.shape[2], jnp.int32)
+        pad = ((0, 0), (0, n_slots - plans.shape[1]), (0, 0))
+        xp = jnp if isinstance(plans, jax.Array) else np
+        plans = xp.pad(plans, pad, constant_values=types.WAIT)
+    ok = np.ones(b, bool) if ok is None else _as_array(ok, np.bool_)
+    if lengths is None or np.shape(lengths)[-1] == 0:
+        horizon = np.full(b, plans.shape[2], np.int32)
     else:
-        horizon = jnp.asarray(lengths, jnp.int32).max(axis=-1)
+        horizon = _as_array(lengths, np.int32).max(axis=-1)
     return _verify_batch(instances, plans, ok, horizon)
+
+
+def _as_array(x, dtype):
+    """x as a NumPy or jax array of `dtype`; host data stays on the host until the jitted call
+    (each eager jnp op on it would be one more dispatch)."""
+    if isinstance(x, jax.Array):
+        return x if x.dtype == dtype else x.astype(dtype)
+    return np.asarray(x, dtype)
 
 
 def verdict_rows(verdict: Verdict) -> list[dict]:
