@@ -165,12 +165,15 @@ def step(instance: Instance, state: EnvState, actions: jnp.ndarray) -> EnvState:
     return jax.tree.map(lambda old, nw: jnp.where(already, old, nw), state, moved_state)
 
 
-# Batched verifier: a while loop over time steps that stops once every plan has failed. Each
+# Batched verifier: while loops over time steps that stop once every plan has failed. Each
 # step is elementwise work on [N, B] arrays with the batch axis last, which XLA's CPU backend
-# vectorises; the loop also keeps XLA from fusing the one transpose of the plans into that work
-# (a fused transpose runs several times slower). A cell is a single integer on a grid padded by
-# a one-cell border with a power-of-two row stride, so a vertex or edge test is one comparison.
+# vectorises. The plans are transposed to that layout _CHUNK steps at a time, so plans that fail
+# early are never transposed in full, and the inner loop keeps XLA from fusing the transpose
+# into the step (a fused transpose runs several times slower). A cell is a single integer on a
+# grid padded by a one-cell border with a power-of-two row stride, so a vertex or edge test is
+# one comparison.
 _NUM_CATS = len(_CODES)
+_CHUNK = 8
 
 
 def _halve(op, x: jnp.ndarray) -> jnp.ndarray:
@@ -237,7 +240,9 @@ def _verify_batch(instances: Instance, plans, ok, horizon) -> Verdict:
     for code, delta in enumerate((0, -stride, stride, -1, 1)):
         move = jnp.where(plans == code, pdt(delta), move)
     move = jnp.where(mask[..., None], move, 0)
-    move = jnp.transpose(move if t_len else jnp.zeros((b, n, 1), pdt), (2, 1, 0))  # [T, N, B]
+    n_chunks = max(1, -(-t_len // _CHUNK))
+    move = jnp.pad(move, ((0, 0), (0, 0), (0, n_chunks * _CHUNK - t_len)))
+    move = move.reshape(b, n, n_chunks, _CHUNK)
 
     bits = max(1, (n - 1).bit_length())
     span = _NUM_CATS << bits  # key = step * span + category * 2^bits + agent
@@ -249,8 +254,8 @@ def _verify_batch(instances: Instance, plans, ok, horizon) -> Verdict:
         oob = (row < 1) | (row > height) | (col < 1) | (col > width)
         word = jnp.zeros_like(new)
         for k in range(n_words):
-            word = jnp.where(new >> 4 == k, words[k], word)
-        hole = (word >> (new & 15)) & 1 == 1
+            word = jnp.where((new >> 4) == k, words[k], word)
+        hole = ((word >> (new & 15)) & 1) == 1
         checks = [(i, oob[i]) for i in range(n)]
         checks += [((1 << bits) + i, hole[i]) for i in range(n)]
         pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
@@ -262,21 +267,31 @@ def _verify_batch(instances: Instance, plans, ok, horizon) -> Verdict:
             code = jnp.where(flag, kdt(k), code)
         return code
 
-    def body(carry):
-        t, pos, key, cost = carry
-        new = pos + jax.lax.dynamic_index_in_dim(move, t, keepdims=False)
+    def alive(t, key):
+        return (t < t_len) & jnp.any(key == none)
+
+    def step(carry):  # time step t -> t + 1
+        t, pos, key, cost, chunk = carry
+        new = pos + jax.lax.dynamic_index_in_dim(chunk, t % _CHUNK, keepdims=False)
         code = step_code(new, pos)
         key = jnp.minimum(key, jnp.where(code < none, (t * span).astype(kdt) + code, none))
         # cost = first time from which the agent stays on its goal = 1 + last time off it
         cost = jnp.where(new != goal, (t + 2).astype(kdt), cost)
-        return t + 1, new, key, cost
+        return t + 1, new, key, cost, chunk
 
-    def cond(carry):
-        t, _, key, _ = carry
-        return (t < t_len) & jnp.any(key == none)
+    def run_chunk(carry):  # steps j * _CHUNK ... (j + 1) * _CHUNK - 1
+        j, t, pos, key, cost = carry
+        chunk = jax.lax.dynamic_index_in_dim(move, j, axis=2, keepdims=False)
+        chunk = jnp.transpose(chunk, (2, 1, 0))  # [_CHUNK, N, B]
+        end = (j + 1) * _CHUNK
+        t, pos, key, cost, _ = jax.lax.while_loop(
+            lambda c: (c[0] < end) & alive(c[0], c[2]), step, (t, pos, key, cost, chunk)
+        )
+        return j + 1, t, pos, key, cost
 
-    init = (jnp.int32(0), start, jnp.full((b,), none, kdt), (start != goal).astype(kdt))
-    _, pos, key, cost = jax.lax.while_loop(cond, body, init)
+    init = (jnp.int32(0), jnp.int32(0), start, jnp.full((b,), none, kdt))
+    init += ((start != goal).astype(kdt),)
+    _, _, pos, key, cost = jax.lax.while_loop(lambda c: alive(c[1], c[3]), run_chunk, init)
     # An early exit leaves pos and cost stale, but only when every plan has already failed.
     step_fail = key < none
     agent = (key % (1 << bits)).astype(jnp.int32)
