@@ -454,8 +454,10 @@ class Trainer:
         kl = getattr(loss_cfg, "kl_coef", 0.0)
         self.ref_params = jax.tree.map(jnp.copy, self.state.params) if kl and kl > 0 else None
         leaves, treedef = jax.tree.flatten(self.state_shardings)
+        # max_bad_steps is checked on the host: normalised so it does not force a recompile.
+        key_optim = dataclasses.replace(self.optim, max_bad_steps=1)
         self._step = _jitted_step(
-            self.graphdef, self.loss_fn, self.loss_cfg, self.optim, treedef, tuple(leaves)
+            self.graphdef, self.loss_fn, self.loss_cfg, key_optim, treedef, tuple(leaves)
         )
         self._logprobs = _jitted_logprobs(self.graphdef)
         self._checkpointers: dict[str, Any] = {}

@@ -132,7 +132,11 @@ def test_sharded_step_equals_unsharded(loss, mesh_shape):
 
 @pytest.mark.parametrize(
     "loss,aggregation",
-    [("grpo", "token_mean"), ("grpo", "seq_mean_token_mean"), ("sft", None)],
+    [
+        ("grpo", "token_mean"),
+        pytest.param("grpo", "seq_mean_token_mean", marks=pytest.mark.slow),
+        ("sft", None),
+    ],
 )
 def test_accumulation_equals_one_big_batch(loss, aggregation):
     lens = np.asarray(BATCH.loss_mask).sum(1)
