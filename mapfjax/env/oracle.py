@@ -5,9 +5,11 @@ Used to label instances (optimal SOC, makespan, `needs_wait`) and to produce ref
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import functools
 import heapq
+import itertools
 import multiprocessing
 import os
 import time
@@ -305,13 +307,14 @@ def _conflicts(paths) -> list[tuple]:
 
 
 class _Node:
-    __slots__ = ("cost", "paths", "cons", "conflicts")
+    __slots__ = ("cost", "paths", "cons", "conflicts", "choice")
 
     def __init__(self, paths, cons):
         self.paths = paths
         self.cons = cons
         self.cost = sum(len(p) - 1 for p in paths)
         self.conflicts = _conflicts(paths)
+        self.choice = None  # (conflict to split on, CG heuristic), filled when first popped
 
     def cost_of(self, agent: int) -> int:
         return len(self.paths[agent]) - 1
@@ -369,25 +372,38 @@ class _Search:
             hit = self._mdd[key] = (cons, w)  # keep `cons` alive so its id stays unique
         return hit[1]
 
-    def choose(self, node: _Node):
-        """Cardinal > semi-cardinal > non-cardinal; earliest first within a class."""
-        best, best_rank = None, 3
+    def classify(self, node: _Node) -> tuple[tuple, int]:
+        """The conflict to split on (cardinal > semi-cardinal > non-cardinal, earliest first)
+        and the CG heuristic (Felner et al. 2018): a minimum vertex cover of the graph of agent
+        pairs with a cardinal conflict, since each such pair must raise one agent's cost."""
+        best, best_rank, cardinal = None, 3, set()
         for cf in sorted(node.conflicts):
             t, i, j, kind = cf[:4]
+            if (i, j) in cardinal:
+                continue
             rank = 2
             for agent in (i, j):
-                cost = len(node.paths[agent]) - 1
+                cost = node.cost_of(agent)
                 if t > cost:  # sitting on its goal: forbidding that raises its cost
                     rank -= 1
                     continue
                 w = self.widths(agent, node.cons[agent], cost)
                 if w[t] == 1 and (kind == 0 or w[t - 1] == 1):
                     rank -= 1
+            if rank == 0:
+                cardinal.add((i, j))
             if rank < best_rank:
                 best, best_rank = cf, rank
-                if rank == 0:
-                    break
-        return best
+        return best, _min_cover(cardinal, len(node.paths))
+
+
+def _min_cover(edges: set, k: int) -> int:
+    """Size of a minimum vertex cover of a graph on k <= ~8 agents (brute force)."""
+    for size in range(k + 1):
+        for cover in itertools.combinations(range(k), size):
+            if all(i in cover or j in cover for i, j in edges):
+                return size
+    return k
 
 
 def _pair_table(m: _Map, ga: int, gb: int) -> list[int]:
@@ -571,7 +587,7 @@ def solve(problem: Problem, max_nodes: int = 20_000, time_limit: float = 10.0) -
     for a in range(len(starts)):
         paths[a] = search.plan(a, cons[a], paths)
     root = _Node(tuple(paths), cons)
-    heap = [(root.cost, len(root.conflicts), 0, root)]
+    heap = [(root.cost, len(root.conflicts), 0, root)]  # (lower bound, conflicts, -seq, node)
     seq, nodes, checkpoint, joint = 0, 0, _JOINT_AFTER, None
     while heap:
         if nodes >= max_nodes or time.perf_counter() > deadline:
@@ -585,11 +601,17 @@ def solve(problem: Problem, max_nodes: int = 20_000, time_limit: float = 10.0) -
             if r is not None:
                 return done(*r, nodes, "joint")
             checkpoint *= 2
-        node = heapq.heappop(heap)[3]
+        bound, _, _, node = heapq.heappop(heap)
+        if node.conflicts and node.choice is None:
+            node.choice = search.classify(node)
+            if node.cost + node.choice[1] > bound:  # better bound: requeue behind cheaper nodes
+                seq += 1
+                heapq.heappush(heap, (node.cost + node.choice[1], len(node.conflicts), -seq, node))
+                continue
         nodes += 1
         if not node.conflicts:
             return done(OPTIMAL, node.paths, nodes, "cbs")
-        cf = search.choose(node)
+        cf = node.choice[0]
         t, i, j, kind, cell = cf[:5]
         # A target conflict: someone stands on the goal of an agent that settled there by t.
         settled = [x for x in (i, j) if kind == 0 and cell == goals[x] and t >= node.cost_of(x)]
@@ -611,9 +633,9 @@ def solve(problem: Problem, max_nodes: int = 20_000, time_limit: float = 10.0) -
             if ch.cost == node.cost and len(ch.conflicts) < len(node.conflicts):
                 children = [_Node(ch.paths, node.cons)]
                 break
-        for ch in children:
+        for ch in children:  # a child's bound is at least its parent's
             seq += 1
-            heapq.heappush(heap, (ch.cost, len(ch.conflicts), -seq, ch))
+            heapq.heappush(heap, (max(bound, ch.cost), len(ch.conflicts), -seq, ch))
     return done(UNSOLVABLE, None, nodes, "cbs")
 
 
@@ -637,6 +659,28 @@ def _finish(m: _Map, t0: float, status: str, cell_paths, nodes: int, method: str
     )
 
 
+_POOL: dict = {}  # processes -> the live worker pool, reused across calls
+
+
+def _pool(processes: int):
+    """A spawned worker pool kept for later calls: starting one costs seconds, because each
+    worker imports JAX through the package. Spawned, never forked: the parent may already
+    run JAX's threads, which do not survive a fork."""
+    pool = _POOL.get(processes)
+    if pool is None:
+        _drop_pools()
+        pool = _POOL[processes] = multiprocessing.get_context("spawn").Pool(processes)
+        atexit.register(_drop_pools)  # before interpreter teardown, which breaks Pool.__del__
+    return pool
+
+
+def _drop_pools() -> None:
+    for pool in _POOL.values():
+        pool.terminate()
+    _POOL.clear()
+    atexit.unregister(_drop_pools)
+
+
 def solve_many(
     problems: Sequence[Problem],
     max_nodes: int = 20_000,
@@ -644,41 +688,32 @@ def solve_many(
     processes: int | None = None,
     progress: bool = False,
 ) -> list[Solution]:
-    """`solve` over many problems, in order; a process pool unless processes == 1.
+    """`solve` over many problems, results in order; a process pool unless processes == 1.
 
-    processes=None uses os.cpu_count(). Workers are spawned (never forked): the parent may
-    hold JAX's threads, which do not survive a fork.
+    processes=None uses os.cpu_count(). The pool outlives the call (see `_pool`); scripts that
+    call this need the usual `if __name__ == "__main__":` guard of spawned multiprocessing.
     """
     problems = list(problems)
     if processes is None:
         processes = os.cpu_count() or 1
-    if processes < 1:
+    if not isinstance(processes, int) or processes < 1:
         raise ValueError(f"solve_many: processes={processes!r}; allowed: None or an int >= 1")
     work = functools.partial(solve, max_nodes=max_nodes, time_limit=time_limit)
-    bar = None
+    if processes == 1 or len(problems) <= 1:
+        results = map(work, problems)
+    else:
+        # Solve times range over four orders of magnitude: small chunks keep workers busy.
+        chunk = max(1, min(16, len(problems) // (processes * 16)))
+        results = _pool(processes).imap(work, problems, chunksize=chunk)
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(problems), desc="oracle", unit="inst")
-    out = []
-    processes = min(processes, max(1, len(problems)))
+        results = tqdm(results, total=len(problems), desc="oracle", unit="inst")
     try:
-        if processes == 1:
-            for p in problems:
-                out.append(work(p))
-                if bar is not None:
-                    bar.update(1)
-        else:
-            chunk = max(1, min(64, len(problems) // (processes * 8)))
-            with multiprocessing.get_context("spawn").Pool(processes) as pool:
-                for sol in pool.imap(work, problems, chunksize=chunk):
-                    out.append(sol)
-                    if bar is not None:
-                        bar.update(1)
-    finally:
-        if bar is not None:
-            bar.close()
-    return out
+        return list(results)
+    except BaseException:  # e.g. KeyboardInterrupt: drop the queued work with the pool
+        _drop_pools()
+        raise
 
 
 def label(problem: Problem, **budget) -> tuple[Problem, Solution]:

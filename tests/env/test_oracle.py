@@ -8,7 +8,7 @@ import itertools
 import random
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from mapfjax.env import oracle
@@ -143,33 +143,89 @@ def compare(p: Problem):
     return sol
 
 
+def cells(p: Problem):
+    """(map, start cells, goal cells) in the oracle's internal cell numbering."""
+    m = oracle._Map(p.grid)
+    return m, tuple(m.cell(s) for s in p.starts), tuple(m.cell(g) for g in p.goals)
+
+
+def tiny_sample(seed, n, k, max_h=4, max_w=4):
+    rng = random.Random(seed)
+    out = []
+    while len(out) < n:
+        h, w = rng.randint(1, max_h), rng.randint(2, max_w)
+        p = random_problem(rng, h, w, k, rng.choice([0.0, 0.1, 0.2, 0.3]))
+        if p is not None:
+            out.append(p)
+    return out
+
+
 # ---------------------------------------------------------------- against the brute force
 
 
-@pytest.mark.parametrize("k", [2, 3])
+@pytest.mark.parametrize("k", [2, 3, 4])
 def test_random_tiny_instances_match_brute_force(k):
-    rng = random.Random(1234 + k)
-    statuses = set()
-    waited = 0
-    for _ in range(120 if k == 2 else 50):
-        h, w = rng.randint(2, 4), rng.randint(2, 4 if k == 2 else 3)
-        p = random_problem(rng, h, w, k, rng.choice([0.0, 0.1, 0.2, 0.3]))
-        if p is None:
-            continue
+    n, max_h, max_w = {2: (150, 4, 4), 3: (70, 4, 3), 4: (12, 3, 3)}[k]
+    sample = tiny_sample(1234 + k, n, k, max_h, max_w)
+    statuses, methods, waited = [], set(), 0
+    for p in sample:
         sol = compare(p)
-        statuses.add(sol.status)
+        statuses.append(sol.status)
+        methods.add(sol.method)
         if sol.optimal:
             waited += sol.soc > sum(oracle.shortest_path_lengths(p))
-    # The sample must exercise both outcomes and interacting agents, or it proves little.
-    assert statuses == {"optimal", "unsolvable"}
-    assert waited > 0
+    # The sample must exercise both outcomes, interacting agents and unsolvability proofs
+    # beyond unreachable goals ("pairs"), or it proves little.
+    assert set(statuses) == {"optimal", "unsolvable"}
+    assert waited >= 3 and "pairs" in methods
+
+
+def test_cbs_alone_matches_brute_force(monkeypatch):
+    """CBS without the joint-state search: optimal on every solvable instance."""
+    monkeypatch.setattr(oracle, "_JOINT_AFTER", 10**9)
+    methods = set()
+    for p in tiny_sample(5, 90, 2) + tiny_sample(6, 40, 3, 3, 3):
+        expected = brute_soc(p)
+        if expected is None:
+            continue
+        sol = oracle.solve(p, max_nodes=20_000)
+        assert sol.soc == expected, (p, sol)
+        check_solution(p, sol)
+        methods.add(sol.method)
+    assert methods == {"cbs"}
+
+
+@pytest.mark.parametrize("tables", [False, True])
+def test_joint_search_alone_matches_brute_force(tables):
+    """The joint-state A*, with and without its two-agent cost tables, decides everything."""
+    for p in tiny_sample(9, 50, 2) + tiny_sample(10, 40, 3, 3, 3) + tiny_sample(11, 6, 4, 2, 3):
+        m, s, g = cells(p)
+        if any(m.dist(gg)[ss] >= oracle._INF for ss, gg in zip(s, g)):
+            continue
+        joint = oracle._Joint(m, s, g, pair_tables=tables)
+        status, paths = joint.run(10**7, float("inf"))
+        sol = oracle._finish(m, 0.0, status, paths, 0, "joint")
+        expected = brute_soc(p)
+        if expected is None:
+            assert status == "unsolvable"
+        else:
+            assert sol.soc == expected, (p, sol)
+            check_solution(p, sol)
+
+
+def test_pair_tables_are_exact_two_agent_costs():
+    for p in tiny_sample(12, 40, 2):
+        m, s, g = cells(p)
+        table = oracle._pair_table(m, g[0], g[1])
+        value = table[(s[0] * m.n + s[1]) * 4]
+        expected = brute_soc(p)
+        assert value == (oracle._INF if expected is None else expected), p
 
 
 def test_three_agents_on_4x4_with_holes_match_brute_force():
     rng = random.Random(7)
     for _ in range(6):
-        p = random_problem(rng, 4, 4, 3, 0.25)
-        compare(p)
+        compare(random_problem(rng, 4, 4, 3, 0.25))
 
 
 @st.composite
@@ -177,9 +233,8 @@ def tiny_problems(draw):
     h, w = draw(st.integers(1, 3)), draw(st.integers(2, 4))
     holes = draw(st.lists(st.booleans(), min_size=h * w, max_size=h * w))
     free = [(r, c) for r in range(h) for c in range(w) if not holes[r * w + c]]
-    k = draw(st.integers(1, min(3, len(free)))) if free else 0
-    if k == 0:
-        free, holes, k = [(0, 0)], [False] + holes[1:], 1
+    assume(free)
+    k = draw(st.integers(1, min(3, len(free))))
     starts = draw(st.permutations(free))[:k]
     goals = draw(st.permutations(free))[:k]
     grid = ["".join("H" if holes[r * w + c] else "F" for c in range(w)) for r in range(h)]
@@ -301,8 +356,10 @@ def test_solve_many_matches_in_process_results():
     problems = [random_problem(rng, 5, 5, rng.choice([2, 3]), 0.2) for _ in range(12)]
     one = oracle.solve_many(problems, processes=1)
     two = oracle.solve_many(problems, processes=2, progress=True)
+    again = oracle.solve_many(problems[::-1], processes=2)  # the pool is reused
     strip = [dataclasses.replace(s, seconds=0.0) for s in one]
     assert [dataclasses.replace(s, seconds=0.0) for s in two] == strip
+    assert [dataclasses.replace(s, seconds=0.0) for s in again] == strip[::-1]
     assert [s.soc for s in one] == [oracle.solve(p).soc for p in problems]
     with pytest.raises(ValueError, match="processes"):
         oracle.solve_many(problems, processes=0)
