@@ -211,3 +211,60 @@ def test_reward_function():
     v = dynamics.verify(inst, arr, ok=np.array([True, True, True, False]))
     cfg = reward.RewardConfig(valid_reward=1.0, optimal_bonus=0.5, format_penalty=0.25)
     np.testing.assert_allclose(np.asarray(reward.rewards(v, cfg)), [1.5, 1.0, 0.0, -0.25])
+
+
+def _random_case(rng, side, n, t, codes):
+    """A random problem (side x side, n agents) and n random action lists of length t."""
+    cells = rng.permutation(side * side)
+    holes = set(cells[2 * n : 2 * n + side * side // 5].tolist())
+    grid = [
+        "".join("H" if r * side + c in holes else "F" for c in range(side)) for r in range(side)
+    ]
+    starts = [divmod(int(c), side) for c in cells[:n]]
+    goals = [divmod(int(c), side) for c in cells[n : 2 * n]]
+    # mostly waits so that some plans survive long enough to fail in later chunks of steps
+    plan = np.where(rng.random((n, t)) < 0.7, 0, rng.integers(codes[0], codes[1], (n, t)))
+    return P(grid, starts, goals), plan.astype(np.int32)
+
+
+def test_verify_wide_dtypes_invalid_codes_and_padding_match_simulator():
+    """Paths the hypothesis test does not reach: int32 cells (padding > 62), int32 keys (long
+    plans), more than 8 agent slots, invalid action codes, lengths not a multiple of the
+    transposed chunk, and garbage actions in padded agent slots (which must be ignored)."""
+    rng = np.random.default_rng(0)
+    for side, pad_side, n, slots, t, codes in [
+        (6, 70, 3, 9, 13, (-2, 7)),
+        (4, 10, 2, 5, 300, (0, 5)),
+        (5, 10, 4, 5, 1, (-1, 6)),
+        (3, 10, 1, 2, 21, (0, 5)),
+    ]:
+        cases = [_random_case(rng, side, int(rng.integers(1, n + 1)), t, codes) for _ in range(64)]
+        plans = rng.integers(-3, 9, (len(cases), slots, t)).astype(np.int32)  # garbage slots
+        for b, (p, plan) in enumerate(cases):
+            plans[b, : p.num_agents] = plan
+        inst = types.to_instances([p for p, _ in cases], max_size=pad_side, max_agents=slots)
+        rows = dynamics.verdict_rows(dynamics.verify(inst, plans))
+        kinds = collections.Counter()
+        for (p, plan), row in zip(cases, rows, strict=True):
+            ref = simulate.simulate(p, plan.tolist())
+            keys = ("failure", "failure_time", "failure_agent", "soc", "makespan")
+            assert {k: row[k] for k in keys} == {k: ref[k] for k in keys}, (side, t, p, plan)
+            kinds[ref["failure"]] += 1
+        assert len(kinds) >= 2, kinds  # the cases are not all alike
+
+
+def test_verify_early_exit_keeps_a_late_failure():
+    """All plans but one fail at step 1; the loop must run on for the survivor, whose conflict
+    at step 19 lies in the third chunk of transposed steps."""
+    corridor = P(["F" * 12], [(0, 0), (0, 11)], [(0, 11), (0, 0)])
+    wall = P(["FF"], [(0, 0)], [(0, 1)])
+    late = [[0] * 13 + [4] * 11, [0] * 13 + [3] * 11]  # they meet in the middle
+    probs = [corridor] + [wall] * 7
+    plans = np.zeros((8, 2, 24), np.int32)
+    plans[0] = late
+    plans[1:, 0, 0] = 1  # UP off the map at step 1
+    rows = dynamics.verdict_rows(dynamics.verify(types.to_instances(probs, max_agents=2), plans))
+    ref = simulate.simulate(corridor, late)
+    assert (rows[0]["failure"], rows[0]["failure_time"]) == (ref["failure"], ref["failure_time"])
+    assert ref["failure_time"] > 16 and ref["failure"] in ("vertex_conflict", "edge_conflict")
+    assert all(r["failure"] == "illegal_move" and r["failure_time"] == 1 for r in rows[1:])
