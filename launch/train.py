@@ -1,0 +1,40 @@
+"""The closed training loop: rounds of generate -> GRPO -> validate -> engineer -> project.
+
+    python launch/train.py --config configs/tiny_cpu.py --workdir runs/tiny
+    python launch/train.py --config configs/paper_qwen3_4b.py --workdir gs://... (accelerators)
+
+Rerun the same command after a crash or a kill: it continues where it stopped.
+"""
+
+import logging
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "ml-collections config file")
+_WORKDIR = flags.DEFINE_string("workdir", None, "run directory (created; reused to resume)")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+    del argv
+    from mapfjax import parallel
+
+    parallel.initialize_distributed()  # no-op on one process
+    from mapfjax.engineer import loop
+    from mapfjax.eval import report
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    try:
+        loop.run(_CONFIG.value, _WORKDIR.value)
+    except (loop.RunDirError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    path = report.write_report(_WORKDIR.value)
+    print(f"report: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,1 @@
+"""Evaluation on the benchmark and run reports."""

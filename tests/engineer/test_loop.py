@@ -1,0 +1,163 @@
+"""The closed loop end to end on a tiny random MAPF model: artifacts, resume, refusal, report."""
+
+import dataclasses
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import pytest
+
+from mapfjax.env import oracle, text
+from mapfjax.env.types import Problem
+from mapfjax.models import bpe, hf
+from mapfjax.models.qwen3 import Qwen3, Qwen3Config
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "configs"))
+import tiny_cpu  # noqa: E402
+
+
+def _problems():
+    grids = [("FFF", "FHF", "FFF"), ("FFFF", "FFHF", "FFFF", "HFFF"), ("FFF", "FFF", "FFF")]
+    out = []
+    for i, g in enumerate(grids):
+        n = len(g)
+        p = Problem(f"p{i}", g, ((0, 0), (n - 1, n - 1)), ((n - 1, n - 1 - 1), (0, 1)))
+        out.append(p)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    """A random Qwen3 of ~100k parameters with a BPE trained on MAPF text, in HF format."""
+    root = tmp_path_factory.mktemp("tinymodel")
+    probs = _problems()
+    answers = [oracle.answer_actions(oracle.solve(p)) for p in probs]
+    texts = bpe.corpus(probs, answers) + [text.render_answer(a) for a in answers]
+    tok_dir = bpe.train_tokenizer(texts * 4, 320, root / "tok")
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(str(tok_dir))
+    vocab = len(tok)
+    cfg = dataclasses.replace(
+        Qwen3Config(
+            vocab_size=-(-vocab // 64) * 64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_layers=1,
+            num_heads=2,
+            num_kv_heads=1,
+            head_dim=16,
+            rope_theta=1e4,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=True,
+            max_position_embeddings=2048,
+        )
+    )
+    model = Qwen3(cfg, dtype=jax.numpy.float32, param_dtype=jax.numpy.float32)
+    out = hf.save_pretrained(model, root / "model")
+    tok.save_pretrained(str(out))
+    return out
+
+
+def smoke_config(model_dir):
+    c = tiny_cpu.get_config("smoke")
+    c.model.path = str(model_dir)
+    return c
+
+
+def test_two_rounds_end_to_end(tiny_model_dir, tmp_path):
+    from mapfjax.engineer import loop
+    from mapfjax.eval import report
+
+    work = tmp_path / "run"
+    records = loop.run(smoke_config(tiny_model_dir), work)
+    assert [r.round for r in records] == [0, 1]
+    for n in (0, 1):
+        d = work / f"round_{n}"
+        for name in (
+            "DONE",
+            "config.json",
+            "train_set.jsonl",
+            "metrics.jsonl",
+            "validation.json",
+            "validation.md",
+            "record.json",
+        ):
+            assert (d / name).exists(), (n, name)
+    decision = json.loads((work / "round_0" / "decision.json").read_text())
+    assert decision["engineer"] == "policy"
+    # a random tiny model writes no usable YAML: the likelihood choice among local edits decides
+    assert decision["extra"]["mode"] == "constrained" and not decision["kept_current"]
+    r1 = json.loads((work / "round_1" / "config.json").read_text())
+    assert r1 == decision["config"]
+    assert (work / "round_1" / "model" / "model.safetensors").exists()
+    rows = json.loads((work / "round_0" / "validation.json").read_text())["rows"]
+    assert len(rows) == 2 * 3 and {r["size"] for r in rows} == {3, 4, 5}
+    md = report.write_report(work).read_text()
+    assert "| R0 |" in md and "| R1 |" in md and "After R0 (policy)" in md
+    assert (work / "validation.png").exists() and (work / "configs.png").exists()
+    # rerunning the same command recomputes nothing
+    stamp = (work / "round_1" / "DONE").stat().st_mtime_ns
+    again = loop.run(smoke_config(tiny_model_dir), work)
+    assert [r.to_dict() for r in again] == [r.to_dict() for r in records]
+    assert (work / "round_1" / "DONE").stat().st_mtime_ns == stamp
+
+
+def test_refuses_a_run_dir_of_another_config(tiny_model_dir, tmp_path):
+    from mapfjax.engineer import loop
+
+    work = tmp_path / "run"
+    work.mkdir()
+    c = smoke_config(tiny_model_dir)
+    loop.check_run_dir(work, c)
+    c.train.group_size = 2
+    c.optim.lr = 0.5
+    with pytest.raises(loop.RunDirError) as e:
+        loop.check_run_dir(work, c)
+    assert "train.group_size" in str(e.value) and "optim.lr" in str(e.value)
+
+
+@pytest.mark.slow
+def test_kill_and_resume_gives_the_same_artifacts(tiny_model_dir, tmp_path):
+    """Kill a real training process mid-run, rerun the command: same final artifacts as an
+    uninterrupted run."""
+    args = [
+        sys.executable,
+        str(ROOT / "launch" / "train.py"),
+        f"--config={ROOT / 'configs' / 'tiny_cpu.py'}:smoke",
+        f"--config.model.path={tiny_model_dir}",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    ref = tmp_path / "ref"
+    subprocess.run(
+        [*args, f"--workdir={ref}"], check=True, env=env, capture_output=True, timeout=900
+    )
+    cut = tmp_path / "cut"
+    proc = subprocess.Popen(
+        [*args, f"--workdir={cut}"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.time() + 600
+    while time.time() < deadline and not list(cut.glob("round_0/metrics.jsonl")):
+        time.sleep(0.5)
+    time.sleep(2.0)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (cut / "round_1" / "DONE").exists()
+    subprocess.run(
+        [*args, f"--workdir={cut}"], check=True, env=env, capture_output=True, timeout=900
+    )
+    for n in (0, 1):
+        for name in ("config.json", "record.json"):
+            a = json.loads((ref / f"round_{n}" / name).read_text())
+            b = json.loads((cut / f"round_{n}" / name).read_text())
+            assert a == b, (n, name)
+    assert (
+        json.loads((ref / "round_0" / "decision.json").read_text())["config"]
+        == json.loads((cut / "round_0" / "decision.json").read_text())["config"]
+    )
