@@ -206,19 +206,20 @@ def _verify_batch(instances: Instance, plans, ok, horizon) -> Verdict:
     """plans int32 [B, N, T] (WAIT-padded); ok bool [B]; horizon int32 [B].
 
     The earliest failure of a plan is the minimum of a key that orders (step, category, agent)
-    lexicographically. Assumes starts inside the map (as `types.validate` guarantees).
+    lexicographically. Assumes starts inside the map (as `types.check_problem` ensures).
     """
     b, n, t_len = plans.shape
     size = instances.holes.shape[-1]
     shift = max(4, (size + 1).bit_length())  # row stride 2^shift >= size + 2
     stride = 1 << shift
     cells = stride * stride
-    pdt = jnp.int16 if 2 * cells < 2**15 else jnp.int32
+    # Before its first failure a cell index is < cells; the step that fails may add `cells`.
+    pdt = jnp.int16 if 2 * cells + (n + 2) * stride < 2**15 else jnp.int32
     far = 2**14 if pdt == jnp.int16 else 2**30  # bounds of padded slots: never out of bounds
     mask = instances.agent_mask  # [B, N]
-    # Padded slots park on distinct cells past the grid: free, and never met by a real agent
-    # before its first failure.
-    park = cells + 1 + jnp.arange(n)[None, :]
+    # Padded slots park in column 0 of distinct rows past the grid: free of holes, never out of
+    # (their) bounds, and never met by a real agent before its first failure.
+    park = cells + (1 + jnp.arange(n)[None, :]) * stride + 1
 
     def cell(rc):
         return jnp.where(mask, (rc[..., 0] + 1) * stride + rc[..., 1] + 1, park)

@@ -229,7 +229,7 @@ def _random_case(rng, side, n, t, codes):
 
 def test_verify_wide_dtypes_invalid_codes_and_padding_match_simulator():
     """Paths the hypothesis test does not reach: int32 cells (padding > 62), int32 keys (long
-    plans), more than 8 agent slots, invalid action codes, lengths not a multiple of the
+    plans), more than 8 or 16 agent slots, invalid action codes, lengths not a multiple of the
     transposed chunk, and garbage actions in padded agent slots (which must be ignored)."""
     rng = np.random.default_rng(0)
     for side, pad_side, n, slots, t, codes in [
@@ -237,6 +237,7 @@ def test_verify_wide_dtypes_invalid_codes_and_padding_match_simulator():
         (4, 10, 2, 5, 300, (0, 5)),
         (5, 10, 4, 5, 1, (-1, 6)),
         (3, 10, 1, 2, 21, (0, 5)),
+        (4, 10, 2, 17, 9, (0, 5)),  # more slots than the padded row stride
     ]:
         cases = [_random_case(rng, side, int(rng.integers(1, n + 1)), t, codes) for _ in range(64)]
         plans = rng.integers(-3, 9, (len(cases), slots, t)).astype(np.int32)  # garbage slots
