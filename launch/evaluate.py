@@ -1,0 +1,66 @@
+"""A checkpoint or an API model on the benchmark: answers, verification, tables beside the paper.
+
+    python -m mapfjax.env benchmark --out bench.jsonl
+    python launch/evaluate.py --checkpoint runs/tiny/round_2/model --instances bench.jsonl \
+        --answers_out answers.jsonl --out_dir runs/tiny/eval
+    python launch/evaluate.py --api_model gpt-5.4 --instances bench.jsonl --out_dir eval_gpt
+
+Rerun the same command to continue: answers already in --answers_out are not regenerated.
+"""
+
+import sys
+
+from absl import app, flags
+
+_CKPT = flags.DEFINE_string("checkpoint", None, "Hugging Face Qwen3 checkpoint directory")
+_API = flags.DEFINE_string("api_model", None, "OpenAI-compatible model name (instead of a ckpt)")
+_API_URL = flags.DEFINE_string("api_base_url", "", "endpoint; default $OPENAI_BASE_URL")
+_INSTANCES = flags.DEFINE_string("instances", None, "instance JSONL (labelled)")
+_ANSWERS = flags.DEFINE_string("answers_out", None, 'raw {"id", "text"} JSONL, appended per batch')
+_OUT = flags.DEFINE_string("out_dir", "eval", "where results.{md,csv,png,json} go")
+_TEMP = flags.DEFINE_float("temperature", 0.0, "0 = greedy")
+_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 512, "response budget (checkpoint)")
+_THINK = flags.DEFINE_bool("enable_thinking", False, "Qwen3 thinking mode (checkpoint)")
+_BATCH = flags.DEFINE_integer("batch_size", 32, "problems per generation call")
+_DTYPE = flags.DEFINE_string("dtype", "float32", "checkpoint compute dtype")
+_SEED = flags.DEFINE_integer("seed", 0, "sampling seed when temperature > 0")
+flags.mark_flag_as_required("instances")
+
+
+def main(argv):
+    del argv
+    from mapfjax.env import io
+    from mapfjax.eval import evaluate as ev
+    from mapfjax.eval import paper
+
+    if bool(_CKPT.value) == bool(_API.value):
+        print("error: give exactly one of --checkpoint DIR or --api_model NAME", file=sys.stderr)
+        return 2
+    try:
+        problems = io.load_instances(_INSTANCES.value)
+        if _CKPT.value:
+            import jax
+
+            from mapfjax import parallel
+
+            mesh = parallel.make_mesh({"data": -1}) if jax.device_count() > 1 else None
+            gen = ev.GenerationConfig(_MAX_NEW.value, _TEMP.value, enable_thinking=_THINK.value)
+            gen = ev.dataclasses.replace(gen, seed=_SEED.value)
+            solver = ev.CheckpointSolver(_CKPT.value, gen, _DTYPE.value, mesh)
+            label, family = _CKPT.value, paper.model_family(checkpoint=_CKPT.value)
+        else:
+            solver = ev.ApiSolver(_API.value, _API_URL.value, temperature=_TEMP.value)
+            label, family = _API.value, paper.model_family(api_model=_API.value)
+        paths = ev.evaluate(
+            solver, problems, _OUT.value, label, family, _ANSWERS.value, _BATCH.value
+        )
+    except (ValueError, OSError, ev.ApiUnavailable) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(paths["md"].read_text())
+    print(f"results: {paths['md']} {paths['csv']} {paths['png']}")
+    return 0
+
+
+if __name__ == "__main__":
+    app.run(main)
