@@ -1,0 +1,51 @@
+"""Run the ablation sweep: every run of `launch/train.py` one after another here (finished runs
+skipped), or with --dry_run the list of commands for a cluster; then a summary table.
+
+    python launch/sweep.py --config configs/sweep_ablation.py --workdir runs/sweep --dry_run
+    python launch/sweep.py --config configs/sweep_ablation.py --workdir runs/sweep
+"""
+
+import shlex
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "sweep definition (ml-collections)")
+_WORKDIR = flags.DEFINE_string("workdir", "runs/sweep", "one subdirectory per run")
+_DRY = flags.DEFINE_bool("dry_run", False, "print the commands instead of running them")
+flags.mark_flags_as_required(["config"])
+
+
+def main(argv):
+    del argv
+    import importlib.util
+    import pathlib
+
+    from mapfjax.eval import sweep as sw
+
+    sweep_file = config_flags.get_config_filename(flags.FLAGS["config"])
+    spec = importlib.util.spec_from_file_location("sweep_definition", sweep_file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    workdir = pathlib.Path(_WORKDIR.value).absolute()
+    try:
+        runs = sw.expand(_CONFIG.value, workdir, module.get_config)
+    except ValueError as e:
+        print(f"error: {sweep_file}: {e}", file=sys.stderr)
+        return 2
+    sweep_file = str(pathlib.Path(sweep_file).absolute())
+    if _DRY.value:
+        for argv_ in sw.plan(runs, _CONFIG.value, sweep_file, _CONFIG.value.python):
+            print(shlex.join(argv_))
+        return 0
+    failed = sw.run_local(runs, _CONFIG.value, sweep_file, sys.executable)
+    print(sw.write_summary(runs, workdir).read_text())
+    if failed:
+        print(f"error: {len(failed)} run(s) failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,336 @@
+"""Sweeps: an ml-collections sweep definition (configs/sweep_ablation.py) -> `launch/train.py`
+runs with `--config.*` overrides, run locally one after another (finished runs skipped) or
+printed for a cluster, and a summary table across the runs' records and evaluations."""
+
+from __future__ import annotations
+
+import ast
+import csv
+import dataclasses
+import io as std_io
+import json
+import math
+import pathlib
+import shlex
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import ml_collections
+
+from mapfjax.engineer.context import RoundRecord, mean_valid_rate
+from mapfjax.env import io
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+GROUP_KEYS = ("engineers", "variants", "t_details")
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One training run of the sweep.
+
+    train_arg: the sweep config file's argument that builds the training config.
+    overrides: dotted config key -> value, passed as `--config.<key>=<value>`.
+    rounds: the run's round count (finished = `workdir/round_<rounds-1>/DONE`).
+    """
+
+    name: str
+    engineer: str
+    variant: str
+    t_detail: str
+    seed: int
+    train_arg: str
+    overrides: tuple[tuple[str, Any], ...]
+    workdir: pathlib.Path
+    rounds: int
+
+    @property
+    def finished(self) -> bool:
+        return (self.workdir / f"round_{self.rounds - 1}" / "DONE").exists()
+
+    @property
+    def eval_dir(self) -> pathlib.Path:
+        return self.workdir / "eval"
+
+
+def _flag_value(v: Any) -> str:
+    return str(v) if not isinstance(v, tuple | list) else "(" + ",".join(map(str, v)) + ",)"
+
+
+def train_command(run: Run, sweep_file, python: str = "python") -> list[str]:
+    """argv of `launch/train.py` for one run."""
+    return [
+        python,
+        "launch/train.py",
+        f"--config={sweep_file}:{run.train_arg}",
+        f"--workdir={run.workdir}",
+        *(f"--config.{k}={_flag_value(v)}" for k, v in run.overrides),
+    ]
+
+
+def eval_command(run: Run, ev: ml_collections.ConfigDict, python: str = "python") -> list[str]:
+    """argv of `launch/evaluate.py` on the run's final model."""
+    return [
+        python,
+        "launch/evaluate.py",
+        f"--checkpoint={run.workdir / f'round_{run.rounds - 1}' / 'model'}",
+        f"--instances={ev.instances}",
+        f"--answers_out={run.eval_dir / 'answers.jsonl'}",
+        f"--out_dir={run.eval_dir}",
+        f"--max_new_tokens={ev.max_new_tokens}",
+        f"--batch_size={ev.batch_size}",
+        "--enable_thinking" if ev.enable_thinking else "--noenable_thinking",
+    ]
+
+
+def parse_overrides(spec: str) -> dict[str, Any]:
+    """ "rounds=2,train.epochs=2" -> {"rounds": 2, "train.epochs": 2} (values as Python
+    literals where they parse, else strings)."""
+    out: dict[str, Any] = {}
+    for part in filter(None, (s.strip() for s in spec.split(","))):
+        key, sep, raw = part.partition("=")
+        if not sep or not key:
+            raise ValueError(f"sweep overrides: {part!r} in {spec!r}; expected key=value")
+        try:
+            out[key.strip()] = ast.literal_eval(raw.strip())
+        except (ValueError, SyntaxError):
+            out[key.strip()] = raw.strip()
+    return out
+
+
+def _leaves(d: Mapping, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, Mapping):
+            out.update(_leaves(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def apply_overrides(cfg: ml_collections.ConfigDict, overrides: Mapping[str, Any]):
+    """A copy of `cfg` with dotted keys set; an unknown key raises naming it and the allowed
+    keys at that level (the same check `--config.*` flags make)."""
+    cfg = cfg.copy_and_resolve_references()
+    for key, value in overrides.items():
+        node, parts = cfg, key.split(".")
+        for i, part in enumerate(parts):
+            if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+                allowed = sorted(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
+                where = ".".join(parts[:i]) or "<top>"
+                raise ValueError(
+                    f"override {key!r}: no key {part!r} under {where}; allowed: {allowed}"
+                )
+            if i == len(parts) - 1:
+                node[part] = type(node[part])(value) if isinstance(node[part], tuple) else value
+            else:
+                node = node[part]
+    return cfg
+
+
+def expand(
+    sweep: ml_collections.ConfigDict, workdir, load_config: Callable[[str], Any]
+) -> list[Run]:
+    """The sweep's runs, in group order, each once. `load_config(arg)` returns the sweep file's
+    `get_config(arg)` (the training config of "train,engineer=NAME,...")."""
+    from mapfjax.engineer import context as ctx_lib
+
+    workdir = pathlib.Path(workdir)
+    variants = _load_variants()
+    common = parse_overrides(sweep.overrides)
+    runs: dict[str, Run] = {}
+    for gname, group in sweep.groups.items():
+        missing = [k for k in GROUP_KEYS if k not in group]
+        if missing:
+            raise ValueError(f"sweep group {gname!r}: missing {missing}; required: {GROUP_KEYS}")
+        for engineer in group.engineers:
+            arg = f"train,engineer={engineer},base={sweep.train_config}"
+            arg += f",base_arg={sweep.train_arg}" if sweep.train_arg else ""
+            base = load_config(arg)
+            for variant in group.variants:
+                if variant not in variants.VARIANTS:
+                    raise ValueError(
+                        f"sweep group {gname!r}: variant {variant!r}; allowed: "
+                        f"{sorted(variants.VARIANTS)}"
+                    )
+                for detail in group.t_details:
+                    if detail not in ctx_lib.T_DETAILS:
+                        raise ValueError(
+                            f"sweep group {gname!r}: t_detail {detail!r}; "
+                            f"allowed: {list(ctx_lib.T_DETAILS)}"
+                        )
+                    for seed in sweep.seeds:
+                        run = _make_run(
+                            base,
+                            arg,
+                            engineer,
+                            variant,
+                            detail,
+                            int(seed),
+                            common,
+                            workdir,
+                            variants,
+                        )
+                        runs.setdefault(run.name, run)
+    return list(runs.values())
+
+
+def _load_variants():
+    import importlib.util
+
+    path = ROOT / "configs" / "engineer" / "variants.py"
+    spec = importlib.util.spec_from_file_location("sweep_variants", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _make_run(base, arg, engineer, variant, detail, seed, common, workdir, variants) -> Run:
+    fixed = engineer == "fixed"  # the baseline never reads its context: one run per seed
+    want: dict[str, Any] = {}
+    if not fixed:
+        modules = variants.get_config(variant).modules.to_dict()
+        modules["T"]["detail"] = detail
+        want["engineer.variant"] = variant
+        have = _leaves(base.engineer.modules.to_dict(), "engineer.modules.")
+        for k, v in _leaves(modules, "engineer.modules.").items():
+            if have.get(k) != v:
+                want[k] = v
+    want["seed"] = seed
+    want.update(common)
+    cfg = apply_overrides(base, want)
+    name = f"fixed_s{seed}" if fixed else f"{engineer}_{variant}_T{detail}_s{seed}"
+    return Run(
+        name=name,
+        engineer=engineer,
+        variant="-" if fixed else variant,
+        t_detail="-" if fixed else detail,
+        seed=seed,
+        train_arg=arg,
+        overrides=tuple(want.items()),
+        workdir=workdir / name,
+        rounds=int(cfg.rounds),
+    )
+
+
+def plan(runs: Sequence[Run], sweep, sweep_file, python: str = "python") -> list[list[str]]:
+    """The commands still to run, in order (training, then evaluation when configured); a
+    finished run's training and a finished evaluation are left out. Run them from the
+    repository root."""
+    out = []
+    for run in runs:
+        if not run.finished:
+            out.append(train_command(run, sweep_file, python))
+        if sweep.evaluate.instances and not (run.eval_dir / "results.json").exists():
+            out.append(eval_command(run, sweep.evaluate, python))
+    return out
+
+
+def run_local(
+    runs: Sequence[Run],
+    sweep,
+    sweep_file,
+    python: str,
+    execute: Callable[[list[str]], int] | None = None,
+    log: Callable[[str], None] = print,
+) -> list[str]:
+    """Run the sweep here, one command after another, skipping finished training runs and
+    finished evaluations; returns the names of runs whose commands failed (others go on)."""
+    execute = execute or (lambda argv: subprocess.run(argv, cwd=ROOT, check=False).returncode)
+    failed = []
+    for i, run in enumerate(runs, 1):
+        head = f"[{i}/{len(runs)}] {run.name}"
+        if run.finished:
+            log(f"{head}: finished, skipped")
+        else:
+            argv = train_command(run, sweep_file, python)
+            log(f"{head}: {shlex.join(argv)}")
+            if execute(argv) != 0 or not run.finished:
+                log(f"{head}: training failed or stopped early")
+                failed.append(run.name)
+                continue
+        if sweep.evaluate.instances and not (run.eval_dir / "results.json").exists():
+            argv = eval_command(run, sweep.evaluate, python)
+            log(f"{head}: {shlex.join(argv)}")
+            if execute(argv) != 0:
+                log(f"{head}: evaluation failed")
+                failed.append(run.name)
+    return failed
+
+
+def _mean_optimal_rate(breakdown: Mapping[str, Mapping[str, Any]]) -> float:
+    rates = [e["optimal"] / e["n"] for e in breakdown.values() if e["n"]]
+    return sum(rates) / len(rates) if rates else math.nan
+
+
+def run_summary(run: Run) -> dict[str, Any]:
+    """One row: the run's last finished round's mean valid/optimal over sizes (validation set)
+    and, when present, its benchmark means per agent count (eval/results.json)."""
+    row: dict[str, Any] = {
+        "run": run.name,
+        "engineer": run.engineer,
+        "variant": run.variant,
+        "t_detail": run.t_detail,
+        "seed": run.seed,
+        "rounds_done": 0,
+        "valid": math.nan,
+        "optimal": math.nan,
+    }
+    done = sorted(
+        int(d.name.split("_")[1])
+        for d in run.workdir.glob("round_*")
+        if d.name.split("_")[1].isdigit() and (d / "record.json").exists()
+    )
+    if done:
+        path = run.workdir / f"round_{done[-1]}" / "record.json"
+        try:
+            record = RoundRecord.from_dict(json.loads(path.read_text()))
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{path}: not a round record ({e})") from e
+        row.update(
+            rounds_done=done[-1] + 1,
+            valid=100 * mean_valid_rate(record.validation),
+            optimal=100 * _mean_optimal_rate(record.validation),
+        )
+    results = run.eval_dir / "results.json"
+    if results.exists():
+        try:
+            means = json.loads(results.read_text())["means"]["all"]
+        except (OSError, ValueError, KeyError) as e:
+            raise ValueError(f"{results}: field 'means.all' unreadable ({e!r})") from e
+        for k, (v, o) in means.items():
+            row[f"bench_{k}ag_valid"], row[f"bench_{k}ag_optimal"] = v, o
+    return row
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, float):
+        return "-" if math.isnan(v) else f"{v:.1f}"
+    return str(v)
+
+
+def summary_tables(rows: Sequence[dict]) -> tuple[str, str]:
+    """(markdown, CSV) of the run rows; columns are the union of the rows' keys."""
+    cols: list[str] = []
+    for r in rows:
+        cols += [k for k in r if k not in cols]
+    md = ["| " + " | ".join(cols) + " |", "|---" * len(cols) + "|"]
+    md += ["| " + " | ".join(_cell(r.get(c, "")) for c in cols) + " |" for r in rows]
+    buf = std_io.StringIO()
+    w = csv.DictWriter(buf, cols, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    return "\n".join(md) + "\n", buf.getvalue()
+
+
+def write_summary(runs: Sequence[Run], workdir) -> pathlib.Path:
+    """`workdir/summary.md` and `summary.csv` across the runs; returns the markdown path."""
+    workdir = pathlib.Path(workdir)
+    md, table_csv = summary_tables([run_summary(r) for r in runs])
+    head = (
+        "# Sweep summary\n\nvalid / optimal: mean % over map sizes on the run's validation set "
+        "after its last finished round; bench_*: benchmark means per agent count.\n\n"
+    )
+    io.atomic_write(workdir / "summary.md", head + md)
+    io.atomic_write(workdir / "summary.csv", table_csv)
+    return workdir / "summary.md"
