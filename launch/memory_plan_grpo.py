@@ -19,6 +19,8 @@ ARGS.add_argument("--group", type=int, default=8)
 ARGS.add_argument("--prompt-len", type=int, default=512)
 ARGS.add_argument("--response-len", type=int, default=4096)
 ARGS.add_argument("--accum", default="8", help="micro-batches per update, comma list")
+# Qwen3 attends in query blocks only when the block divides the sequence (512 + 4096 = 9 x 512).
+ARGS.add_argument("--attention-chunk", type=int, default=512)
 ARGS.add_argument("--param-dtype", default="bfloat16", help="bfloat16 or float32 (master)")
 OPTS = ARGS.parse_args()
 # Must precede the first jax import: the fake device count is read once at start-up.
@@ -43,7 +45,8 @@ def main():
     loss_cfg = GRPOConfig(group_size=OPTS.group, max_response_tokens=OPTS.response_len)
     print(
         f"{OPTS.model} GRPO step, {rows} rows x ({OPTS.prompt_len} + {OPTS.response_len}) tokens,"
-        f" bf16 activations, {pdt.name} params + Adam moments, remat; GiB per device"
+        f" bf16 activations, {pdt.name} params + Adam moments, remat, attention blocks of "
+        f"{OPTS.attention_chunk}; GiB per device"
     )
     for spec in OPTS.meshes.split(","):
         shape = {m[1]: int(m[2]) for m in (re.fullmatch(r"(\D+)(\d+)", p) for p in spec.split("-"))}
@@ -51,7 +54,13 @@ def main():
         for accum in (int(a) for a in OPTS.accum.split(",")):
             optim = OptimConfig(lr=1e-6, accum_steps=accum, remat=True)
             lowered = lower_train_step(
-                lambda: Qwen3(cfg, dtype=jnp.bfloat16, param_dtype=pdt, remat=True),
+                lambda: Qwen3(
+                    cfg,
+                    dtype=jnp.bfloat16,
+                    param_dtype=pdt,
+                    remat=True,
+                    attention_chunk=OPTS.attention_chunk,
+                ),
                 optim,
                 "grpo",
                 loss_cfg,
