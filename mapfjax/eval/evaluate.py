@@ -326,6 +326,7 @@ def results_markdown(sums: dict, label: str, family, full: bool, api_errors: int
         parts += [f"## Paper's numbers for {family} (PAPER.md section 5; {note})", ""]
         parts += [comparison_table(_means(sums["all"]), label, family), ""]
         if family == "qwen3-4b":
+            parts += ["Per map size, 3 agents, beside the paper's method (V6):", ""]
             parts += [_per_size_paper_row(sums["all"]), ""]
     for name, s in sums.items():
         if name == "all":

@@ -18,6 +18,8 @@ SWEEP_FILE = str(ROOT / "configs" / "sweep_ablation.py")
 sys.path.insert(0, str(ROOT / "configs"))
 import sweep_ablation  # noqa: E402
 
+from tests.engineer.test_loop import tiny_model_dir  # noqa: E402, F401  (a shared fixture)
+
 variants = sweep_ablation._load("configs/engineer/variants.py")
 
 
@@ -167,3 +169,27 @@ def test_launch_sweep_dry_run(tmp_path):
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("python launch/train.py")]
     assert len(lines) == 9
     assert any(f"--workdir={tmp_path}/fixed_s3 --config.seed=3" in ln for ln in lines)
+
+
+@pytest.mark.slow
+def test_local_sweep_end_to_end(tiny_model_dir, tmp_path):  # noqa: F811
+    """The fixed baseline for real: train.py accepts the generated command, evaluate.py scores
+    the final model, a second pass skips everything, and the summary has both parts."""
+    from mapfjax.env import benchmark, io
+
+    spec = benchmark.BenchmarkSpec(agents=(3,), sizes=(3,), wait_ratios=(0.25,), per_cell=2)
+    io.save_instances(tmp_path / "bench.jsonl", benchmark.build(spec, progress=False)[0])
+    sweep = _sweep(train_arg="smoke", overrides=f"model.path={tiny_model_dir}")
+    sweep.groups = {"baseline": sweep.groups.baseline.to_dict()}
+    sweep.evaluate.instances = str(tmp_path / "bench.jsonl")
+    sweep.evaluate.max_new_tokens = 16
+    runs = sw.expand(sweep, tmp_path / "sweep", sweep_ablation.get_config)
+    assert [r.name for r in runs] == ["fixed_s0"]
+    logs = []
+    assert sw.run_local(runs, sweep, SWEEP_FILE, sys.executable, log=logs.append) == []
+    assert runs[0].finished and (runs[0].eval_dir / "results.json").exists()
+    assert sw.run_local(runs, sweep, SWEEP_FILE, sys.executable, log=logs.append) == []
+    assert logs[-1].endswith("finished, skipped")
+    row = sw.run_summary(runs[0])
+    assert row["rounds_done"] == 2 and 0.0 <= row["valid"] <= 100.0
+    assert 0.0 <= row["bench_3ag_valid"] <= 100.0
