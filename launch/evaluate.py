@@ -44,8 +44,9 @@ def main(argv):
             from mapfjax import parallel
 
             mesh = parallel.make_mesh({"data": -1}) if jax.device_count() > 1 else None
-            gen = ev.GenerationConfig(_MAX_NEW.value, _TEMP.value, enable_thinking=_THINK.value)
-            gen = ev.dataclasses.replace(gen, seed=_SEED.value)
+            gen = ev.GenerationConfig(
+                _MAX_NEW.value, _TEMP.value, enable_thinking=_THINK.value, seed=_SEED.value
+            )
             solver = ev.CheckpointSolver(_CKPT.value, gen, _DTYPE.value, mesh)
             label, family = _CKPT.value, paper.model_family(checkpoint=_CKPT.value)
         else:
