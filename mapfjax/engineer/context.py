@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 import ml_collections
 
-from mapfjax.env.config import RATIO_FIELDS, key_size, size_key
+from mapfjax.env.config import RATIO_FIELDS, flatten, key_size, size_key
 from mapfjax.env.types import FAILURE_NAMES
 
 ROW_KEYS = ("size", "valid", "optimal", "failure")  # required in every validation row
@@ -257,22 +257,12 @@ def _module_s(records: Sequence[RoundRecord], current, opts) -> str:
     return summary or "No summary from a previous round."
 
 
-def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, Mapping):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def _module_t(records: Sequence[RoundRecord], current, opts) -> str:
     detail = opts.get("detail", "bookkeeping")
     if not records:
         return "Training has not started yet."
     last = records[-1]
-    info = {"round": last.round, **_flat(last.training)}
+    info = {"round": last.round, **flatten(last.training)}
     if detail == "bookkeeping":
         info = {k: v for k, v in info.items() if k in BOOKKEEPING_KEYS}
     lines = [f"- {k}: {_num(v)}" for k, v in sorted(info.items())]

@@ -42,16 +42,6 @@ class RunDirError(ValueError):
     """The run directory belongs to a different config, or is corrupt."""
 
 
-def _flat(d, prefix=""):
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def _write_json(path: pathlib.Path, obj) -> None:
     io.atomic_write(path, (json.dumps(obj, indent=1, sort_keys=True, default=str) + "\n").encode())
 
@@ -71,8 +61,8 @@ def check_run_dir(workdir: pathlib.Path, config: ml_collections.ConfigDict) -> N
         workdir.mkdir(parents=True, exist_ok=True)
         _write_json(path, current)
         return
-    before = _flat(_read_json(path))
-    now = _flat(current)
+    before = env_config.flatten(_read_json(path))
+    now = env_config.flatten(current)
     differ = sorted(
         k
         for k in set(before) | set(now)

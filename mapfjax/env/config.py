@@ -140,12 +140,13 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"pool.wait_bias = {c.pool.wait_bias!r}; allowed: [0, 1]")
 
 
-def _flatten(d: Mapping, prefix: str = "") -> dict[str, Any]:
+def flatten(d: Mapping, prefix: str = "") -> dict[str, Any]:
+    """Nested mappings / ConfigDicts -> {"a.b.c": leaf}."""
     out = {}
     for k, v in d.items():
         path = f"{prefix}{k}"
         if isinstance(v, Mapping | ml_collections.ConfigDict):
-            out.update(_flatten(v, path + "."))
+            out.update(flatten(v, path + "."))
         else:
             out[path] = v
     return out
@@ -166,13 +167,13 @@ def project(
     budgets are not the engineer's to set.
     """
     validate(current)
-    flat = _flatten(proposal if isinstance(proposal, Mapping) else proposal.to_dict())
+    flat = flatten(proposal if isinstance(proposal, Mapping) else proposal.to_dict())
     new = copy.deepcopy(current.to_dict())
     changes: list[str] = []
     for path, value in flat.items():
         parts = path.split(".")
         if len(parts) != 3 or parts[0] != "sizes" or parts[2] not in RATIO_FIELDS:
-            if path in _flatten(current.to_dict()) and _flatten(current.to_dict())[path] == value:
+            if path in flatten(current.to_dict()) and flatten(current.to_dict())[path] == value:
                 continue  # an unchanged non-ratio key (a whole config was proposed)
             raise ConfigError(
                 f"key {path!r} cannot be changed; allowed: sizes.s<N>.<field> with field in "

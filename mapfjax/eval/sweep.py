@@ -20,6 +20,7 @@ import ml_collections
 
 from mapfjax.engineer.context import RoundRecord, mean_valid_rate
 from mapfjax.env import io
+from mapfjax.env.config import flatten
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 GROUP_KEYS = ("engineers", "variants", "t_details")
@@ -95,16 +96,6 @@ def parse_overrides(spec: str) -> dict[str, Any]:
             out[key.strip()] = ast.literal_eval(raw.strip())
         except (ValueError, SyntaxError):
             out[key.strip()] = raw.strip()
-    return out
-
-
-def _leaves(d: Mapping, prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, Mapping):
-            out.update(_leaves(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
     return out
 
 
@@ -192,8 +183,8 @@ def _make_run(base, arg, engineer, variant, detail, seed, common, workdir, varia
         modules = variants.get_config(variant).modules.to_dict()
         modules["T"]["detail"] = detail
         want["engineer.variant"] = variant
-        have = _leaves(base.engineer.modules.to_dict(), "engineer.modules.")
-        for k, v in _leaves(modules, "engineer.modules.").items():
+        have = flatten(base.engineer.modules.to_dict(), "engineer.modules.")
+        for k, v in flatten(modules, "engineer.modules.").items():
             if have.get(k) != v:
                 want[k] = v
     want["seed"] = seed
