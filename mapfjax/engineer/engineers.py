@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
 import math
 import os
 import time
@@ -17,6 +18,7 @@ from typing import Any, Protocol
 import ml_collections
 import numpy as np
 
+from mapfjax import api_chat
 from mapfjax.engineer.context import RoundRecord
 from mapfjax.engineer.prompt import build_prompt
 from mapfjax.engineer.proposal import (
@@ -234,14 +236,6 @@ class RuleEngineer:
 # ----------------------------------------------------------------------------- api
 
 
-def _retryable(error: Exception) -> bool:
-    import openai
-
-    if isinstance(error, openai.APIStatusError):
-        return error.status_code >= 500 or error.status_code == 429
-    return isinstance(error, openai.APIConnectionError)  # includes timeouts
-
-
 @dataclasses.dataclass
 class ApiEngineer:
     """An OpenAI-compatible chat endpoint through the `openai` client.
@@ -273,9 +267,7 @@ class ApiEngineer:
     def propose(self, context, current, rng, records=()) -> Decision:
         base_url, model, key = self._settings()
         extra: dict[str, Any] = {"base_url": base_url or "(openai default)", "model": model}
-        try:
-            import openai
-        except ImportError:
+        if importlib.util.find_spec("openai") is None:
             return keep_current(current, self.name, "the openai package is not installed")
         if not model:
             return keep_current(current, self.name, "no model: set engineer.model or OPENAI_MODEL")
@@ -283,31 +275,24 @@ class ApiEngineer:
             return keep_current(
                 current, self.name, "no API key: set engineer.api_key or OPENAI_API_KEY"
             )
-        client = openai.OpenAI(
-            base_url=base_url or None, api_key=key, max_retries=0, timeout=self.timeout
-        )
+        api = api_chat.client(base_url, key, self.timeout)
         prompt = build_prompt(context, current, self.max_edits)
-        errors: list[str] = []
-        for attempt in range(self.max_retries + 1):
-            try:
-                reply = client.chat.completions.create(
-                    model=model,
-                    messages=[{"role": "user", "content": prompt}],
-                    temperature=self.temperature,
-                    max_tokens=self.max_tokens,
-                )
-                text = reply.choices[0].message.content or ""
-            except Exception as e:  # every failure becomes a recorded reason
-                errors.append(f"attempt {attempt}: {type(e).__name__}: {str(e)[:200]}")
-                if attempt < self.max_retries and _retryable(e):
-                    self.sleep(self.backoff * 2**attempt)
-                    continue
-                extra["errors"] = errors
-                reason = f"API request failed after {attempt + 1} attempt(s): {errors[-1]}"
-                return keep_current(current, self.name, reason, extra=extra)
-            extra.update(errors=errors, attempts=attempt + 1)
-            return apply_proposal(parse_proposal(text, self.max_edits), current, self.name, **extra)
-        raise AssertionError("unreachable: the loop returns on its last attempt")
+        try:
+            text, errors = api_chat.chat(
+                api,
+                model,
+                prompt,
+                temperature=self.temperature,
+                max_tokens=self.max_tokens,
+                max_retries=self.max_retries,
+                backoff=self.backoff,
+                sleep=self.sleep,
+            )
+        except api_chat.ChatError as e:
+            extra["errors"] = e.errors
+            return keep_current(current, self.name, str(e), extra=extra)
+        extra.update(errors=errors, attempts=len(errors) + 1)
+        return apply_proposal(parse_proposal(text, self.max_edits), current, self.name, **extra)
 
 
 # ----------------------------------------------------------------------------- policy

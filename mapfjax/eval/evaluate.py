@@ -112,41 +112,34 @@ class ApiSolver:
     errors: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def _client(self):
-        import openai
+        from mapfjax import api_chat
 
-        key = self.api_key or os.environ.get("OPENAI_API_KEY", "")
-        if not key:
-            raise ValueError("no API key: pass --api_key or set OPENAI_API_KEY")
-        base = self.base_url or os.environ.get("OPENAI_BASE_URL", "") or None
-        return openai.OpenAI(base_url=base, api_key=key, max_retries=0, timeout=self.timeout)
+        return api_chat.client(self.base_url, self.api_key, self.timeout)
 
     def ask(self, client, pid: str, prompt: str) -> str:
         """One chat completion with retries; see the class docstring for the error policy."""
-        import openai
+        from mapfjax import api_chat
 
-        for attempt in range(self.max_retries + 1):
-            try:
-                reply = client.chat.completions.create(
-                    model=self.model,
-                    messages=[{"role": "user", "content": prompt}],
-                    temperature=self.temperature,
-                    max_tokens=self.max_tokens,
-                )
-                return reply.choices[0].message.content or ""
-            except (openai.APIConnectionError, openai.APIStatusError) as e:
-                status = getattr(e, "status_code", None)
-                retryable = status is None or status == 429 or status >= 500
-                if not retryable:
-                    self.errors[pid] = f"{type(e).__name__}: {str(e)[:200]}"
-                    log.warning("instance %s: %s; answered as empty", pid, self.errors[pid])
-                    return ""
-                if attempt == self.max_retries:
-                    raise ApiUnavailable(
-                        f"instance {pid}: {self.max_retries + 1} attempts failed, last: "
-                        f"{type(e).__name__}: {str(e)[:200]}; rerun the same command to continue"
-                    ) from e
-                self.sleep(self.backoff * 2**attempt)
-        raise AssertionError("unreachable")
+        try:
+            text, _ = api_chat.chat(
+                client,
+                self.model,
+                prompt,
+                temperature=self.temperature,
+                max_tokens=self.max_tokens,
+                max_retries=self.max_retries,
+                backoff=self.backoff,
+                sleep=self.sleep,
+            )
+            return text
+        except api_chat.ChatError as e:
+            if e.retryable:
+                raise ApiUnavailable(
+                    f"instance {pid}: {e}; rerun the same command to continue"
+                ) from e
+            self.errors[pid] = e.errors[-1]
+            log.warning("instance %s: %s; answered as empty", pid, self.errors[pid])
+            return ""
 
     def __call__(self, problems: Sequence[Problem], start: int) -> list[str]:
         client = self._client()

@@ -1,0 +1,72 @@
+"""One chat completion from an OpenAI-compatible endpoint with the project's retry policy,
+shared by the API engineer and the API solver."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+
+class ChatError(RuntimeError):
+    """The request failed; `errors` lists every attempt, `retryable` says whether the last
+    failure was transient (connection, timeout, HTTP 429 or 5xx) and retries ran out."""
+
+    def __init__(self, errors: list[str], retryable: bool):
+        super().__init__(f"API request failed after {len(errors)} attempt(s): {errors[-1]}")
+        self.errors = errors
+        self.retryable = retryable
+
+
+def retryable(error: Exception) -> bool:
+    """Connection errors and timeouts, HTTP 429 and 5xx are worth another attempt."""
+    import openai
+
+    if isinstance(error, openai.APIStatusError):
+        return error.status_code >= 500 or error.status_code == 429
+    return isinstance(error, openai.APIConnectionError)  # includes timeouts
+
+
+def client(base_url: str = "", api_key: str = "", timeout: float = 120.0):
+    """An `openai.OpenAI` client; empty settings fall back to $OPENAI_BASE_URL/$OPENAI_API_KEY.
+    The client's own retries are off: `chat` retries."""
+    import openai
+
+    key = api_key or os.environ.get("OPENAI_API_KEY", "")
+    if not key:
+        raise ValueError("no API key: pass one or set OPENAI_API_KEY")
+    base = base_url or os.environ.get("OPENAI_BASE_URL", "") or None
+    return openai.OpenAI(base_url=base, api_key=key, max_retries=0, timeout=timeout)
+
+
+def chat(
+    api,
+    model: str,
+    prompt: str,
+    *,
+    temperature: float,
+    max_tokens: int,
+    max_retries: int = 3,
+    backoff: float = 1.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[str, list[str]]:
+    """(reply text, errors of failed attempts). Transient failures are retried `max_retries`
+    times after backoff * 2**attempt seconds; then, or on any other failure, ChatError."""
+    errors: list[str] = []
+    for attempt in range(max_retries + 1):
+        try:
+            reply = api.chat.completions.create(
+                model=model,
+                messages=[{"role": "user", "content": prompt}],
+                temperature=temperature,
+                max_tokens=max_tokens,
+            )
+            return reply.choices[0].message.content or "", errors
+        except Exception as e:  # every failure is recorded; only transient ones are retried
+            errors.append(f"attempt {attempt}: {type(e).__name__}: {str(e)[:200]}")
+            transient = retryable(e)
+            if transient and attempt < max_retries:
+                sleep(backoff * 2**attempt)
+                continue
+            raise ChatError(errors, transient) from e
+    raise AssertionError("unreachable: the loop returns or raises on its last attempt")
