@@ -25,8 +25,7 @@ from mapfjax.rl.trainer import OptimConfig, Trainer  # noqa: E402
 CONFIG = config_flags.DEFINE_config_file("config", "configs/tiny_model.py")
 
 
-def fit(trainer, ckpt, total, batches, every, log, name):
-    """Train to `total` updates, resuming from `ckpt`; batches(start) -> (batch, logs) iter."""
+def fit(trainer, ckpt, total, batches, every, log, name):  # resumes from ckpt; logs JSON
     if ckpt.exists() and any(p.name.isdigit() for p in ckpt.iterdir()):
         trainer.restore(ckpt)
     t0, start = time.time(), int(trainer.state.step)
@@ -35,7 +34,6 @@ def fit(trainer, ckpt, total, batches, every, log, name):
         log.write(json.dumps({"phase": name, "s": round(time.time() - t0, 1)} | m) + "\n")
         if (step + 1) % every == 0 or step + 1 == total:
             trainer.save(ckpt, wait=True)
-            log.flush()
             print(f"{name} {step + 1}/{total} loss {m['loss']:.4f} {time.time() - t0:.0f}s")
 
 
@@ -47,12 +45,13 @@ def main(_):
     tok, pad, dtype = d.tokenizer, tk.special_ids(d.tokenizer).pad, jnp.dtype(c.dtype)
     model_cfg = qwen3.Qwen3Config(vocab_size=len(tok), **c.model)
     model = qwen3.Qwen3(model_cfg, dtype=dtype, param_dtype=dtype, rngs=nnx.Rngs(c.seed))
-    log = open(work / "log.jsonl", "a")
-    steps = c.sft.steps or c.sft.epochs * (len(d.sft) // c.sft.batch_size)
-    sft = Trainer(model, OptimConfig(**c.sft.optim, total_steps=steps), "sft", seed=c.seed)
-    b, e = c.sft.batch_size, c.sft.epochs
-    sft_batches = lambda s: ((x, {}) for x in data.sft_batches(d.sft, b, pad, c.seed, e, s))
-    fit(sft, work / "sft_ckpt", steps, sft_batches, c.sft.checkpoint_every, log, "sft")
+    log = open(work / "log.jsonl", "a", buffering=1)  # line-buffered: tail -f works
+    b = c.sft.batch_size
+    sft_batches = lambda s: ((x, {}) for x in data.sft_batches(d.sft, b, pad, c.seed, None, s))
+    for steps in c.sft.stages:  # warm restarts: each stage is a fresh warmup + cosine
+        sft = Trainer(model, OptimConfig(**c.sft.optim, total_steps=steps), "sft", seed=c.seed)
+        fit(sft, work / "sft_ckpt", steps, sft_batches, c.sft.checkpoint_every, log, "sft")
+        model = sft.model()
     loss_cfg = grpo.GRPOConfig(g.group_size, g.clip, g.clip, temperature=g.temperature)
     optim = OptimConfig(**g.optim, total_steps=g.steps)
     rl = Trainer(sft.model(), optim, "grpo", loss_cfg=loss_cfg, seed=c.seed)
@@ -66,7 +65,8 @@ def main(_):
         return batch, stats.as_dict()
 
     grpo_batches = lambda s: map(grpo_batch, range(s, g.steps))
-    fit(rl, work / "grpo_ckpt", g.steps, grpo_batches, g.checkpoint_every, log, "grpo")
+    ckpt = work / f"grpo_ckpt_after_sft{steps}"  # a longer SFT gets a fresh GRPO phase
+    fit(rl, ckpt, g.steps, grpo_batches, g.checkpoint_every, log, "grpo")
     bpe.attach_tokenizer(hf.save_pretrained(rl.model(), out), tok)
     shipped = hf.from_pretrained(out, dtype=jnp.float32)  # validate exactly what users load
     v = rollout.validate(shipped, tk.load_tokenizer(out), d.validation, c.validation.max_new_tokens)
