@@ -7,3 +7,14 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A tiny random MAPF language model directory (HF format), built once per session."""
+    from tests.tiny_mapf import build_tiny_mapf_model
+
+    return build_tiny_mapf_model(tmp_path_factory.mktemp("tinymodel"))

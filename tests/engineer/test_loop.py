@@ -1,6 +1,5 @@
 """The closed loop end to end on a tiny random MAPF model: artifacts, resume, refusal, report."""
 
-import dataclasses
 import json
 import os
 import pathlib
@@ -9,60 +8,11 @@ import subprocess
 import sys
 import time
 
-import jax
 import pytest
-
-from mapfjax.env import oracle, text
-from mapfjax.env.types import Problem
-from mapfjax.models import bpe, hf
-from mapfjax.models.qwen3 import Qwen3, Qwen3Config
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "configs"))
 import tiny_cpu  # noqa: E402
-
-
-def _problems():
-    grids = [("FFF", "FHF", "FFF"), ("FFFF", "FFHF", "FFFF", "HFFF"), ("FFF", "FFF", "FFF")]
-    out = []
-    for i, g in enumerate(grids):
-        n = len(g)
-        p = Problem(f"p{i}", g, ((0, 0), (n - 1, n - 1)), ((n - 1, n - 1 - 1), (0, 1)))
-        out.append(p)
-    return out
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    """A random Qwen3 of ~100k parameters with a BPE trained on MAPF text, in HF format."""
-    root = tmp_path_factory.mktemp("tinymodel")
-    probs = _problems()
-    answers = [oracle.answer_actions(oracle.solve(p)) for p in probs]
-    texts = bpe.corpus(probs, answers) + [text.render_answer(a) for a in answers]
-    tok_dir = bpe.train_tokenizer(texts * 4, 320, root / "tok")
-    import transformers
-
-    tok = transformers.AutoTokenizer.from_pretrained(str(tok_dir))
-    vocab = len(tok)
-    cfg = dataclasses.replace(
-        Qwen3Config(
-            vocab_size=-(-vocab // 64) * 64,
-            hidden_size=32,
-            intermediate_size=64,
-            num_layers=1,
-            num_heads=2,
-            num_kv_heads=1,
-            head_dim=16,
-            rope_theta=1e4,
-            rms_norm_eps=1e-6,
-            tie_word_embeddings=True,
-            max_position_embeddings=2048,
-        )
-    )
-    model = Qwen3(cfg, dtype=jax.numpy.float32, param_dtype=jax.numpy.float32)
-    out = hf.save_pretrained(model, root / "model")
-    tok.save_pretrained(str(out))
-    return out
 
 
 def smoke_config(model_dir):

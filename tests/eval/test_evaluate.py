@@ -16,7 +16,6 @@ import pytest
 from mapfjax.env import benchmark, io, oracle, text
 from mapfjax.eval import evaluate as ev
 from mapfjax.eval import paper
-from tests.engineer.test_loop import tiny_model_dir  # noqa: F401  (a shared fixture)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -65,7 +64,7 @@ def _csv_rows(path) -> dict[tuple[str, int, int], tuple[int, float, float]]:
         }
 
 
-def test_checkpoint_answers_tables_and_resume(tiny_model_dir, bench, tmp_path):  # noqa: F811
+def test_checkpoint_answers_tables_and_resume(tiny_model_dir, bench, tmp_path):
     inst_path, problems = bench
     gen = ev.GenerationConfig(max_new_tokens=24)
     solver = CountingSolver(ev.CheckpointSolver(tiny_model_dir, gen))

@@ -18,8 +18,6 @@ SWEEP_FILE = str(ROOT / "configs" / "sweep_ablation.py")
 sys.path.insert(0, str(ROOT / "configs"))
 import sweep_ablation  # noqa: E402
 
-from tests.engineer.test_loop import tiny_model_dir  # noqa: E402, F401  (a shared fixture)
-
 variants = sweep_ablation._load("configs/engineer/variants.py")
 
 
@@ -172,7 +170,7 @@ def test_launch_sweep_dry_run(tmp_path):
 
 
 @pytest.mark.slow
-def test_local_sweep_end_to_end(tiny_model_dir, tmp_path):  # noqa: F811
+def test_local_sweep_end_to_end(tiny_model_dir, tmp_path):
     """The fixed baseline for real: train.py accepts the generated command, evaluate.py scores
     the final model, a second pass skips everything, and the summary has both parts."""
     from mapfjax.env import benchmark, io
