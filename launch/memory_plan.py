@@ -6,7 +6,6 @@ and print XLA's bytes per device. No weights are allocated.
 
 import argparse
 import os
-import re
 import sys
 
 ARGS = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -71,22 +70,15 @@ def main():
     sizes = [tuple(int(v) for v in s.split("x")) for s in OPTS.sizes.split(",")]
     print(f"{OPTS.model}, {OPTS.devices} devices, GiB per device (peak = args + out + temp)")
     for spec in OPTS.meshes.split(","):
-        shape = {m[1]: int(m[2]) for m in (re.fullmatch(r"(\D+)(\d+)", p) for p in spec.split("-"))}
-        mesh = parallel.make_mesh(shape)
+        mesh = parallel.mesh_from_spec(spec)
         for name in names:
             rules, build = COMPUTATIONS[name]
             graphdef, state = parallel.abstract_sharded_state(lambda: Qwen3(cfg), mesh, rules)
             for b, t in sizes:
                 with jax.set_mesh(mesh):  # activates the model's activation constraints
                     mem = parallel.memory_per_device(build(graphdef, state, mesh, b, t))
-                gib = {k: v / 2**30 for k, v in mem.items()}
-                fits = [cap for cap in (16, 80) if mem["peak"] <= cap * 2**30]
-                print(
-                    f"{spec:>12} {name:>8} B={b:<4} T={t:<6} peak {gib['peak']:7.2f} "
-                    f"(args {gib['arguments']:.2f}, out {gib['outputs']:.2f}, temp "
-                    f"{gib['temporaries']:.2f})  fits: {', '.join(f'{c} GB' for c in fits) or '-'}",
-                    flush=True,
-                )
+                line = parallel.describe_memory(mem)
+                print(f"{spec:>12} {name:>8} B={b:<4} T={t:<6} {line}", flush=True)
 
 
 if __name__ == "__main__":

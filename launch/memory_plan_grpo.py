@@ -7,7 +7,6 @@ model sizes on fake CPU devices; prints XLA's bytes per device. No weights are a
 
 import argparse
 import os
-import re
 import sys
 
 ARGS = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -49,8 +48,7 @@ def main():
         f"{OPTS.attention_chunk}; GiB per device"
     )
     for spec in OPTS.meshes.split(","):
-        shape = {m[1]: int(m[2]) for m in (re.fullmatch(r"(\D+)(\d+)", p) for p in spec.split("-"))}
-        mesh = parallel.make_mesh(shape)
+        mesh = parallel.mesh_from_spec(spec)
         for accum in (int(a) for a in OPTS.accum.split(",")):
             optim = OptimConfig(lr=1e-6, accum_steps=accum, remat=True)
             lowered = lower_train_step(
@@ -70,14 +68,7 @@ def main():
                 OPTS.response_len,
             )
             mem = parallel.memory_per_device(lowered)
-            gib = {k: v / 2**30 for k, v in mem.items()}
-            fits = [cap for cap in (16, 80) if mem["peak"] <= cap * 2**30]
-            print(
-                f"{spec:>10} accum={accum:<3} peak {gib['peak']:7.2f} (args {gib['arguments']:.2f}"
-                f", out {gib['outputs']:.2f}, aliased {gib['aliased']:.2f}, temp "
-                f"{gib['temporaries']:.2f})  fits: {', '.join(f'{c} GB' for c in fits) or '-'}",
-                flush=True,
-            )
+            print(f"{spec:>10} accum={accum:<3} {parallel.describe_memory(mem)}", flush=True)
 
 
 if __name__ == "__main__":

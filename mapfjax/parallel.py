@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 
 import jax
@@ -259,3 +260,27 @@ def initialize_distributed(
         local_device_ids=local_device_ids,
     )
     return jax.process_count() > 1
+
+
+def mesh_from_spec(spec: str) -> Mesh:
+    """A mesh from a compact spec such as "fsdp4-tp2" or "data2-fsdp4" (axis name + size)."""
+    shape = {}
+    for part in spec.split("-"):
+        m = re.fullmatch(r"([a-z]+)(\d+)", part)
+        if m is None or m[1] not in AXES:
+            raise ValueError(
+                f"mesh spec {spec!r}: part {part!r}; allowed: <axis><size> with axis "
+                f"in {AXES}, joined by '-' (e.g. fsdp4-tp2)"
+            )
+        shape[m[1]] = int(m[2])
+    return make_mesh(shape)
+
+
+def describe_memory(mem: Mapping[str, int], caps_gb: Sequence[int] = (16, 80)) -> str:
+    """One line for `memory_per_device` output: GiB per device and which device sizes fit."""
+    gib = {k: v / 2**30 for k, v in mem.items()}
+    fits = [f"{cap} GB" for cap in caps_gb if mem["peak"] <= cap * 2**30]
+    return (
+        f"peak {gib['peak']:7.2f} (args {gib['arguments']:.2f}, out {gib['outputs']:.2f}, aliased "
+        f"{gib['aliased']:.2f}, temp {gib['temporaries']:.2f})  fits: {', '.join(fits) or '-'}"
+    )
