@@ -1,6 +1,5 @@
-"""Exact sum-of-costs oracle for MAPF-FrozenLake: Conflict-Based Search on the host.
-
-Used to label instances (optimal SOC, makespan, `needs_wait`) and to produce reference plans.
+"""Exact sum-of-costs oracle for MAPF-FrozenLake on the host: Conflict-Based Search, backed by
+a joint-state A* on crowded maps. Labels instances (SOC, makespan, `needs_wait`), gives plans.
 """
 
 from __future__ import annotations
@@ -334,7 +333,7 @@ def _constrain(cons: _Cons, n: int, goal: int, conflict, side: int) -> _Cons:
 
 
 class _Search:
-    """One CBS run (ICBS flavour: cardinal conflicts first, bypass); all state for one problem."""
+    """Per-problem CBS helpers: low-level planning, target reasoning, MDD cache, classification."""
 
     def __init__(self, m: _Map, starts, goals):
         self.m, self.starts, self.goals = m, starts, goals
@@ -565,12 +564,13 @@ def _pair_unsolvable(m: _Map, starts, goals, deadline: float) -> bool:
 def solve(problem: Problem, max_nodes: int = 20_000, time_limit: float = 10.0) -> Solution:
     """Sum-of-costs optimal plan by Conflict-Based Search (deterministic).
 
-    CBS (cardinal conflicts first, bypass, conflict-avoidance tie-breaking) runs first. CBS
-    never stops on an unsolvable instance and is slow on crowded tiny maps, so once it has
-    popped `_JOINT_AFTER` nodes an exact joint-state A* (`_Joint`) is interleaved with it,
-    `_JOINT_RATE` expansions per CBS node, and pairs of agents are checked for
-    unsolvability. "unsolvable": a goal is unreachable, the CBS tree or the joint state space
-    is exhausted, or a pair is; "timeout": `max_nodes` CBS nodes or `time_limit` seconds ran out.
+    CBS runs first, with exact refinements: cardinal conflicts first, the CG heuristic,
+    target reasoning, bypass, conflict-avoidance tie-breaking. CBS never stops on an unsolvable
+    instance and is slow on crowded small maps, so once it has popped `_JOINT_AFTER` nodes,
+    pairs of agents are checked for unsolvability and an exact joint-state A* (`_Joint`) is
+    interleaved with it, `_JOINT_RATE` expansions per CBS node; whichever finishes first
+    decides. "unsolvable": a goal is unreachable, or the CBS tree, the joint state space or a
+    pair's is exhausted; "timeout": `max_nodes` CBS nodes or `time_limit` seconds ran out.
     """
     t0 = time.perf_counter()
     deadline = t0 + time_limit

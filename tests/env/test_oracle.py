@@ -228,6 +228,21 @@ def test_three_agents_on_4x4_with_holes_match_brute_force():
         compare(random_problem(rng, 4, 4, 3, 0.25))
 
 
+# Found by random search: each has cardinal conflicts chained through one agent, so an
+# inadmissible CBS lower bound (e.g. counting cardinal pairs instead of a vertex cover) fails.
+CHAINED = [
+    (["FFFF", "FFFF"], [(1, 0), (0, 2), (1, 1)], [(1, 2), (1, 1), (1, 0)]),
+    (["HFFH", "FHFF", "FFFF"], [(1, 2), (2, 1), (0, 2)], [(1, 0), (0, 2), (2, 2)]),
+    (["FFF", "FFF"], [(0, 0), (1, 1), (1, 2), (0, 2)], [(1, 1), (1, 0), (0, 1), (1, 2)]),
+    (["FFFF", "FFHF"], [(0, 2), (1, 0), (0, 3)], [(0, 2), (1, 3), (0, 0)]),
+]
+
+
+@pytest.mark.parametrize("case", CHAINED)
+def test_chained_cardinal_conflicts_match_brute_force(case):
+    compare(make(*case))
+
+
 @st.composite
 def tiny_problems(draw):
     h, w = draw(st.integers(1, 3)), draw(st.integers(2, 4))
@@ -294,6 +309,16 @@ def test_agent_on_its_goal_steps_aside_for_a_later_passer():
     assert sol.paths[0] == ((0, 1), (1, 1), (0, 1))
     labelled, _ = oracle.label(p)
     assert (labelled.optimal_soc, labelled.optimal_makespan, labelled.needs_wait) == (4, 2, True)
+
+
+def test_agent_that_arrived_first_leaves_its_goal_for_a_passer():
+    # Agent 0 reaches its goal (0, 2) at t=1, but agent 1 crosses it at t=2 on the way to
+    # (0, 4): agent 0 ducks into the pocket and returns, cost 3 instead of 1.
+    p = make(POCKET, [(0, 3), (0, 0)], [(0, 2), (0, 4)])
+    sol = oracle.solve(p)
+    check_solution(p, sol)
+    assert sol.soc == brute_soc(p) == 7
+    assert sol.paths[0] == ((0, 3), (0, 2), (1, 2), (0, 2))
 
 
 def test_single_agent_and_no_interaction():
