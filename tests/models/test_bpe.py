@@ -127,3 +127,28 @@ def test_chat_template_matches_builtin(trained, thinking):
 def test_bad_vocab_size():
     with pytest.raises(ValueError, match="vocab_size=200"):
         bpe.build_tokenizer(["abc"], 200)
+
+
+def test_shipped_tiny_model_loads_and_matches_transformers():
+    import pathlib
+
+    import jax.numpy as jnp
+    import torch
+
+    import mapfjax
+    from mapfjax.models import hf
+
+    path = pathlib.Path(mapfjax.__file__).parent / "assets" / "tiny"
+    assert (path / "VALIDATION.md").is_file()
+    assert sum(f.stat().st_size for f in path.iterdir()) < 20 * 2**20
+    tok = tk.load_tokenizer(path)
+    ids = tk.encode_chat(tok, [text.render_prompt(random_problems(1, 3)[0])], enable_thinking=False)
+    assert tok.decode(ids[0]).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    ours = hf.from_pretrained(path, dtype=jnp.float32)
+    assert ours.config.vocab_size == len(tok)
+    logits = np.asarray(ours(jnp.asarray(ids))[0][0])
+    ref_model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    assert ref_model.generation_config.eos_token_id == tk.special_ids(tok).im_end
+    with torch.no_grad():
+        ref = ref_model(torch.tensor(ids)).logits[0].numpy()
+    np.testing.assert_allclose(logits, ref, atol=2e-4, rtol=1e-4)
