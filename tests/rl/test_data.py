@@ -107,3 +107,19 @@ def test_length_grouping_cuts_padding():
         return np.mean([lengths[r].max() - lengths[r].mean() for r in rows])
 
     assert padding(16) < 0.5 * padding(1)
+
+
+def test_cached_builds_once(tmp_path):
+    calls = []
+
+    def build():
+        calls.append(1)
+        return "payload"
+
+    def load(p):
+        return p.read_text()
+
+    path = tmp_path / "x.txt"
+    first = data.cached(path, build, lambda p, v: p.write_text(v), load)
+    second = data.cached(path, build, lambda p, v: p.write_text(v), load)
+    assert first == second == "payload" and len(calls) == 1
