@@ -21,12 +21,20 @@ def smoke_config(model_dir):
     return c
 
 
-def test_two_rounds_end_to_end(tiny_model_dir, tmp_path):
+@pytest.fixture(scope="module")
+def reference_run(tiny_model_dir, tmp_path_factory):
+    """One uninterrupted 2-round run (in-process), shared by the tests below."""
+    from mapfjax.engineer import loop
+
+    work = tmp_path_factory.mktemp("loop") / "run"
+    return work, loop.run(smoke_config(tiny_model_dir), work)
+
+
+def test_two_rounds_end_to_end(tiny_model_dir, reference_run):
     from mapfjax.engineer import loop
     from mapfjax.eval import report
 
-    work = tmp_path / "run"
-    records = loop.run(smoke_config(tiny_model_dir), work)
+    work, records = reference_run
     assert [r.round for r in records] == [0, 1]
     for n in (0, 1):
         d = work / f"round_{n}"
@@ -74,9 +82,10 @@ def test_refuses_a_run_dir_of_another_config(tiny_model_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_kill_and_resume_gives_the_same_artifacts(tiny_model_dir, tmp_path):
-    """Kill a real training process mid-run, rerun the command: same final artifacts as an
+def test_kill_and_resume_gives_the_same_artifacts(tiny_model_dir, reference_run, tmp_path):
+    """Kill a real training process mid-run, rerun the command: the same final artifacts as the
     uninterrupted run."""
+    ref, _ = reference_run
     args = [
         sys.executable,
         str(ROOT / "launch" / "train.py"),
@@ -84,10 +93,6 @@ def test_kill_and_resume_gives_the_same_artifacts(tiny_model_dir, tmp_path):
         f"--config.model.path={tiny_model_dir}",
     ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    ref = tmp_path / "ref"
-    subprocess.run(
-        [*args, f"--workdir={ref}"], check=True, env=env, capture_output=True, timeout=900
-    )
     cut = tmp_path / "cut"
     proc = subprocess.Popen(
         [*args, f"--workdir={cut}"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -107,7 +112,5 @@ def test_kill_and_resume_gives_the_same_artifacts(tiny_model_dir, tmp_path):
             a = json.loads((ref / f"round_{n}" / name).read_text())
             b = json.loads((cut / f"round_{n}" / name).read_text())
             assert a == b, (n, name)
-    assert (
-        json.loads((ref / "round_0" / "decision.json").read_text())["config"]
-        == json.loads((cut / "round_0" / "decision.json").read_text())["config"]
-    )
+    a, b = (json.loads((d / "round_0" / "decision.json").read_text()) for d in (ref, cut))
+    assert a["config"] == b["config"] and a["diff"] == b["diff"]

@@ -92,7 +92,7 @@ def run_verify(probs, plans, labels=None):
     return dynamics.verdict_rows(dynamics.verify(inst, arr, ok, lengths))
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(problem_and_plan(), min_size=1, max_size=8))
 def test_verify_matches_reference_simulator(cases):
     probs = [p for p, _ in cases]
