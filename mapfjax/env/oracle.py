@@ -15,22 +15,26 @@ import time
 from bisect import bisect_right
 from collections.abc import Sequence
 
+from mapfjax.env.joint import (
+    INF,
+    OPTIMAL,
+    TIMEOUT,
+    UNSOLVABLE,
+    GridMap,
+    JointSearch,
+    pair_unsolvable,
+)
 from mapfjax.env.types import ACTION_DELTAS, WAIT, Problem, check_problem, needs_wait
 
-OPTIMAL, TIMEOUT, UNSOLVABLE = "optimal", "timeout", "unsolvable"
-_INF = 1 << 30
 # (d_row, d_col) -> action code, for turning cell paths back into actions.
 _DELTA_TO_ACTION = {(int(dr), int(dc)): a for a, (dr, dc) in enumerate(ACTION_DELTAS)}
 # CBS nodes popped before the joint-state search and the pair check join in (both are counted
 # in expansions, not seconds, so results are deterministic), the joint-state expansions granted
 # per CBS node (a joint expansion is ~50x cheaper than a CBS node, so each gets about half the
-# time; on crowded small maps either can win by orders of magnitude), and the expansion budget
-# of each pair check (a 10x10 pair space has ~4e5 states).
+# time; on crowded small maps either can win by orders of magnitude). The pair check's budget
+# is joint.PAIR_BUDGET.
 _JOINT_AFTER = 64
 _JOINT_RATE = 50
-_PAIR_BUDGET = 200_000
-# Most free cells for which `_Joint` builds exact two-agent cost tables (~0.1 s per pair at 40).
-_PAIR_TABLE_CELLS = 40
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,64 +65,17 @@ class Solution:
         return self.status == OPTIMAL
 
 
-class _Map:
-    """Cells as ints r * W + c; `nbrs[u]` lists u itself (WAIT) then its free 4-neighbours."""
-
-    def __init__(self, grid: Sequence[str]):
-        self.h, self.w = len(grid), len(grid[0])
-        self.n = self.h * self.w
-        free = [ch != "H" for row in grid for ch in row]
-        nbrs = []
-        for u in range(self.n):
-            r, c = divmod(u, self.w)
-            out = [u] if free[u] else []
-            for dr, dc in ACTION_DELTAS[1:].tolist():
-                rr, cc = r + dr, c + dc
-                if free[u] and 0 <= rr < self.h and 0 <= cc < self.w and free[rr * self.w + cc]:
-                    out.append(rr * self.w + cc)
-            nbrs.append(tuple(out))
-        self.nbrs = tuple(nbrs)
-        self.free = sum(map(bool, nbrs))
-        self._dist: dict[int, list[int]] = {}
-
-    def cell(self, rc) -> int:
-        return int(rc[0]) * self.w + int(rc[1])
-
-    def rc(self, u: int) -> tuple[int, int]:
-        return divmod(u, self.w)
-
-    def dist(self, goal: int) -> list[int]:
-        """BFS distance of every cell to `goal` (_INF when unreachable); cached per goal."""
-        d = self._dist.get(goal)
-        if d is None:
-            d = [_INF] * self.n
-            d[goal] = 0
-            frontier = [goal]
-            while frontier:
-                nxt = []
-                for u in frontier:
-                    du = d[u] + 1
-                    for v in self.nbrs[u]:
-                        if d[v] == _INF:
-                            d[v] = du
-                            nxt.append(v)
-                frontier = nxt
-            d.append(max(x for x in d if x < _INF))  # d[n]: the largest finite distance
-            self._dist[goal] = d
-        return d
-
-
 def shortest_path_lengths(problem: Problem) -> list[int]:
     """Per-agent BFS shortest-path length, ignoring the other agents.
 
     Raises ValueError naming the agent when its goal is unreachable from its start.
     """
     check_problem(problem)
-    m = _Map(problem.grid)
+    m = GridMap(problem.grid)
     out = []
     for i, (s, g) in enumerate(zip(problem.starts, problem.goals)):
         d = m.dist(m.cell(g))[m.cell(s)]
-        if d >= _INF:
+        if d >= INF:
             raise ValueError(
                 f"problem {problem.id!r}: agent {i}'s goal {tuple(g)} is unreachable from its "
                 f"start {tuple(s)} (holes or the map edge cut them apart)"
@@ -145,7 +102,7 @@ class _Cons:
     edge: frozenset = frozenset()
     goal_last: int = -1
     tmax: int = -1
-    max_cost: int = _INF
+    max_cost: int = INF
     blocked: dict = dataclasses.field(default_factory=dict)
 
 
@@ -177,7 +134,7 @@ def _other_paths_table(n: int, paths, agent: int, goal: int):
     return occ, swaps, sit, times
 
 
-def _low_level(m: _Map, start: int, goal: int, cons: _Cons, table) -> tuple[int, ...] | None:
+def _low_level(m: GridMap, start: int, goal: int, cons: _Cons, table) -> tuple[int, ...] | None:
     """Space-time A* for one agent: an optimal path honouring `cons`, or None if none exists.
 
     Heuristic max(BFS distance, goal_last + 1 - t) is consistent. Ties go to fewer conflicts
@@ -224,7 +181,7 @@ def _low_level(m: _Map, start: int, goal: int, cons: _Cons, table) -> tuple[int,
             mk = (base + u) * n + v
             if eset and mk in eset:
                 continue
-            if blocked and nt >= blocked.get(v, _INF):
+            if blocked and nt >= blocked.get(v, INF):
                 continue
             fv = nt + dist[v]
             if fv < floor:
@@ -237,7 +194,7 @@ def _low_level(m: _Map, start: int, goal: int, cons: _Cons, table) -> tuple[int,
             s = sit.get(v)
             if s is not None and nt >= s:
                 c += 1
-            if c < best.get(nk, _INF):
+            if c < best.get(nk, INF):
                 best[nk] = c
                 parent[nk] = key
                 push(heap, (fv, c, -nt, nk))
@@ -252,7 +209,7 @@ def _trace(parent: dict, key: int, n: int) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
-def _mdd_widths(m: _Map, start: int, goal: int, cons: _Cons, cost: int) -> list[int]:
+def _mdd_widths(m: GridMap, start: int, goal: int, cons: _Cons, cost: int) -> list[int]:
     """Number of distinct cells at each time 0..cost over all optimal constrained paths."""
     n, nbrs, dist = m.n, m.nbrs, m.dist(goal)
     vset, eset, blocked = cons.vertex, cons.edge, cons.blocked
@@ -267,7 +224,7 @@ def _mdd_widths(m: _Map, start: int, goal: int, cons: _Cons, cost: int) -> list[
                 if t + dist[v] <= cost
                 and base + v not in vset
                 and (base + u) * n + v not in eset
-                and t < blocked.get(v, _INF)
+                and t < blocked.get(v, INF)
             }
         )
     alive = {goal}
@@ -335,7 +292,7 @@ def _constrain(cons: _Cons, n: int, goal: int, conflict, side: int) -> _Cons:
 class _Search:
     """Per-problem CBS helpers: low-level planning, target reasoning, MDD cache, classification."""
 
-    def __init__(self, m: _Map, starts, goals):
+    def __init__(self, m: GridMap, starts, goals):
         self.m, self.starts, self.goals = m, starts, goals
         self._mdd: dict = {}
 
@@ -354,7 +311,7 @@ class _Search:
             if a == agent:
                 continue
             c = cons[a]
-            if t < c.blocked.get(goal, _INF):
+            if t < c.blocked.get(goal, INF):
                 blocked = {**c.blocked, goal: t}
                 c = cons[a] = dataclasses.replace(c, blocked=blocked, tmax=max(c.tmax, t))
             if goal in paths[a][t:]:
@@ -405,169 +362,13 @@ def _min_cover(edges: set, k: int) -> int:
     return k
 
 
-def _pair_table(m: _Map, ga: int, gb: int) -> list[int]:
-    """Exact cost-to-go of two agents alone, by Dijkstra backwards from their settled goals.
-
-    Indexed ((pa * n + pb) * 2 + fa) * 2 + fb (fa, fb: settled flags); _INF marks dead states.
-    Moves are symmetric, so a state's predecessors are its neighbours (WAIT included).
-    """
-    n, nbrs = m.n, m.nbrs
-    table = [_INF] * (4 * n * n)
-    table[((ga * n + gb) * 2 + 1) * 2 + 1] = 0
-    heap = [(0, ga, gb, 1, 1)]
-    while heap:
-        d, va, vb, fa, fb = heapq.heappop(heap)
-        if d > table[((va * n + vb) * 2 + fa) * 2 + fb]:
-            continue
-        # Each agent's predecessor options: (cell, settled flag, cost paid).
-        pre_a = [(va, 1, 0), (va, 0, 0)] if fa else [(u, 0, 1) for u in nbrs[va]]
-        pre_b = [(vb, 1, 0), (vb, 0, 0)] if fb else [(u, 0, 1) for u in nbrs[vb]]
-        for pa, fa0, ca in pre_a:
-            for pb, fb0, cb in pre_b:
-                if pa == pb or (pa == vb and pb == va and pa != va):
-                    continue
-                key = ((pa * n + pb) * 2 + fa0) * 2 + fb0
-                if d + ca + cb < table[key]:
-                    table[key] = d + ca + cb
-                    heapq.heappush(heap, (d + ca + cb, pa, pb, fa0, fb0))
-    return table
-
-
-def _matchings(agents: list[int]) -> list[tuple]:
-    """All maximum sets of disjoint pairs of `agents` (for k = 5: 15 of two pairs each)."""
-    if len(agents) < 2:
-        return [()]
-    a, rest = agents[0], agents[1:]
-    out = [((a, b), *mt) for b in rest for mt in _matchings([x for x in rest if x != b])]
-    return out + (_matchings(rest) if len(agents) % 2 else [])
-
-
-class _Joint:
-    """Exact A* over joint states with operator decomposition (one agent moves per expansion).
-
-    A state is (j, old, new, fin): agents < j already moved from `old` to `new` this step, `fin`
-    is a bitmask of agents settled on their goals for good. An unsettled agent pays 1 per step;
-    one standing on its goal may settle instead (cost 0, it never moves again), so a path's
-    cost is exactly the sum-of-costs. The heuristic at whole-step states is the best sum over
-    disjoint agent pairs of their exact two-agent costs (`_pair_table`, small maps only) plus
-    the others' BFS distances; it is consistent, and a dead pair prunes the state. Within a
-    step the parent's value minus what was paid since is used. The state space is finite, so
-    an exhausted open list proves the problem unsolvable. `run` resumes where it stopped.
-    """
-
-    def __init__(self, m: _Map, starts: tuple, goals: tuple, pair_tables: bool = True):
-        self.n, self.nbrs, self.goals, self.k = m.n, m.nbrs, goals, len(starts)
-        self.dists = [m.dist(g) for g in goals]
-        self.owner = {g: a for a, g in enumerate(goals)}
-        self.tables = {}
-        if pair_tables and m.free <= _PAIR_TABLE_CELLS:
-            for a in range(self.k):
-                for b in range(a + 1, self.k):
-                    if self.dists[a][goals[b]] < _INF:  # same component: they may meet
-                        self.tables[a, b] = _pair_table(m, goals[a], goals[b])
-        self.matchings = _matchings(list(range(self.k)))
-        root = (0, starts, (), 0)
-        self.best = {root: 0}
-        self.parent = {root: None}
-        h = self._h(starts, 0)
-        self.heap = [(h, 0, 0, root, h)] if h < _INF else []
-        self.expanded = 0
-        self.closed: set = set()
-
-    def _h(self, pos: tuple, fin: int) -> int:
-        n, dists = self.n, self.dists
-        single = [0 if fin >> a & 1 else dists[a][pos[a]] for a in range(self.k)]
-        extra = {}
-        for (a, b), table in self.tables.items():
-            v = table[((pos[a] * n + pos[b]) * 2 + (fin >> a & 1)) * 2 + (fin >> b & 1)]
-            if v >= _INF:
-                return _INF
-            extra[a, b] = v - single[a] - single[b]
-        return sum(single) + max(sum(extra.get(pr, 0) for pr in mt) for mt in self.matchings)
-
-    def run(self, budget: int, deadline: float):
-        """Expand up to `budget` states: (OPTIMAL, cell paths), (UNSOLVABLE, None) or None."""
-        k, nbrs, goals, owner = self.k, self.nbrs, self.goals, self.owner
-        heap, best, parent, closed = self.heap, self.best, self.parent, self.closed
-        done = (1 << k) - 1
-        stop = self.expanded + budget
-        while heap:
-            if self.expanded >= stop:
-                return None
-            if self.expanded & 1023 == 0 and time.perf_counter() > deadline:
-                return None
-            _, negg, _, state, h = heapq.heappop(heap)
-            if state in closed:
-                continue
-            closed.add(state)
-            self.expanded += 1
-            j, old, new, fin = state
-            if fin == done and j == 0:
-                return OPTIMAL, self._paths(state)
-            g, u = -negg, old[j]
-            if fin >> j & 1:
-                moves = ((u, 0, fin),)
-            else:
-                moves = [(v, 1, fin) for v in nbrs[u]]
-                if u == goals[j]:
-                    moves.insert(0, (u, 0, fin | 1 << j))
-            for v, cost, fin2 in moves:
-                if v in new:
-                    continue
-                o = owner.get(v)
-                if o is not None and o != j and fin >> o & 1:
-                    continue  # a settled agent stands there forever
-                if v != u and v in old:  # a swap with an agent that already moved?
-                    b = old.index(v)
-                    if b < j and new[b] == u:
-                        continue
-                nxt = (0, (*new, v), (), fin2) if j + 1 == k else (j + 1, old, (*new, v), fin2)
-                g2 = g + cost
-                if nxt in closed or g2 >= best.get(nxt, _INF):
-                    continue
-                h2 = self._h(nxt[1], fin2) if j + 1 == k else h - cost
-                if h2 >= _INF:
-                    continue
-                best[nxt] = g2
-                parent[nxt] = state
-                heapq.heappush(heap, (g2 + h2, -g2, len(best), nxt, h2))
-        return UNSOLVABLE, None
-
-    def _paths(self, state) -> tuple[tuple[int, ...], ...]:
-        steps = []  # (positions, fin) at t = 0, 1, ...
-        while state is not None:
-            if state[0] == 0:
-                steps.append((state[1], state[3]))
-            state = self.parent[state]
-        steps.reverse()
-        out = []
-        for a in range(self.k):
-            # Settled during step t -> t + 1 means cost t.
-            cost = next(t for t, (_, fin) in enumerate(steps) if fin >> a & 1) - 1
-            out.append(tuple(pos[a] for pos, _ in steps[: cost + 1]))
-        return tuple(out)
-
-
-def _pair_unsolvable(m: _Map, starts, goals, deadline: float) -> bool:
-    """Sound, incomplete: if two agents alone cannot both reach their goals, nobody can."""
-    for a in range(len(starts)):
-        for b in range(a + 1, len(starts)):
-            if m.dist(goals[a])[starts[b]] >= _INF:
-                continue  # different components: they never meet
-            pair = _Joint(m, (starts[a], starts[b]), (goals[a], goals[b]), pair_tables=False)
-            r = pair.run(_PAIR_BUDGET, deadline)
-            if r is not None and r[0] == UNSOLVABLE:
-                return True
-    return False
-
-
 def solve(problem: Problem, max_nodes: int = 20_000, time_limit: float = 10.0) -> Solution:
     """Sum-of-costs optimal plan by Conflict-Based Search (deterministic).
 
     CBS runs first, with exact refinements: cardinal conflicts first, the CG heuristic,
     target reasoning, bypass, conflict-avoidance tie-breaking. CBS never stops on an unsolvable
     instance and is slow on crowded small maps, so once it has popped `_JOINT_AFTER` nodes,
-    pairs of agents are checked for unsolvability and an exact joint-state A* (`_Joint`) is
+    pairs of agents are checked for unsolvability and an exact joint-state A* (`JointSearch`) is
     interleaved with it, `_JOINT_RATE` expansions per CBS node; whichever finishes first
     decides. "unsolvable": a goal is unreachable, or the CBS tree, the joint state space or a
     pair's is exhausted; "timeout": `max_nodes` CBS nodes or `time_limit` seconds ran out.
@@ -575,11 +376,11 @@ def solve(problem: Problem, max_nodes: int = 20_000, time_limit: float = 10.0) -
     t0 = time.perf_counter()
     deadline = t0 + time_limit
     check_problem(problem)
-    m = _Map(problem.grid)
+    m = GridMap(problem.grid)
     starts = tuple(m.cell(s) for s in problem.starts)
     goals = tuple(m.cell(g) for g in problem.goals)
     done = functools.partial(_finish, m, t0)
-    if any(m.dist(g)[s] >= _INF for s, g in zip(starts, goals)):
+    if any(m.dist(g)[s] >= INF for s, g in zip(starts, goals)):
         return done(UNSOLVABLE, None, 0, "bfs")
     search = _Search(m, starts, goals)
     cons = tuple(_Cons() for _ in starts)
@@ -594,9 +395,9 @@ def solve(problem: Problem, max_nodes: int = 20_000, time_limit: float = 10.0) -
             return done(TIMEOUT, None, nodes, "cbs")
         if nodes >= checkpoint:
             if joint is None:
-                if _pair_unsolvable(m, starts, goals, deadline):
+                if pair_unsolvable(m, starts, goals, deadline):
                     return done(UNSOLVABLE, None, nodes, "pairs")
-                joint = _Joint(m, starts, goals)
+                joint = JointSearch(m, starts, goals)
             r = joint.run(_JOINT_RATE * nodes - joint.expanded, deadline)
             if r is not None:
                 return done(*r, nodes, "joint")
@@ -639,7 +440,7 @@ def solve(problem: Problem, max_nodes: int = 20_000, time_limit: float = 10.0) -
     return done(UNSOLVABLE, None, nodes, "cbs")
 
 
-def _finish(m: _Map, t0: float, status: str, cell_paths, nodes: int, method: str) -> Solution:
+def _finish(m: GridMap, t0: float, status: str, cell_paths, nodes: int, method: str) -> Solution:
     if cell_paths is None:
         return Solution(status, nodes=nodes, seconds=time.perf_counter() - t0, method=method)
     paths = tuple(tuple(m.rc(u) for u in p) for p in cell_paths)

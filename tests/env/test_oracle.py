@@ -11,7 +11,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from mapfjax.env import oracle
+from mapfjax.env import joint, oracle
 from mapfjax.env.types import Problem, ProblemError
 
 MOVES = {0: (0, 0), 1: (-1, 0), 2: (1, 0), 3: (0, -1), 4: (0, 1)}
@@ -145,7 +145,7 @@ def compare(p: Problem):
 
 def cells(p: Problem):
     """(map, start cells, goal cells) in the oracle's internal cell numbering."""
-    m = oracle._Map(p.grid)
+    m = joint.GridMap(p.grid)
     return m, tuple(m.cell(s) for s in p.starts), tuple(m.cell(g) for g in p.goals)
 
 
@@ -200,10 +200,10 @@ def test_joint_search_alone_matches_brute_force(tables):
     """The joint-state A*, with and without its two-agent cost tables, decides everything."""
     for p in tiny_sample(9, 50, 2) + tiny_sample(10, 40, 3, 3, 3) + tiny_sample(11, 6, 4, 2, 3):
         m, s, g = cells(p)
-        if any(m.dist(gg)[ss] >= oracle._INF for ss, gg in zip(s, g)):
+        if any(m.dist(gg)[ss] >= joint.INF for ss, gg in zip(s, g)):
             continue
-        joint = oracle._Joint(m, s, g, pair_tables=tables)
-        status, paths = joint.run(10**7, float("inf"))
+        search = joint.JointSearch(m, s, g, pair_tables=tables)
+        status, paths = search.run(10**7, float("inf"))
         sol = oracle._finish(m, 0.0, status, paths, 0, "joint")
         expected = brute_soc(p)
         if expected is None:
@@ -216,10 +216,10 @@ def test_joint_search_alone_matches_brute_force(tables):
 def test_pair_tables_are_exact_two_agent_costs():
     for p in tiny_sample(12, 40, 2):
         m, s, g = cells(p)
-        table = oracle._pair_table(m, g[0], g[1])
+        table = joint.pair_table(m, g[0], g[1])
         value = table[(s[0] * m.n + s[1]) * 4]
         expected = brute_soc(p)
-        assert value == (oracle._INF if expected is None else expected), p
+        assert value == (joint.INF if expected is None else expected), p
 
 
 def test_three_agents_on_4x4_with_holes_match_brute_force():
