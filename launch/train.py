@@ -10,6 +10,7 @@ import logging
 import sys
 
 from absl import app, flags
+from absl import logging as absl_logging
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "ml-collections config file")
@@ -26,6 +27,7 @@ def main(argv):
     from mapfjax.eval import report
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    absl_logging.set_verbosity(absl_logging.WARNING)  # orbax is chatty at INFO
     try:
         loop.run(_CONFIG.value, _WORKDIR.value)
     except (loop.RunDirError, ValueError) as e:

@@ -157,7 +157,7 @@ def write_report(workdir) -> pathlib.Path:
                 parts.append(f"- summary: {dec['summary']}")
             raw = (dec.get("raw") or "").strip()
             if raw:
-                parts.append("\n```text\n" + raw[:1500] + "\n```")
+                parts.append("\n~~~text\n" + raw[:1500] + "\n~~~")
             parts.append("")
     out = workdir / "report.md"
     io.atomic_write(out, "\n".join(parts).encode())
