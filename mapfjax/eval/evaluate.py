@@ -63,29 +63,22 @@ class CheckpointSolver:
     def __call__(self, problems: Sequence[Problem], start: int) -> list[str]:
         import jax
 
-        from mapfjax.models import sampler
-        from mapfjax.models import tokenizer as tok_lib
-        from mapfjax.rl.data import encode_prompts
+        from mapfjax.rl import rollout
 
         g = self.gen
-        ids = tok_lib.special_ids(self.tokenizer)
-        prompts = encode_prompts(self.tokenizer, problems, g.enable_thinking)
-        key = None if g.temperature == 0 else jax.random.fold_in(jax.random.key(g.seed), start)
-        out = sampler.generate(
-            self.model,
-            prompts,
-            g.max_new_tokens,
+        cfg = rollout.SamplingConfig(
+            max_new_tokens=g.max_new_tokens,
             temperature=g.temperature,
             top_p=g.top_p,
             top_k=g.top_k,
-            stop_tokens=(ids.im_end, ids.pad),
-            key=key,
-            pad_id=ids.pad,
+            enable_thinking=g.enable_thinking,
             bucket=g.bucket,
-            mesh=self.mesh,
         )
-        completions = sampler.to_lists(out)[: len(problems)]
-        return self.tokenizer.batch_decode(completions, skip_special_tokens=False)
+        key = None if g.temperature == 0 else jax.random.fold_in(jax.random.key(g.seed), start)
+        _, _, _, texts = rollout.sample(
+            self.model, self.tokenizer, problems, 1, cfg, key, mesh=self.mesh
+        )
+        return texts[: len(problems)]
 
 
 class ApiUnavailable(RuntimeError):

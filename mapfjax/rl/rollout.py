@@ -76,9 +76,10 @@ def policy_model(policy):
     raise TypeError(f"expected an nnx model or a Trainer with .model(), got {type(policy)}")
 
 
-def _sample(model, tokenizer, problems, repeats, cfg: SamplingConfig, key):
-    """Generate `repeats` completions per problem (consecutive rows) ->
-    (prompt ids, SampleOutput, completion id lists, decoded texts)."""
+def sample(model, tokenizer, problems, repeats, cfg: SamplingConfig, key, mesh=None):
+    """Generate `repeats` completions per problem (consecutive rows) with the trainer's prompt
+    and stop tokens -> (prompt ids, SampleOutput, completion id lists, decoded texts).
+    Evaluation uses the same function, so train-time and eval-time prompts never drift."""
     ids = tok_lib.special_ids(tokenizer)
     prompts = encode_prompts(tokenizer, problems, cfg.enable_thinking)
     prompts = [p for p in prompts for _ in range(repeats)]
@@ -93,6 +94,7 @@ def _sample(model, tokenizer, problems, repeats, cfg: SamplingConfig, key):
         key=key,
         pad_id=ids.pad,
         bucket=cfg.bucket,
+        mesh=mesh,
     )
     completions = sampler.to_lists(out)
     texts = tokenizer.batch_decode(completions, skip_special_tokens=False)
@@ -156,9 +158,7 @@ def rollout(
         )
     model = policy_model(policy)
     pad = tok_lib.special_ids(tokenizer).pad
-    prompts, out, completions, texts = _sample(
-        model, tokenizer, problems, group_size, sampling, key
-    )
+    prompts, out, completions, texts = sample(model, tokenizer, problems, group_size, sampling, key)
     verdict, rew = score(problems, group_size, texts, reward_cfg)
     adv = np.asarray(
         grpo.group_advantages(
@@ -276,7 +276,7 @@ def validate(
     valid, optimal, failure, length, finished = [], [], [], [], []
     for i in range(0, len(problems), batch_size):
         chunk = problems[i : i + batch_size]
-        _, sampled, completions, texts = _sample(model, tokenizer, chunk, 1, cfg, None)
+        _, sampled, completions, texts = sample(model, tokenizer, chunk, 1, cfg, None)
         finished += list(np.asarray(sampled.finished)[: len(chunk)])
         verdict, _ = score(chunk, 1, texts, reward_cfg)
         valid += list(np.asarray(verdict.valid))

@@ -73,11 +73,11 @@ def test_checkpoint_answers_tables_and_resume(tiny_model_dir, bench, tmp_path):
     paths = ev.evaluate(solver, problems, out, "tiny", None, answers, batch_size=3, progress=False)
     assert [len(c) for c in solver.calls] == [3, 3, 2]
 
-    # The trainer's own sampling path (rollout._sample, greedy) gives the same texts.
+    # The trainer's own sampling path (rollout.sample, greedy) gives the same texts.
     from mapfjax.rl import rollout
 
     cfg = rollout.SamplingConfig(max_new_tokens=24, temperature=0.0)
-    _, _, _, texts = rollout._sample(solver.inner.model, solver.inner.tokenizer, problems[:3], 1,
+    _, _, _, texts = rollout.sample(solver.inner.model, solver.inner.tokenizer, problems[:3], 1,
                                      cfg, None)  # fmt: skip
     written = io.load_answers(answers)
     assert [a for a, _ in written] == [p.id for p in problems]
