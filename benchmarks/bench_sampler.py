@@ -48,14 +48,7 @@ def time_ours(model, prompts, new_tokens, repeats):
         out = sampler.generate(model, prompts, new_tokens, stop_tokens=())
         return jax.block_until_ready(out)
 
-    t0 = time.perf_counter()
-    run()
-    first = time.perf_counter() - t0
-    best = np.inf
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = run()
-        best = min(best, time.perf_counter() - t0)
+    first, best, out = _time(run, repeats)
     return first, best, np.asarray(out.tokens)
 
 
@@ -75,15 +68,7 @@ def time_theirs(model, prompts, new_tokens, repeats):
         with torch.no_grad():
             return model.generate(ids, **kw)[:, ids.shape[1] :].numpy()
 
-    t0 = time.perf_counter()
-    run()
-    first = time.perf_counter() - t0
-    best = np.inf
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = run()
-        best = min(best, time.perf_counter() - t0)
-    return first, best, out
+    return _time(run, repeats)
 
 
 def main(argv=None) -> None:
@@ -116,6 +101,20 @@ def main(argv=None) -> None:
             f"{batch:>5} | {n / o_best:>11.0f} | {n / t_best:>10.0f} | "
             f"{t_best / o_best:>6.1f}x | {o_first:>15.2f} | {t_first:>13.2f} | {same}/{batch} rows"
         )
+
+
+def _time(run, repeats):
+    """(seconds of the first call, including compilation; best of `repeats` later calls; the
+    last output)."""
+    t0 = time.perf_counter()
+    out = run()
+    first = time.perf_counter() - t0
+    best = np.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = run()
+        best = min(best, time.perf_counter() - t0)
+    return first, best, out
 
 
 if __name__ == "__main__":

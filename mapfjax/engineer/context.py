@@ -68,6 +68,19 @@ class RoundRecord:
         return cls.from_dict(json.loads(text))
 
 
+def _empty_entry() -> dict[str, Any]:
+    """Counters of one size in a failure breakdown."""
+    return {
+        "n": 0,
+        "valid": 0,
+        "optimal": 0,
+        "failures": dict.fromkeys(FAILURE_NAMES, 0),
+        "truncated": 0,
+        "tokens": 0,
+        "tokens_n": 0,
+    }
+
+
 def failure_breakdown(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per-size counts from validation rows; keys are config size keys ('s7'), sorted by size.
 
@@ -89,18 +102,7 @@ def failure_breakdown(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, 
             )
         if row["optimal"] and not valid:
             raise ValueError(f"validation row {i}: optimal but not valid")
-        e = out.setdefault(
-            size,
-            {
-                "n": 0,
-                "valid": 0,
-                "optimal": 0,
-                "failures": dict.fromkeys(FAILURE_NAMES, 0),
-                "truncated": 0,
-                "tokens": 0,
-                "tokens_n": 0,
-            },
-        )
+        e = out.setdefault(size, _empty_entry())
         e["n"] += 1
         e["valid"] += valid
         e["optimal"] += bool(row["optimal"])
@@ -161,15 +163,7 @@ def _failure_cell(count: int, n: int) -> str:
 def render_breakdown(breakdown: Mapping[str, Mapping[str, Any]]) -> str:
     """A failure breakdown as a markdown table, one row per size plus an `all` row."""
     keys = _sorted_sizes(breakdown)
-    total: dict[str, Any] = {
-        "n": 0,
-        "valid": 0,
-        "optimal": 0,
-        "failures": dict.fromkeys(FAILURE_NAMES, 0),
-        "truncated": 0,
-        "tokens": 0,
-        "tokens_n": 0,
-    }
+    total: dict[str, Any] = _empty_entry()
     for k in keys:
         e = breakdown[k]
         for f in ("n", "valid", "optimal", "truncated", "tokens", "tokens_n"):
