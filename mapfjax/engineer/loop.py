@@ -30,6 +30,7 @@ from mapfjax.models import hf
 from mapfjax.models import tokenizer as tok_lib
 from mapfjax.rl import grpo, rollout
 from mapfjax.rl.data import generate_problems
+from mapfjax.rl.metrics import MetricsLogger
 from mapfjax.rl.trainer import OptimConfig, Trainer
 
 log = logging.getLogger(__name__)
@@ -139,10 +140,8 @@ def _train_round(trainer: Trainer, tokenizer, n: int, cfg_n, c, out_dir, ckpt_di
     )
     reward_cfg = reward.RewardConfig(**c.reward.to_dict())
     gcfg = _grpo_cfg(c)
-    metrics_path = out_dir / "metrics.jsonl"
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=steps, initial=start_step, desc=f"round {n} GRPO", unit="step")
+    # metrics.jsonl (+ TensorBoard/wandb when installed) and the progress bar.
+    logger = MetricsLogger(out_dir, total_steps=steps, initial_step=start_step)
     for s in range(start_step, steps):
         order = np.random.default_rng([c.seed, n, s // max(1, len(problems) // per)])
         idx = order.permutation(len(problems))
@@ -155,18 +154,14 @@ def _train_round(trainer: Trainer, tokenizer, n: int, cfg_n, c, out_dir, ckpt_di
         updates = trainer.train_on(batch, c.train.num_iterations)
         row = {
             "round": n,
-            "step": s,
             "seconds": time.perf_counter() - t0,
             **stats.as_dict(),
             **{f"train_{k}": v for k, v in updates[-1].items()},
         }
-        with open(metrics_path, "a") as f:  # one line per step; a torn last line is skipped
-            f.write(json.dumps(row) + "\n")
-        bar.update(1)
-        bar.set_postfix(reward=f"{stats.reward_mean:.2f}", valid=f"{stats.valid_rate:.2f}")
+        logger.log(s + 1, row)  # step = updates done in this round
         if (s + 1) % c.train.checkpoint_every == 0 or s + 1 == steps:
             trainer.save(ckpt_dir, {"round": n, "step": s + 1}, wait=True)
-    bar.close()
+    logger.close()
 
 
 def _engineer(n, records, current, c, trainer, tokenizer, base_model, out_dir) -> Decision:

@@ -55,6 +55,10 @@ def test_two_rounds_end_to_end(tiny_model_dir, reference_run):
     r1 = json.loads((work / "round_1" / "config.json").read_text())
     assert r1 == decision["config"]
     assert (work / "round_1" / "model" / "model.safetensors").exists()
+    steps = [
+        json.loads(x)["step"] for x in (work / "round_0" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert steps == [1, 2, 3, 4]  # 16 instances x 1 epoch / 4 problems per step
     rows = json.loads((work / "round_0" / "validation.json").read_text())["rows"]
     assert len(rows) == 2 * 3 and {r["size"] for r in rows} == {3, 4, 5}
     md = report.write_report(work).read_text()
