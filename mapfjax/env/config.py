@@ -168,12 +168,13 @@ def project(
     """
     validate(current)
     flat = flatten(proposal if isinstance(proposal, Mapping) else proposal.to_dict())
+    current_flat = flatten(current)
     new = copy.deepcopy(current.to_dict())
     changes: list[str] = []
     for path, value in flat.items():
         parts = path.split(".")
         if len(parts) != 3 or parts[0] != "sizes" or parts[2] not in RATIO_FIELDS:
-            if path in flatten(current.to_dict()) and flatten(current.to_dict())[path] == value:
+            if path in current_flat and current_flat[path] == value:
                 continue  # an unchanged non-ratio key (a whole config was proposed)
             raise ConfigError(
                 f"key {path!r} cannot be changed; allowed: sizes.s<N>.<field> with field in "
