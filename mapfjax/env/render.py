@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from mapfjax.env.io import atomic_write
+from mapfjax.env.simulate import simulate
 from mapfjax.env.types import ACTION_DELTAS, ACTION_NAMES, Problem, check_problem
 
 # Okabe-Ito colours (distinguishable with the common colour-vision deficiencies); the first
@@ -35,10 +36,8 @@ class _Trace:
 
 
 def _trace(problem: Problem, plan: Sequence[Sequence[int]]) -> _Trace:
-    """A tiny independent simulation of a plan for drawing (first failure only; positions
-    freeze after it). Precedence within a step: illegal_move, hole, vertex_conflict,
-    edge_conflict; after the last step, goal_not_reached. An illegal move leaves the agent put.
-    """
+    """The plan as drawn: the reference simulation (`simulate.simulate`, first failure only)
+    with the failing step's attempted cells appended and positions frozen after it."""
     n = problem.num_agents
     if len(plan) != n:
         raise ValueError(f"plan has {len(plan)} agent lists, the problem has {n} agents")
@@ -46,48 +45,22 @@ def _trace(problem: Problem, plan: Sequence[Sequence[int]]) -> _Trace:
         for t, a in enumerate(acts):
             if not 0 <= int(a) < len(ACTION_NAMES):
                 raise ValueError(f"plan[{i}][{t}] = {a!r} is not an action code 0..4")
-    holes = problem.holes()
-    h, w = holes.shape
+    sim = simulate(problem, [[int(a) for a in acts] for acts in plan])
     steps = max((len(a) for a in plan), default=0)
     pos = np.zeros((steps + 1, n, 2), np.int64)
-    pos[0] = problem.starts
-    fail = None
-    for t in range(1, steps + 1):
-        prev = pos[t - 1]
-        if fail is not None:
-            pos[t] = prev
-            continue
+    history = np.asarray(sim["positions"], np.int64).reshape(-1, n, 2)
+    kind, t = sim["failure"], sim["failure_time"]
+    if kind is not None and kind != "goal_not_reached":  # the failing step: where they went
         codes = [int(a[t - 1]) if t - 1 < len(a) else 0 for a in plan]
-        new = prev + ACTION_DELTAS[codes]
-        out = [i for i in range(n) if not (0 <= new[i, 0] < h and 0 <= new[i, 1] < w)]
-        new[out] = prev[out]
-        in_hole = [i for i in range(n) if i not in out and holes[new[i, 0], new[i, 1]]]
-        cells = [tuple(map(int, c)) for c in new]
-        vertex = [i for i in range(n) if cells.count(cells[i]) > 1]
-        swaps = [
-            (i, j)
-            for i in range(n)
-            for j in range(i + 1, n)
-            if cells[i] == tuple(prev[j]) and cells[j] == tuple(prev[i])
-        ]
-        edge = sorted({a for pair in swaps for a in pair})
-        pos[t] = new
-        for kind, agents in (
-            ("illegal_move", out),
-            ("hole", in_hole),
-            ("vertex_conflict", vertex),
-            ("edge_conflict", edge),
-        ):
-            if agents:
-                fail = (t, kind, tuple(agents), tuple(cells[i] for i in agents))
-                break
-    if fail is None:
-        late = [i for i in range(n) if tuple(pos[-1, i]) != tuple(problem.goals[i])]
-        if late:
-            fail = (steps, "goal_not_reached", tuple(late), tuple(tuple(pos[-1, i]) for i in late))
-    if fail is None:
+        failing = history[-1] + ACTION_DELTAS[codes]
+        if kind == "illegal_move":  # off the map: stays put
+            failing[list(sim["failure_agents"])] = history[-1][list(sim["failure_agents"])]
+        history = np.concatenate([history, failing[None]])
+    pos[: len(history)] = history
+    pos[len(history) :] = history[-1]
+    if kind is None:
         return _Trace(pos)
-    return _Trace(pos, *fail)
+    return _Trace(pos, t, kind, sim["failure_agents"], sim["failure_cells"])
 
 
 def _colour(i: int) -> str:

@@ -16,11 +16,15 @@ _MOVES = {0: (0, 0), 1: (-1, 0), 2: (1, 0), 3: (0, -1), 4: (0, 1)}
 def simulate(problem: Problem, plan: Sequence[Sequence[int]] | None) -> dict:
     """Simulate per-agent action lists; None means the answer did not parse.
 
-    Returns {"valid", "failure", "failure_time", "failure_agent", "soc", "makespan",
-    "positions"} where positions[t] lists every agent's cell at time t (up to the failure).
+    Returns {"valid", "failure", "failure_time", "failure_agent", "failure_agents",
+    "failure_cells", "soc", "makespan", "positions"}: positions[t] lists every agent's cell at
+    time t up to the last legal step; failure_agent is the lowest agent involved in the first
+    failure and failure_agents all of them, with their cells in failure_cells (where they tried
+    to go; an agent making an illegal move stays put). Precedence within a step: illegal_move,
+    hole, vertex_conflict, edge_conflict; after the last step, goal_not_reached.
     """
     if plan is None:
-        return _result("parse_error", -1, -1, None, [])
+        return _result("parse_error", -1, (), (), None, [])
     n = problem.num_agents
     plan = [list(plan[i]) if i < len(plan) else [] for i in range(n)]
     horizon = max((len(p) for p in plan), default=0)
@@ -31,32 +35,33 @@ def simulate(problem: Problem, plan: Sequence[Sequence[int]] | None) -> dict:
         new = []
         for i in range(n):
             a = plan[i][t - 1] if t - 1 < len(plan[i]) else 0
-            dr, dc = _MOVES.get(a, (None, None)) if a in _MOVES else (None, None)
-            if dr is None:
-                new.append(None)
-            else:
-                new.append((pos[i][0] + dr, pos[i][1] + dc))
+            move = _MOVES.get(a)
+            new.append(None if move is None else (pos[i][0] + move[0], pos[i][1] + move[1]))
+        illegal = []
         for i in range(n):
             cell = new[i]
             if cell is None or not (0 <= cell[0] < problem.height and 0 <= cell[1] < problem.width):
-                return _result("illegal_move", t, i, None, history)
-        for i in range(n):
-            r, c = new[i]
-            if problem.grid[r][c] == "H":
-                return _result("hole", t, i, None, history)
+                illegal.append(i)
+        if illegal:
+            return _result("illegal_move", t, illegal, [pos[i] for i in illegal], None, history)
+        holes = [i for i in range(n) if problem.grid[new[i][0]][new[i][1]] == "H"]
+        vertex = [i for i in range(n) if sum(new[j] == new[i] for j in range(n)) > 1]
+        edge = set()
         for i in range(n):
             for j in range(i + 1, n):
-                if new[i] == new[j]:
-                    return _result("vertex_conflict", t, i, None, history)
-        for i in range(n):
-            for j in range(n):
-                if i != j and new[i] != pos[i] and new[i] == pos[j] and new[j] == pos[i]:
-                    return _result("edge_conflict", t, min(i, j), None, history)
+                if new[i] != pos[i] and new[i] == pos[j] and new[j] == pos[i]:
+                    edge.update((i, j))
+        for kind, agents in (("hole", holes), ("vertex_conflict", vertex)):
+            if agents:
+                return _result(kind, t, agents, [new[i] for i in agents], None, history)
+        if edge:
+            agents = sorted(edge)
+            return _result("edge_conflict", t, agents, [new[i] for i in agents], None, history)
         pos = new
         history.append(list(pos))
-    for i in range(n):
-        if pos[i] != goals[i]:
-            return _result("goal_not_reached", horizon, i, None, history)
+    late = [i for i in range(n) if pos[i] != goals[i]]
+    if late:
+        return _result("goal_not_reached", horizon, late, [pos[i] for i in late], None, history)
     costs = []
     for i in range(n):
         cost = 0
@@ -64,15 +69,17 @@ def simulate(problem: Problem, plan: Sequence[Sequence[int]] | None) -> dict:
             if cells[i] != goals[i]:
                 cost = t + 1
         costs.append(cost)
-    return _result(None, -1, -1, costs, history)
+    return _result(None, -1, (), (), costs, history)
 
 
-def _result(failure, time, agent, costs, history):
+def _result(failure, time, agents, cells, costs, history):
     return {
         "valid": failure is None,
         "failure": failure,
         "failure_time": time,
-        "failure_agent": agent,
+        "failure_agent": agents[0] if agents else -1,
+        "failure_agents": tuple(agents),
+        "failure_cells": tuple(tuple(c) for c in cells),
         "soc": sum(costs) if costs is not None else None,
         "makespan": max(costs, default=0) if costs is not None else None,
         "positions": history,
