@@ -15,6 +15,7 @@ from absl import app, flags
 _CKPT = flags.DEFINE_string("checkpoint", None, "Hugging Face Qwen3 checkpoint directory")
 _API = flags.DEFINE_string("api_model", None, "OpenAI-compatible model name (instead of a ckpt)")
 _API_URL = flags.DEFINE_string("api_base_url", "", "endpoint; default $OPENAI_BASE_URL")
+_API_CONC = flags.DEFINE_integer("api_concurrency", 8, "API requests in flight at once")
 _INSTANCES = flags.DEFINE_string("instances", None, "instance JSONL (labelled)")
 _ANSWERS = flags.DEFINE_string("answers_out", None, 'raw {"id", "text"} JSONL, appended per batch')
 _OUT = flags.DEFINE_string("out_dir", "eval", "where results.{md,csv,png,json} go")
@@ -50,7 +51,9 @@ def main(argv):
             solver = ev.CheckpointSolver(_CKPT.value, gen, _DTYPE.value, mesh)
             label, family = _CKPT.value, paper.model_family(checkpoint=_CKPT.value)
         else:
-            solver = ev.ApiSolver(_API.value, _API_URL.value, temperature=_TEMP.value)
+            solver = ev.ApiSolver(
+                _API.value, _API_URL.value, temperature=_TEMP.value, concurrency=_API_CONC.value
+            )
             label, family = _API.value, paper.model_family(api_model=_API.value)
         paths = ev.evaluate(
             solver, problems, _OUT.value, label, family, _ANSWERS.value, _BATCH.value

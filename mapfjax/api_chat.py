@@ -3,6 +3,7 @@ shared by the API engineer and the API solver."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -70,3 +71,47 @@ def chat(
                 continue
             raise ChatError(errors, transient) from e
     raise AssertionError("unreachable: the loop returns or raises on its last attempt")
+
+
+@dataclasses.dataclass
+class Endpoint:
+    """Settings of an OpenAI-compatible chat endpoint, shared by the API engineer and the API
+    solver: model / base_url / api_key default to $OPENAI_MODEL / $OPENAI_BASE_URL /
+    $OPENAI_API_KEY. Transient failures are retried `max_retries` times after
+    backoff * 2**attempt seconds (see `chat`)."""
+
+    model: str = ""
+    base_url: str = ""
+    api_key: str = ""
+    max_retries: int = 3
+    backoff: float = 1.0
+    timeout: float = 120.0
+    temperature: float = 0.7
+    max_tokens: int = 4096
+    sleep: Callable[[float], None] = time.sleep
+
+    def settings(self) -> tuple[str, str, str]:
+        """(base_url, model, api_key) after the environment fallbacks; empty when unset."""
+        return (
+            self.base_url or os.environ.get("OPENAI_BASE_URL", ""),
+            self.model or os.environ.get("OPENAI_MODEL", ""),
+            self.api_key or os.environ.get("OPENAI_API_KEY", ""),
+        )
+
+    def client(self):
+        """An `openai.OpenAI` client for these settings."""
+        base_url, _, key = self.settings()
+        return client(base_url, key, self.timeout)
+
+    def chat(self, api, prompt: str) -> tuple[str, list[str]]:
+        """`chat` with these settings through the client `api`."""
+        return chat(
+            api,
+            self.settings()[1],
+            prompt,
+            temperature=self.temperature,
+            max_tokens=self.max_tokens,
+            max_retries=self.max_retries,
+            backoff=self.backoff,
+            sleep=self.sleep,
+        )

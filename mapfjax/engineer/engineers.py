@@ -10,8 +10,6 @@ import dataclasses
 import functools
 import importlib.util
 import math
-import os
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -237,35 +235,16 @@ class RuleEngineer:
 
 
 @dataclasses.dataclass
-class ApiEngineer:
-    """An OpenAI-compatible chat endpoint through the `openai` client.
+class ApiEngineer(api_chat.Endpoint):
+    """An OpenAI-compatible chat endpoint through the `openai` client (settings and retry
+    policy: `api_chat.Endpoint`). A request that still fails after its retries, or any other
+    failure, keeps the current config and says why."""
 
-    base_url / api_key / model default to $OPENAI_BASE_URL / $OPENAI_API_KEY / $OPENAI_MODEL.
-    Connection errors, timeouts, HTTP 429 and 5xx are retried `max_retries` times, waiting
-    backoff * 2**attempt seconds; any other failure keeps the current config and says why.
-    """
-
-    base_url: str = ""
-    model: str = ""
-    api_key: str = ""
-    max_retries: int = 3
-    backoff: float = 1.0
-    timeout: float = 120.0
-    temperature: float = 0.7
-    max_tokens: int = 4096
     max_edits: int = MAX_EDITS
-    sleep: Callable[[float], None] = time.sleep
     name: str = "api"
 
-    def _settings(self) -> tuple[str, str, str]:
-        return (
-            self.base_url or os.environ.get("OPENAI_BASE_URL", ""),
-            self.model or os.environ.get("OPENAI_MODEL", ""),
-            self.api_key or os.environ.get("OPENAI_API_KEY", ""),
-        )
-
     def propose(self, context, current, rng, records=()) -> Decision:
-        base_url, model, key = self._settings()
+        base_url, model, key = self.settings()
         extra: dict[str, Any] = {"base_url": base_url or "(openai default)", "model": model}
         if importlib.util.find_spec("openai") is None:
             return keep_current(current, self.name, "the openai package is not installed")
@@ -275,19 +254,9 @@ class ApiEngineer:
             return keep_current(
                 current, self.name, "no API key: set engineer.api_key or OPENAI_API_KEY"
             )
-        api = api_chat.client(base_url, key, self.timeout)
         prompt = build_prompt(context, current, self.max_edits)
         try:
-            text, errors = api_chat.chat(
-                api,
-                model,
-                prompt,
-                temperature=self.temperature,
-                max_tokens=self.max_tokens,
-                max_retries=self.max_retries,
-                backoff=self.backoff,
-                sleep=self.sleep,
-            )
+            text, errors = self.chat(self.client(), prompt)
         except api_chat.ChatError as e:
             extra["errors"] = e.errors
             return keep_current(current, self.name, str(e), extra=extra)

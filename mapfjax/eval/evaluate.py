@@ -4,6 +4,7 @@ layout (markdown, CSV, PNG, JSON), split by wait-ratio subset, beside the paper'
 
 from __future__ import annotations
 
+import concurrent.futures
 import csv
 import dataclasses
 import io as std_io
@@ -12,11 +13,11 @@ import logging
 import math
 import os
 import pathlib
-import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from mapfjax import api_chat
 from mapfjax.env import benchmark, dynamics, io, text, types
 from mapfjax.env import config as env_config
 from mapfjax.env.types import Problem
@@ -86,45 +87,28 @@ class ApiUnavailable(RuntimeError):
 
 
 @dataclasses.dataclass
-class ApiSolver:
+class ApiSolver(api_chat.Endpoint):
     """An OpenAI-compatible chat endpoint as a direct solver: the rendered prompt as the user
-    message. base_url / api_key default to $OPENAI_BASE_URL / $OPENAI_API_KEY. Connection
-    errors, timeouts, 429 and 5xx are retried `max_retries` times (backoff * 2**attempt seconds)
-    and then raise ApiUnavailable; any other error answers "" (scored as a parse error) and is
+    message (settings and retry policy: `api_chat.Endpoint`; the model is required). Up to
+    `concurrency` requests are in flight at once; answers keep the problems' order. A request
+    that keeps failing with retryable errors raises ApiUnavailable (answers of earlier batches
+    are saved; rerun to continue); any other error answers "" (scored as a parse error) and is
     logged with the instance id."""
 
-    model: str
-    base_url: str = ""
-    api_key: str = ""
-    max_retries: int = 3
-    backoff: float = 1.0
     timeout: float = 300.0
     temperature: float = 0.0
     max_tokens: int = 8192
-    sleep: Callable[[float], None] = time.sleep
+    concurrency: int = 8
     errors: dict[str, str] = dataclasses.field(default_factory=dict)
 
-    def _client(self):
-        from mapfjax import api_chat
-
-        return api_chat.client(self.base_url, self.api_key, self.timeout)
+    def __post_init__(self):
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency={self.concurrency}: allowed >= 1")
 
     def ask(self, client, pid: str, prompt: str) -> str:
         """One chat completion with retries; see the class docstring for the error policy."""
-        from mapfjax import api_chat
-
         try:
-            text, _ = api_chat.chat(
-                client,
-                self.model,
-                prompt,
-                temperature=self.temperature,
-                max_tokens=self.max_tokens,
-                max_retries=self.max_retries,
-                backoff=self.backoff,
-                sleep=self.sleep,
-            )
-            return text
+            return self.chat(client, prompt)[0]
         except api_chat.ChatError as e:
             if e.retryable:
                 raise ApiUnavailable(
@@ -135,8 +119,18 @@ class ApiSolver:
             return ""
 
     def __call__(self, problems: Sequence[Problem], start: int) -> list[str]:
-        client = self._client()
-        return [self.ask(client, p.id, text.render_prompt(p)) for p in problems]
+        if not self.settings()[1]:
+            raise ValueError("ApiSolver: no model; pass model= or set OPENAI_MODEL")
+        client = self.client()
+        prompts = [text.render_prompt(p) for p in problems]
+        if self.concurrency == 1 or len(problems) == 1:
+            return [self.ask(client, p.id, q) for p, q in zip(problems, prompts, strict=True)]
+        pool = concurrent.futures.ThreadPoolExecutor(min(self.concurrency, len(problems)))
+        try:
+            futures = [pool.submit(self.ask, client, p.id, q) for p, q in zip(problems, prompts)]
+            return [f.result() for f in futures]
+        finally:  # on ApiUnavailable: drop the requests not yet started
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 # --------------------------------------------------------------------------- answers file

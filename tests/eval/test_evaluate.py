@@ -9,6 +9,7 @@ import pathlib
 import subprocess
 import sys
 import threading
+import time
 
 import jax
 import pytest
@@ -286,3 +287,53 @@ def test_qwen_tables_show_paper_rows(bench, tmp_path):
     assert "not comparable as a mean" in md
     assert "V6 +T bookkeeping 45.2" in md and "V6 +T bookkeeping 35.7" in md
     assert jax.numpy.isfinite(json.loads(paths["json"].read_text())["aggregate_valid"]["all"])
+
+
+class _SlowEcho(http.server.BaseHTTPRequestHandler):
+    """Answers each prompt with its own map size after a short wait, counting the requests in
+    flight at once."""
+
+    lock = threading.Lock()
+    active = peak = 0
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        cls = type(self)
+        with cls.lock:
+            cls.active += 1
+            cls.peak = max(cls.peak, cls.active)
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        time.sleep(0.2)
+        size = body["messages"][-1]["content"].split("There is a ")[1].split(" ")[0]
+        message = {"role": "assistant", "content": size}
+        choice = {"index": 0, "finish_reason": "stop", "message": message}
+        data = json.dumps({"id": "x", "object": "chat.completion", "created": 0,
+                           "model": body["model"], "choices": [choice]}).encode()  # fmt: skip
+        with cls.lock:
+            cls.active -= 1
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def test_api_solver_sends_requests_concurrently_and_keeps_order(bench):
+    pytest.importorskip("openai")
+    _, problems = bench
+    chosen = problems[:: max(1, len(problems) // 6)][:6]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SlowEcho)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        solver = ev.ApiSolver("m", url, api_key="k", concurrency=3)
+        answers = solver(chosen, 0)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert answers == [f"{p.height}x{p.width}" for p in chosen]
+    assert _SlowEcho.peak == 3
+    with pytest.raises(ValueError, match="concurrency=0"):
+        ev.ApiSolver("m", concurrency=0)
