@@ -1,0 +1,99 @@
+"""Optimiser settings and their optax transformation: AdamW with linear warmup, cosine decay
+and global-norm gradient clipping."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import optax
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    """Optimiser and update-loop settings.
+
+    lr: peak learning rate, reached after `warmup_steps` linear steps from 0, then cosine decay
+        over the remaining `total_steps - warmup_steps` updates to `lr * end_lr_ratio`.
+    weight_decay: decoupled AdamW decay, applied to matrices only (not norms).
+    grad_clip: maximum global gradient norm (0 disables clipping).
+    accum_steps: micro-batches per update; the batch's rows must divide by it.
+    max_bad_steps: `Trainer.step` raises RuntimeError after this many non-finite updates in a
+        row (each one is skipped: parameters and optimiser state stay unchanged).
+    remat: rematerialise each layer in the backward pass (None keeps the model's setting).
+    """
+
+    lr: float = 1e-6
+    warmup_steps: int = 0
+    total_steps: int = 1000
+    end_lr_ratio: float = 0.0
+    weight_decay: float = 0.0
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    accum_steps: int = 1
+    max_bad_steps: int = 5
+    remat: bool | None = None
+
+    def validate(self) -> OptimConfig:
+        """Raise ValueError naming the first bad field, its value and what is allowed."""
+        checks = [
+            ("lr", self.lr > 0, "a number > 0"),
+            ("warmup_steps", is_int(self.warmup_steps) and self.warmup_steps >= 0, "an int >= 0"),
+            (
+                "total_steps",
+                is_int(self.total_steps) and self.total_steps > self.warmup_steps,
+                f"an int > warmup_steps={self.warmup_steps}",
+            ),
+            ("end_lr_ratio", 0 <= self.end_lr_ratio <= 1, "a number in [0, 1]"),
+            ("weight_decay", self.weight_decay >= 0, "a number >= 0"),
+            ("b1", 0 <= self.b1 < 1, "a number in [0, 1)"),
+            ("b2", 0 <= self.b2 < 1, "a number in [0, 1)"),
+            ("eps", self.eps > 0, "a number > 0"),
+            ("grad_clip", self.grad_clip >= 0, "a number >= 0 (0 disables clipping)"),
+            ("accum_steps", is_int(self.accum_steps) and self.accum_steps >= 1, "an int >= 1"),
+            (
+                "max_bad_steps",
+                is_int(self.max_bad_steps) and self.max_bad_steps >= 1,
+                "an int >= 1",
+            ),
+            ("remat", self.remat in (None, True, False), "None, True or False"),
+        ]
+        for name, ok, allowed in checks:
+            if not ok:
+                value = getattr(self, name)
+                raise ValueError(f"OptimConfig.{name}={value!r} is invalid: allowed {allowed}")
+        return self
+
+
+def is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def lr_schedule(cfg: OptimConfig) -> optax.Schedule:
+    """Learning rate as a function of the number of applied updates."""
+    return optax.warmup_cosine_decay_schedule(
+        init_value=0.0,
+        peak_value=cfg.lr,
+        warmup_steps=cfg.warmup_steps,
+        decay_steps=cfg.total_steps,
+        end_value=cfg.lr * cfg.end_lr_ratio,
+    )
+
+
+def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
+    """Global-norm clipping, then AdamW on the warmup + cosine schedule."""
+    cfg.validate()
+    adamw = optax.adamw(
+        lr_schedule(cfg),
+        b1=cfg.b1,
+        b2=cfg.b2,
+        eps=cfg.eps,
+        weight_decay=cfg.weight_decay,
+        mask=lambda params: jax.tree.map(lambda p: jnp.ndim(p) >= 2, params),
+    )
+    if cfg.grad_clip > 0:
+        return optax.chain(optax.clip_by_global_norm(cfg.grad_clip), adamw)
+    return adamw

@@ -1,0 +1,315 @@
+"""The jitted train step for GRPO and SFT: losses by name, gradient accumulation with global
+loss normalisers, non-finite updates skipped, and the state's shardings (also lowered
+ahead of time for memory planning)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax import lax
+
+from mapfjax import parallel
+from mapfjax.rl.batch import SequenceBatch, completion_logprobs
+from mapfjax.rl.grpo import GRPOConfig, grpo_loss, masked_mean
+from mapfjax.rl.optim import OptimConfig, lr_schedule, make_optimizer
+from mapfjax.rl.sft import SFTConfig, sft_loss
+
+Array = jax.Array
+LossFn = Callable[[nnx.Module, SequenceBatch, Any], tuple[Array, dict[str, Array]]]
+
+
+@flax.struct.dataclass
+class TrainState:
+    """params: nnx.State of the model's nnx.Param variables; opt_state: optax state over them;
+    step: int32 [] number of `step` calls (applied or skipped: the data position);
+    rng: a PRNG key for the caller's sampling (`Trainer.next_key`); bad_steps: int32 []
+    non-finite updates in a row; skipped: int32 [] non-finite updates in total."""
+
+    params: Any
+    opt_state: Any
+    step: Array
+    rng: Array
+    bad_steps: Array
+    skipped: Array
+
+
+# --------------------------------------------------------------------------- losses
+
+
+def grpo_token_loss(model, batch: SequenceBatch, cfg: GRPOConfig):
+    """GRPO clipped surrogate over the completion tokens (`grpo.grpo_loss`).
+
+    Log-probs use cfg.temperature, the sampler's. Extra metrics: entropy (mean over loss
+    tokens), logprob_mismatch (mean |trainer - old| log-prob: the sampler/trainer gap on the
+    first iteration over a batch), full_length_frac (rows whose loss mask fills all T columns:
+    the truncation rate when T is the generation budget).
+    """
+    mask = jnp.asarray(batch.loss_mask, bool)
+    logp, entropy = completion_logprobs(model, batch, cfg.temperature)
+    loss, metrics = grpo_loss(
+        logp, batch.old_logprobs, batch.advantages, mask, cfg, batch.ref_logprobs
+    )
+    old = jnp.where(mask, batch.old_logprobs, 0.0)
+    rows = jnp.any(mask, axis=1)
+    metrics.update(
+        entropy=masked_mean(lax.stop_gradient(entropy), mask),
+        logprob_mismatch=masked_mean(jnp.abs(lax.stop_gradient(logp) - old), mask),
+        full_length_frac=masked_mean(mask[:, -1], rows),
+    )
+    return loss, metrics
+
+
+def _grpo_weight(batch: SequenceBatch, cfg: GRPOConfig) -> Array:
+    # The denominator of each aggregation: tokens for token_mean, non-empty rows otherwise.
+    mask = jnp.asarray(batch.loss_mask, bool)
+    if cfg.aggregation == "token_mean":
+        return jnp.sum(mask).astype(jnp.float32)
+    return jnp.sum(jnp.any(mask, axis=1)).astype(jnp.float32)
+
+
+grpo_token_loss.weight = _grpo_weight
+
+# name -> fn(model, batch, cfg) -> (loss f32[], metrics). An optional `fn.weight(batch, cfg)`
+# gives the loss's normaliser (token or sequence count), so that accumulated micro-batch losses
+# weighted by weight_k / sum(weight) equal the full-batch loss; without it micro-batches count
+# equally.
+LOSSES: dict[str, LossFn] = {"grpo": grpo_token_loss, "sft": sft_loss}
+DEFAULT_LOSS_CONFIGS: dict[str, Callable[[], Any]] = {"grpo": GRPOConfig, "sft": SFTConfig}
+
+
+def _loss_weight(loss_fn, batch, cfg) -> Array:
+    weight = getattr(loss_fn, "weight", None)
+    return jnp.float32(1.0) if weight is None else weight(batch, cfg)
+
+
+def _combine(metrics: dict[str, Array], weights: Array) -> dict[str, Array]:
+    """Per-micro-batch metrics [A] -> one value: sums for counts, max for *_max, else weighted
+    means with the loss weights (so token means stay token means over the whole batch)."""
+    total = jnp.sum(weights)
+    w = jnp.where(total > 0, weights / jnp.where(total > 0, total, 1.0), 1.0 / weights.shape[0])
+    out = {}
+    for k, v in metrics.items():
+        if k.startswith("num_"):
+            out[k] = jnp.sum(v)
+        elif k.endswith("_max"):
+            out[k] = jnp.max(v)
+        else:
+            out[k] = jnp.sum(w * v)
+    return out
+
+
+# --------------------------------------------------------------------------- the step
+
+
+def _split_micro(batch: SequenceBatch, accum: int) -> SequenceBatch:
+    """[B, ...] leaves -> [accum, B / accum, ...]; micro-batch k holds rows k, k + accum, ...,
+    so a row-sharded batch gives every device an equal share of each micro-batch."""
+
+    def split(x):
+        x = jnp.asarray(x)
+        x = x.reshape(x.shape[0] // accum, accum, *x.shape[1:]).swapaxes(0, 1)
+        return x
+
+    return jax.tree.map(split, batch)
+
+
+def _constrain_rows(batch: SequenceBatch) -> SequenceBatch:
+    return jax.tree.map(
+        lambda x: parallel.constrain(x, ("batch",) + ("seq",) * (x.ndim - 1)), batch
+    )
+
+
+def train_step(
+    state: TrainState,
+    batch: SequenceBatch,
+    rest,
+    *,
+    graphdef,
+    loss_fn: LossFn,
+    loss_cfg,
+    tx: optax.GradientTransformation,
+    accum_steps: int,
+    remat: bool | None,
+    schedule: optax.Schedule,
+) -> tuple[TrainState, dict[str, Array]]:
+    """One optimiser update on `batch` (pure; jit it with the keyword arguments static).
+
+    With accum_steps = A the B rows are cut into A micro-batches (`_split_micro`) scanned with
+    gradients accumulated as sum_k (w_k / sum w) * grad L_k, w_k = the loss's normaliser on
+    micro-batch k, which equals the gradient of the full-batch loss for token-mean and
+    sequence-mean aggregations. A non-finite loss or gradient leaves params and optimiser state
+    unchanged and counts the step in bad_steps / skipped.
+    """
+
+    def micro_loss(params, mb):
+        model = nnx.merge(graphdef, params, rest)
+        if remat is not None and hasattr(model, "remat"):
+            model.remat = remat
+        return loss_fn(model, mb, loss_cfg)
+
+    grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+    if accum_steps == 1:
+        (loss, metrics), grads = grad_fn(state.params, batch)
+    else:
+        total = _loss_weight(loss_fn, batch, loss_cfg)
+        total = jnp.where(total > 0, total, 1.0)
+        micro = _split_micro(batch, accum_steps)
+
+        def body(carry, mb):
+            g_acc, l_acc = carry
+            mb = _constrain_rows(mb)
+            w = _loss_weight(loss_fn, mb, loss_cfg)
+            if getattr(loss_fn, "weight", None) is None:
+                w = w / accum_steps
+            else:
+                w = w / total
+            (lk, m), g = grad_fn(state.params, mb)
+            g_acc = jax.tree.map(lambda a, b: a + w * b.astype(jnp.float32), g_acc, g)
+            return (g_acc, l_acc + w * lk), (m, w)
+
+        # Accumulate in fp32 (bf16 sums of many micro-batches lose the small ones).
+        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+        (grads, loss), (ms, ws) = lax.scan(body, (zeros, jnp.float32(0.0)), micro)
+        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
+        metrics = _combine(ms, ws)
+        metrics["loss"] = loss
+
+    grad_norm = optax.tree.norm(grads)
+    ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+
+    def keep(new, old):
+        return jnp.where(ok, new, old)
+
+    applied = state.step - state.skipped  # updates applied before this one
+    new_state = state.replace(
+        params=jax.tree.map(keep, params, state.params),
+        opt_state=jax.tree.map(keep, opt_state, state.opt_state),
+        step=state.step + 1,
+        bad_steps=jnp.where(ok, 0, state.bad_steps + 1).astype(jnp.int32),
+        skipped=state.skipped + jnp.where(ok, 0, 1).astype(jnp.int32),
+    )
+    metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
+    metrics.update(
+        loss=jnp.asarray(loss, jnp.float32),
+        grad_norm=grad_norm,
+        lr=jnp.asarray(schedule(applied), jnp.float32),
+        update_skipped=jnp.where(ok, 0.0, 1.0),
+    )
+    return new_state, metrics
+
+
+def batch_shardings(batch: SequenceBatch, mesh, rules):
+    def one(x):
+        axes = ("batch",) + (None,) * (np.ndim(x) - 1)
+        return parallel.logical_to_sharding(axes, mesh, rules, np.shape(x))
+
+    return jax.tree.map(one, batch)
+
+
+def init_state(tx, params, rng) -> TrainState:
+    # Own buffers: the step donates the state, which must not free the caller's model arrays.
+    params = jax.tree.map(jnp.copy, params)
+    zero = jnp.zeros((), jnp.int32)
+    return TrainState(params, tx.init(params), zero, rng, zero, zero)
+
+
+def train_state_shardings(abstract: TrainState, tx, mesh, rules) -> TrainState:
+    """Shardings of a (possibly abstract) TrainState: parameters and their optimiser moments by
+    the parameters' logical axes, counters and RNG replicated; one device without a mesh."""
+    if mesh is None:
+        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        return jax.tree.map(lambda _: device, abstract)
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    param_sh = parallel.model_shardings(abstract.params, mesh, rules)
+    opt_sh = optax.tree_map_params(
+        tx,
+        lambda _, s: s,
+        abstract.opt_state,
+        param_sh,
+        transform_non_params=lambda _: replicated,
+        is_leaf=lambda x: isinstance(x, nnx.Variable),
+    )
+    return TrainState(param_sh, opt_sh, replicated, replicated, replicated, replicated)
+
+
+def lower_train_step(
+    make_model: Callable[[], nnx.Module],
+    optim: OptimConfig,
+    loss: str,
+    loss_cfg,
+    mesh,
+    rows: int,
+    prompt_len: int,
+    completion_len: int,
+    rules="train",
+    with_ref_logprobs: bool = False,
+):
+    """`jax.jit(train_step).lower(...)` on abstract inputs for ahead-of-time memory planning:
+    the model, optimiser state and a [rows, prompt_len + completion_len] batch exist only as
+    ShapeDtypeStructs with their shardings (nothing is allocated)."""
+    tx = make_optimizer(optim)
+    graphdef, params, rest = nnx.split(nnx.eval_shape(make_model), nnx.Param, ...)
+    abstract = jax.eval_shape(functools.partial(init_state, tx), params, jax.random.key(0))
+    shardings = train_state_shardings(abstract, tx, mesh, rules)
+    state = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
+    )
+    L, T = prompt_len + completion_len, completion_len
+
+    def spec(shape, dtype):
+        axes = ("batch",) + (None,) * (len(shape) - 1)
+        sh = parallel.logical_to_sharding(axes, mesh, rules, shape)
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
+
+    batch = SequenceBatch(
+        tokens=spec((rows, L), jnp.int32),
+        attention_mask=spec((rows, L), jnp.bool_),
+        positions=spec((rows, L), jnp.int32),
+        loss_mask=spec((rows, T), jnp.bool_),
+        old_logprobs=spec((rows, T), jnp.float32),
+        advantages=spec((rows,), jnp.float32),
+        ref_logprobs=spec((rows, T), jnp.float32) if with_ref_logprobs else None,
+        prompt_len=prompt_len,
+    )
+    if loss_cfg is None:
+        loss_cfg = DEFAULT_LOSS_CONFIGS[loss]()
+    leaves, treedef = jax.tree.flatten(shardings)
+    step = jitted_step(graphdef, LOSSES[loss], loss_cfg, optim, treedef, tuple(leaves))
+    with jax.set_mesh(mesh):
+        return step.lower(state, batch, rest)
+
+
+@functools.lru_cache(maxsize=32)
+def jitted_step(graphdef, loss_fn, loss_cfg, optim: OptimConfig, treedef, sharding_leaves):
+    """The jitted `train_step` for one (model graph, loss, optimiser, placement); cached so a
+    fresh Trainer of the same setup (e.g. after a restore) reuses the compiled step."""
+    state_shardings = jax.tree.unflatten(treedef, sharding_leaves)
+    step = functools.partial(
+        train_step,
+        graphdef=graphdef,
+        loss_fn=loss_fn,
+        loss_cfg=loss_cfg,
+        tx=make_optimizer(optim),
+        accum_steps=optim.accum_steps,
+        remat=optim.remat,
+        schedule=lr_schedule(optim),
+    )
+    return jax.jit(step, donate_argnums=0, out_shardings=(state_shardings, None))
+
+
+@functools.lru_cache(maxsize=32)
+def jitted_logprobs(graphdef):
+    def fn(params, batch, rest, temperature):
+        return completion_logprobs(nnx.merge(graphdef, params, rest), batch, temperature)
+
+    return jax.jit(fn)
