@@ -35,7 +35,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         dict(
             hidden_size=128,
             intermediate_size=384,
-            num_layers=4,
+            num_layers=8,
             num_heads=4,
             num_kv_heads=2,
             head_dim=32,
@@ -45,17 +45,17 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     )
 
     c.sft = ml_collections.ConfigDict()
-    c.sft.instances = 24576
+    c.sft.instances = 49152
     c.sft.env = env_config(SFT_SIZES, seed=1)
     c.sft.batch_size = 32
     # Update counts at which SFT stages end; each stage restarts warmup + cosine decay from
     # the previous stage's weights and optimiser state. The shipped model used these three
     # stages (~35 minutes in all on a shared 2-core CPU); stage 2 gave most of the gain.
-    c.sft.stages = (480, 1280, 1800)
+    c.sft.stages = (6000,)
     c.sft.optim = ml_collections.ConfigDict(
         dict(
-            lr=3e-3,
-            warmup_steps=30,
+            lr=2e-3,
+            warmup_steps=100,
             end_lr_ratio=0.05,
             weight_decay=0.01,
             b1=0.9,
