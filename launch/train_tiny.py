@@ -48,7 +48,7 @@ def main(_):
     log = open(work / "log.jsonl", "a", buffering=1)  # line-buffered: tail -f works
     b = c.sft.batch_size
     sft_batches = lambda s: ((x, {}) for x in data.sft_batches(d.sft, b, pad, c.seed, None, s))
-    for steps in c.sft.stages:  # warm restarts: each stage is a fresh warmup + cosine
+    for steps in c.sft.stages:  # each stage: a longer cosine schedule from where it stands
         sft = Trainer(model, OptimConfig(**c.sft.optim, total_steps=steps), "sft", seed=c.seed)
         fit(sft, work / "sft_ckpt", steps, sft_batches, c.sft.checkpoint_every, log, "sft")
         model = sft.model()
