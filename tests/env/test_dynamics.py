@@ -269,3 +269,26 @@ def test_verify_early_exit_keeps_a_late_failure():
     assert (rows[0]["failure"], rows[0]["failure_time"]) == (ref["failure"], ref["failure_time"])
     assert ref["failure_time"] > 16 and ref["failure"] in ("vertex_conflict", "edge_conflict")
     assert all(r["failure"] == "illegal_move" and r["failure_time"] == 1 for r in rows[1:])
+
+
+def test_reference_simulator_names_every_agent_and_cell_of_the_first_failure():
+    three = P(["FFF", "FHF", "FFF"], [(0, 0), (0, 2), (2, 0)], [(0, 2), (0, 0), (2, 2)])
+    cases = [
+        # agents 0 and 1 meet in (0, 1); agent 2 moves legally
+        ([[4], [3], [4]], "vertex_conflict", (0, 1), ((0, 1), (0, 1))),
+        # agents 0 and 1 swap along row 0 at t=2
+        ([[4, 4], [0, 3], []], "edge_conflict", (0, 1), ((0, 2), (0, 1))),
+        # two agents step off the map at once: both named, each where it stayed
+        ([[1], [1], []], "illegal_move", (0, 1), ((0, 0), (0, 2))),
+        # an illegal move beats agent 2's hole in the same step
+        ([[1], [], [1, 4]], "illegal_move", (0,), ((0, 0),)),
+        # agents 0 and 1 both step into the hole at t=2: the hole beats their vertex conflict
+        ([[2, 4], [2, 3], []], "hole", (0, 1), ((1, 1), (1, 1))),
+        ([[4], [], []], "goal_not_reached", (0, 1, 2), ((0, 1), (0, 2), (2, 0))),
+    ]
+    for plan, kind, agents, cells in cases:
+        r = simulate.simulate(three, plan)
+        assert (r["failure"], r["failure_agents"], r["failure_cells"]) == (kind, agents, cells)
+        assert r["failure_agent"] == agents[0]
+    ok = simulate.simulate(P(["FF"], [(0, 0)], [(0, 1)]), [[4]])
+    assert ok["valid"] and ok["failure_agents"] == () and ok["failure_agent"] == -1
