@@ -122,12 +122,9 @@ class ApiSolver(api_chat.Endpoint):
         if not self.settings()[1]:
             raise ValueError("ApiSolver: no model; pass model= or set OPENAI_MODEL")
         client = self.client()
-        prompts = [text.render_prompt(p) for p in problems]
-        if self.concurrency == 1 or len(problems) == 1:
-            return [self.ask(client, p.id, q) for p, q in zip(problems, prompts, strict=True)]
-        pool = concurrent.futures.ThreadPoolExecutor(min(self.concurrency, len(problems)))
+        pool = concurrent.futures.ThreadPoolExecutor(max(1, min(self.concurrency, len(problems))))
         try:
-            futures = [pool.submit(self.ask, client, p.id, q) for p, q in zip(problems, prompts)]
+            futures = [pool.submit(self.ask, client, p.id, text.render_prompt(p)) for p in problems]
             return [f.result() for f in futures]
         finally:  # on ApiUnavailable: drop the requests not yet started
             pool.shutdown(wait=True, cancel_futures=True)

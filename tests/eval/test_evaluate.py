@@ -330,6 +330,7 @@ def test_api_solver_sends_requests_concurrently_and_keeps_order(bench):
         url = f"http://127.0.0.1:{server.server_address[1]}/v1"
         solver = ev.ApiSolver("m", url, api_key="k", concurrency=3)
         answers = solver(chosen, 0)
+        assert solver([], 0) == []  # an empty batch sends nothing
     finally:
         server.shutdown()
         server.server_close()
