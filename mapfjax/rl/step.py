@@ -242,10 +242,24 @@ def train_state_shardings(abstract: TrainState, tx, mesh, rules) -> TrainState:
     return TrainState(param_sh, opt_sh, replicated, replicated, replicated, replicated)
 
 
+def resolve_loss(loss_fn: str | LossFn, loss_cfg=None) -> tuple[LossFn, Any]:
+    """(loss function, its validated config): a name in `LOSSES` with its config (default
+    `DEFAULT_LOSS_CONFIGS[name]()`), or a callable passed through with `loss_cfg`."""
+    if isinstance(loss_fn, str):
+        if loss_fn not in LOSSES:
+            raise ValueError(f"loss_fn={loss_fn!r}: allowed {sorted(LOSSES)}")
+        if loss_cfg is None:
+            loss_cfg = DEFAULT_LOSS_CONFIGS[loss_fn]()
+        loss_fn = LOSSES[loss_fn]
+    if hasattr(loss_cfg, "validate"):
+        loss_cfg.validate()
+    return loss_fn, loss_cfg
+
+
 def lower_train_step(
     make_model: Callable[[], nnx.Module],
     optim: OptimConfig,
-    loss: str,
+    loss: str | LossFn,
     loss_cfg,
     mesh,
     rows: int,
@@ -257,6 +271,7 @@ def lower_train_step(
     """`jax.jit(train_step).lower(...)` on abstract inputs for ahead-of-time memory planning:
     the model, optimiser state and a [rows, prompt_len + completion_len] batch exist only as
     ShapeDtypeStructs with their shardings (nothing is allocated)."""
+    loss_fn, loss_cfg = resolve_loss(loss, loss_cfg)
     tx = make_optimizer(optim)
     graphdef, params, rest = nnx.split(nnx.eval_shape(make_model), nnx.Param, ...)
     abstract = jax.eval_shape(functools.partial(init_state, tx), params, jax.random.key(0))
@@ -281,10 +296,8 @@ def lower_train_step(
         ref_logprobs=spec((rows, T), jnp.float32) if with_ref_logprobs else None,
         prompt_len=prompt_len,
     )
-    if loss_cfg is None:
-        loss_cfg = DEFAULT_LOSS_CONFIGS[loss]()
     leaves, treedef = jax.tree.flatten(shardings)
-    step = jitted_step(graphdef, LOSSES[loss], loss_cfg, optim, treedef, tuple(leaves))
+    step = jitted_step(graphdef, loss_fn, loss_cfg, optim, treedef, tuple(leaves))
     with jax.set_mesh(mesh):
         return step.lower(state, batch, rest)
 

@@ -29,6 +29,7 @@ from mapfjax.rl.step import (
     jitted_logprobs,
     jitted_step,
     lower_train_step,
+    resolve_loss,
     train_state_shardings,
     train_step,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "lr_schedule",
     "make_optimizer",
     "num_params",
+    "resolve_loss",
     "train_state_shardings",
     "train_step",
 ]
@@ -79,14 +81,7 @@ class Trainer:
         seed: int = 0,
     ):
         self.optim = optim.validate()
-        if isinstance(loss_fn, str):
-            if loss_fn not in LOSSES:
-                raise ValueError(f"Trainer: loss_fn={loss_fn!r}: allowed {sorted(LOSSES)}")
-            if loss_cfg is None:
-                loss_cfg = DEFAULT_LOSS_CONFIGS[loss_fn]()
-            loss_fn = LOSSES[loss_fn]
-        if hasattr(loss_cfg, "validate"):
-            loss_cfg.validate()
+        loss_fn, loss_cfg = resolve_loss(loss_fn, loss_cfg)
         self.loss_fn, self.loss_cfg, self.mesh, self.rules = loss_fn, loss_cfg, mesh, rules
         self.tx = make_optimizer(optim)
         self.schedule = lr_schedule(optim)

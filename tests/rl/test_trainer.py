@@ -237,3 +237,5 @@ def test_model_view_and_config_errors():
         OptimConfig(lr=0).validate()
     with pytest.raises(ValueError, match="loss_fn='ppo'"):
         Trainer(tiny_model(), OPTIM, "ppo")
+    with pytest.raises(ValueError, match="loss_fn='ppo'"):  # before any model is traced
+        trainer_lib.lower_train_step(tiny_model, OPTIM, "ppo", None, None, 2, 8, 8)
