@@ -4,6 +4,7 @@ ahead of time for memory planning)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -256,6 +257,42 @@ def resolve_loss(loss_fn: str | LossFn, loss_cfg=None) -> tuple[LossFn, Any]:
     return loss_fn, loss_cfg
 
 
+@dataclasses.dataclass(frozen=True)
+class StepSetup:
+    """Everything a train step needs besides the state, for one (model, optimiser, loss,
+    placement). params: the model's nnx.Param state (arrays, or ShapeDtypeStructs for an
+    abstract model); init(params, rng) -> TrainState; abstract: the state's
+    ShapeDtypeStructs; shardings: the state's shardings (a TrainState of them); step: the
+    jitted `train_step`, called as step(state, batch, rest)."""
+
+    graphdef: Any
+    params: Any
+    rest: Any
+    init: Callable
+    abstract: TrainState
+    shardings: TrainState
+    step: Callable
+    loss_fn: LossFn
+    loss_cfg: Any
+
+
+def setup_step(model, optim: OptimConfig, loss, loss_cfg, mesh, rules, rng=None) -> StepSetup:
+    """Split `model` (concrete or `nnx.eval_shape`d), shape the train state, shard it and
+    fetch the jitted step: the one setup `Trainer` and `lower_train_step` share."""
+    loss_fn, loss_cfg = resolve_loss(loss, loss_cfg)
+    tx = make_optimizer(optim)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    init = functools.partial(init_state, tx)
+    rng = jax.random.key(0) if rng is None else rng
+    abstract = jax.eval_shape(init, params, rng)
+    shardings = train_state_shardings(abstract, tx, mesh, rules)
+    leaves, treedef = jax.tree.flatten(shardings)
+    # max_bad_steps is checked on the host: normalised so it does not force a recompile.
+    key_optim = dataclasses.replace(optim, max_bad_steps=1)
+    step = jitted_step(graphdef, loss_fn, loss_cfg, key_optim, treedef, tuple(leaves))
+    return StepSetup(graphdef, params, rest, init, abstract, shardings, step, loss_fn, loss_cfg)
+
+
 def lower_train_step(
     make_model: Callable[[], nnx.Module],
     optim: OptimConfig,
@@ -271,13 +308,11 @@ def lower_train_step(
     """`jax.jit(train_step).lower(...)` on abstract inputs for ahead-of-time memory planning:
     the model, optimiser state and a [rows, prompt_len + completion_len] batch exist only as
     ShapeDtypeStructs with their shardings (nothing is allocated)."""
-    loss_fn, loss_cfg = resolve_loss(loss, loss_cfg)
-    tx = make_optimizer(optim)
-    graphdef, params, rest = nnx.split(nnx.eval_shape(make_model), nnx.Param, ...)
-    abstract = jax.eval_shape(functools.partial(init_state, tx), params, jax.random.key(0))
-    shardings = train_state_shardings(abstract, tx, mesh, rules)
+    setup = setup_step(nnx.eval_shape(make_model), optim, loss, loss_cfg, mesh, rules)
     state = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+        setup.abstract,
+        setup.shardings,
     )
     L, T = prompt_len + completion_len, completion_len
 
@@ -296,10 +331,8 @@ def lower_train_step(
         ref_logprobs=spec((rows, T), jnp.float32) if with_ref_logprobs else None,
         prompt_len=prompt_len,
     )
-    leaves, treedef = jax.tree.flatten(shardings)
-    step = jitted_step(graphdef, loss_fn, loss_cfg, optim, treedef, tuple(leaves))
     with jax.set_mesh(mesh):
-        return step.lower(state, batch, rest)
+        return setup.step.lower(state, batch, setup.rest)
 
 
 @functools.lru_cache(maxsize=32)

@@ -4,8 +4,6 @@ The names of `optim` and `step` are re-exported here."""
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import logging
 import math
 from typing import Any
@@ -25,11 +23,10 @@ from mapfjax.rl.step import (
     TrainState,
     batch_shardings,
     grpo_token_loss,
-    init_state,
     jitted_logprobs,
-    jitted_step,
     lower_train_step,
     resolve_loss,
+    setup_step,
     train_state_shardings,
     train_step,
 )
@@ -81,26 +78,16 @@ class Trainer:
         seed: int = 0,
     ):
         self.optim = optim.validate()
-        loss_fn, loss_cfg = resolve_loss(loss_fn, loss_cfg)
-        self.loss_fn, self.loss_cfg, self.mesh, self.rules = loss_fn, loss_cfg, mesh, rules
-        self.tx = make_optimizer(optim)
-        self.schedule = lr_schedule(optim)
-        self.graphdef, params, self.rest = nnx.split(model, nnx.Param, ...)
-
-        init = functools.partial(init_state, self.tx)
         rng = jax.random.key(seed)
-        abstract = jax.eval_shape(init, params, rng)
-        self.state_shardings = train_state_shardings(abstract, self.tx, mesh, rules)
+        setup = setup_step(model, self.optim, loss_fn, loss_cfg, mesh, rules, rng)
+        self.loss_fn, self.loss_cfg = setup.loss_fn, setup.loss_cfg
+        self.mesh, self.rules = mesh, rules
+        self.graphdef, self.rest, self._step = setup.graphdef, setup.rest, setup.step
+        self.state_shardings = setup.shardings
         # Copy the parameters into trainer-owned (donatable) buffers on their shards.
-        self.state = jax.jit(init, out_shardings=self.state_shardings)(params, rng)
-        kl = getattr(loss_cfg, "kl_coef", 0.0)
+        self.state = jax.jit(setup.init, out_shardings=setup.shardings)(setup.params, rng)
+        kl = getattr(setup.loss_cfg, "kl_coef", 0.0)
         self.ref_params = jax.tree.map(jnp.copy, self.state.params) if kl and kl > 0 else None
-        leaves, treedef = jax.tree.flatten(self.state_shardings)
-        # max_bad_steps is checked on the host: normalised so it does not force a recompile.
-        key_optim = dataclasses.replace(self.optim, max_bad_steps=1)
-        self._step = jitted_step(
-            self.graphdef, self.loss_fn, self.loss_cfg, key_optim, treedef, tuple(leaves)
-        )
         self._logprobs = jitted_logprobs(self.graphdef)
         self._checkpointers: dict[str, Any] = {}
         self._warned_rows = False
