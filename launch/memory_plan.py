@@ -27,41 +27,35 @@ from flax import nnx  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from mapfjax import parallel  # noqa: E402
+from mapfjax.models import sampler  # noqa: E402
 from mapfjax.models.qwen3 import PRESETS, Qwen3  # noqa: E402
 
 
-def _tokens(mesh, rules, b, t):
-    sharding = parallel.logical_to_sharding(("batch", "seq"), mesh, rules, (b, t))
-    return jax.ShapeDtypeStruct((b, t), jnp.int32, sharding=sharding)
+def lowered_call(method):
+    """Lowers model.<method>(tokens)[0] on [B, T] tokens with train rules: "__call__" gives
+    float32 logits [B, T, V], "hidden_states" the final hidden states [B, T, H] (as chunked
+    log-prob code uses them)."""
 
+    def build(graphdef, state, mesh, b, t):
+        spec = parallel.logical_to_sharding(("batch", "seq"), mesh, "train", (b, t))
+        fn = jax.jit(lambda s, x: getattr(nnx.merge(graphdef, s), method)(x)[0])
+        return fn.lower(state, jax.ShapeDtypeStruct((b, t), jnp.int32, sharding=spec))
 
-def forward(graphdef, state, mesh, b, t):
-    """Full forward to float32 logits [B, T, V] (train rules)."""
-    fn = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x)[0])
-    return fn.lower(state, _tokens(mesh, "train", b, t))
-
-
-def hidden(graphdef, state, mesh, b, t):
-    """Forward to the final hidden states [B, T, H], as chunked log-prob code uses it."""
-    fn = jax.jit(lambda s, x: nnx.merge(graphdef, s).hidden_states(x)[0])
-    return fn.lower(state, _tokens(mesh, "train", b, t))
-
-
-# name -> (sharding rules for the parameters, fn(graphdef, state, mesh, batch, seq) -> lowered)
-COMPUTATIONS = {"forward": ("train", forward), "hidden": ("train", hidden)}
+    return build
 
 
 def sample(graphdef, state, mesh, b, t):
     """Sampling: prefill T/2 prompt tokens, decode T/2 more over a bf16 KV cache of T slots."""
-    from mapfjax.models import sampler
-
-    half = t // 2
-    return sampler.lower_generate(
-        graphdef, state, batch=b, prompt_len=half, max_new_tokens=t - half, mesh=mesh
-    )
+    kw = dict(batch=b, prompt_len=t // 2, max_new_tokens=t - t // 2, mesh=mesh)
+    return sampler.lower_generate(graphdef, state, **kw)
 
 
-COMPUTATIONS["sample"] = ("sample", sample)
+# name -> (sharding rules for the parameters, fn(graphdef, state, mesh, batch, seq) -> lowered)
+COMPUTATIONS = {
+    "forward": ("train", lowered_call("__call__")),
+    "hidden": ("train", lowered_call("hidden_states")),
+    "sample": ("sample", sample),
+}
 
 
 def main():
