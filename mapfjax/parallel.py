@@ -21,33 +21,22 @@ AXES = ("data", "fsdp", "tp")
 #   parallelism shards heads, MLP and vocab; the batch is split over data and fsdp together.
 # sample: weights are replicated over data/fsdp (decode is latency bound: no per-step gather),
 #   tp still splits heads/MLP/vocab; every non-tp device decodes its own slice of the batch.
+_TRAIN_RULES: dict[str, str | tuple[str, ...] | None] = {
+    "batch": ("data", "fsdp"),
+    "seq": None,
+    "vocab": "tp",
+    "embed": "fsdp",
+    "q_heads": "tp",
+    "kv_heads": "tp",
+    "head_dim": None,
+    "mlp": "tp",
+    "norm": None,
+    "layers": None,
+    "cache_seq": None,
+}
 RULES: dict[str, dict[str, str | tuple[str, ...] | None]] = {
-    "train": {
-        "batch": ("data", "fsdp"),
-        "seq": None,
-        "vocab": "tp",
-        "embed": "fsdp",
-        "q_heads": "tp",
-        "kv_heads": "tp",
-        "head_dim": None,
-        "mlp": "tp",
-        "norm": None,
-        "layers": None,
-        "cache_seq": None,
-    },
-    "sample": {
-        "batch": ("data", "fsdp"),
-        "seq": None,
-        "vocab": "tp",
-        "embed": None,
-        "q_heads": "tp",
-        "kv_heads": "tp",
-        "head_dim": None,
-        "mlp": "tp",
-        "norm": None,
-        "layers": None,
-        "cache_seq": None,
-    },
+    "train": _TRAIN_RULES,
+    "sample": {**_TRAIN_RULES, "embed": None},  # the one difference: no FSDP
 }
 
 
