@@ -11,30 +11,17 @@ structural change `--config.*` overrides cannot make); variant, T detail and see
 `--config.*` overrides on the command line, which launch/sweep.py writes.
 """
 
-import importlib.util
-import os
-
 import ml_collections
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from mapfjax import configfile
+
 VARIANTS = ("V1", "V2", "V3", "V4", "V5", "V6")
-
-
-def _load(path: str):
-    full = path if os.path.isabs(path) else os.path.join(ROOT, path)
-    name = os.path.splitext(os.path.basename(full))[0]
-    spec = importlib.util.spec_from_file_location(f"sweep_{name}", full)
-    if spec is None:
-        raise ValueError(f"configs/sweep_ablation.py: cannot load config file {full!r}")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def train_config(engineer: str, base: str, base_arg: str) -> ml_collections.ConfigDict:
     """The base training config with `engineer`'s settings (configs/engineer/engineers.py)."""
-    c = _load(base).get_config(base_arg)
-    c.engineer.settings = _load("configs/engineer/engineers.py").get_config(engineer)
+    c = configfile.get_config(base, base_arg)
+    c.engineer.settings = configfile.get_config("configs/engineer/engineers.py", engineer)
     return c
 
 

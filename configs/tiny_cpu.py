@@ -6,29 +6,16 @@ Sized to finish in well under 15 minutes on 2 CPU cores; configs/paper_qwen3_4b.
 paper's setting.
 """
 
-import os
-
 import ml_collections
 
+from mapfjax import configfile
 from mapfjax.env.config import default_config
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def engineer_settings(name: str = "policy", variant: str = "V6") -> ml_collections.ConfigDict:
-    import importlib.util
-
-    def load(fname):
-        spec = importlib.util.spec_from_file_location(
-            fname, os.path.join(ROOT, "configs", "engineer", fname)
-        )
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
-
     e = ml_collections.ConfigDict()
-    e.settings = load("engineers.py").get_config(name)
-    e.modules = load("variants.py").get_config(variant).modules
+    e.settings = configfile.get_config("configs/engineer/engineers.py", name)
+    e.modules = configfile.get_config("configs/engineer/variants.py", variant).modules
     e.variant = variant
     e.max_new_tokens = 128  # free-form proposal budget (tiny models then fall back to likelihood)
     e.temperature = 0.7
@@ -41,7 +28,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.rounds = 3  # R0 (default config) + 2 engineered rounds [paper]
     c.export_every_round = False
     c.model = ml_collections.ConfigDict(
-        {"path": os.path.join(ROOT, "mapfjax", "assets", "tiny"), "dtype": "float32"}
+        {"path": str(configfile.ROOT / "mapfjax" / "assets" / "tiny"), "dtype": "float32"}
     )
     c.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": -1, "tp": 1})
     # Round-0 generator config: uniform over 3x3..10x10 [ours; the paper uses a random one].

@@ -19,15 +19,13 @@ flags.mark_flags_as_required(["config"])
 
 def main(argv):
     del argv
-    import importlib.util
     import pathlib
 
+    from mapfjax import configfile
     from mapfjax.eval import sweep as sw
 
     sweep_file = config_flags.get_config_filename(flags.FLAGS["config"])
-    spec = importlib.util.spec_from_file_location("sweep_definition", sweep_file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = configfile.load_module(pathlib.Path(sweep_file).absolute())
     workdir = pathlib.Path(_WORKDIR.value).absolute()
     try:
         runs = sw.expand(_CONFIG.value, workdir, module.get_config)

@@ -167,13 +167,9 @@ def expand(
 
 
 def _load_variants():
-    import importlib.util
+    from mapfjax import configfile
 
-    path = ROOT / "configs" / "engineer" / "variants.py"
-    spec = importlib.util.spec_from_file_location("sweep_variants", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return configfile.load_module("configs/engineer/variants.py")
 
 
 def _make_run(base, arg, engineer, variant, detail, seed, common, workdir, variants) -> Run:

@@ -1,11 +1,11 @@
 """Context modules: failure breakdown counts, round records, variant contents, determinism."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from mapfjax import configfile
 from mapfjax.engineer import context as C
 from mapfjax.engineer.prompt import build_prompt
 from mapfjax.engineer.proposal import parse_proposal
@@ -15,10 +15,7 @@ VARIANTS_FILE = Path(__file__).parents[2] / "configs" / "engineer" / "variants.p
 
 
 def load_variant(name):
-    spec = importlib.util.spec_from_file_location("engineer_variants", VARIANTS_FILE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(name)
+    return configfile.get_config(VARIANTS_FILE, name)
 
 
 def row(size, failure=None, optimal=False, tokens=100, truncated=False):

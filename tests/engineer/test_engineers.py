@@ -1,6 +1,5 @@
 """Engineers: baselines, the rule curriculum, an API engineer against a local server, policy."""
 
-import importlib.util
 import json
 import math
 import socket
@@ -10,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from mapfjax import configfile
 from mapfjax.engineer import engineers as E
 from mapfjax.engineer.context import RoundRecord, failure_breakdown
 from mapfjax.engineer.proposal import parse_proposal
@@ -20,10 +20,7 @@ ENGINEERS_FILE = Path(__file__).parents[2] / "configs" / "engineer" / "engineers
 
 
 def load_engineer_config(name):
-    spec = importlib.util.spec_from_file_location("engineer_configs", ENGINEERS_FILE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(name)
+    return configfile.get_config(ENGINEERS_FILE, name)
 
 
 CONTEXT = "## Failure breakdown\n(latest numbers)\n"

@@ -10,6 +10,7 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
+from mapfjax import configfile
 from mapfjax.engineer.context import RoundRecord, failure_breakdown
 from mapfjax.eval import sweep as sw
 
@@ -18,7 +19,7 @@ SWEEP_FILE = str(ROOT / "configs" / "sweep_ablation.py")
 sys.path.insert(0, str(ROOT / "configs"))
 import sweep_ablation  # noqa: E402
 
-variants = sweep_ablation._load("configs/engineer/variants.py")
+variants = configfile.load_module("configs/engineer/variants.py")
 
 
 def _sweep(**kw):
