@@ -13,12 +13,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 def load_module(path) -> types.ModuleType:
     """Execute the Python file `path` (absolute, or relative to the repository root) as a
-    fresh module; raises FileNotFoundError naming the file when it does not exist."""
+    fresh module; raises FileNotFoundError naming the file when it does not exist and
+    ValueError when it is not a .py file."""
     full = pathlib.Path(path)
     full = full if full.is_absolute() else ROOT / full
     if not full.is_file():
         raise FileNotFoundError(f"config file {str(full)!r} does not exist")
     spec = importlib.util.spec_from_file_location(f"mapfjax_config_{full.stem}", full)
+    if spec is None:  # not a Python source file: importlib has no loader for it
+        raise ValueError(f"config file {str(full)!r}: not loadable as Python (allowed: a .py file)")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -19,6 +19,9 @@ def test_relative_path_resolves_against_the_repository_root():
 def test_missing_file_and_missing_get_config_name_the_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.py"):
         configfile.load_module(tmp_path / "nope.py")
+    (tmp_path / "cfg.yaml").write_text("a: 1\n")
+    with pytest.raises(ValueError, match="cfg.yaml.*a .py file"):
+        configfile.load_module(tmp_path / "cfg.yaml")
     (tmp_path / "empty.py").write_text("X = 1\n")
     with pytest.raises(AttributeError, match="empty.py.*get_config"):
         configfile.get_config(tmp_path / "empty.py")
