@@ -48,6 +48,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.sft.instances = 49152
     c.sft.env = env_config(SFT_SIZES, seed=1)
     c.sft.batch_size = 32
+    # Also train on the start/goal coordinates the prompt states (each is fixed by where the
+    # agent's letter stands in the map): an auxiliary target teaching cell -> (row, col).
+    c.sft.coordinate_targets = True
     # Update counts at which SFT stages end. Each later stage resumes the previous one's
     # weights and optimiser state on a longer cosine schedule (the learning rate jumps back up
     # to where the longer schedule stands, then decays to its end), so a finished run can be

@@ -47,7 +47,9 @@ def main(_):
     model = qwen3.Qwen3(model_cfg, dtype=dtype, param_dtype=dtype, rngs=nnx.Rngs(c.seed))
     log = open(work / "log.jsonl", "a", buffering=1)  # line-buffered: tail -f works
     b = c.sft.batch_size
-    sft_batches = lambda s: ((x, {}) for x in data.sft_batches(d.sft, b, pad, c.seed, None, s))
+    targets = data.coordinate_targets(tok, d.sft) if c.sft.coordinate_targets else None
+    batches = lambda s: data.sft_batches(d.sft, b, pad, c.seed, None, s, targets=targets)
+    sft_batches = lambda s: ((x, {}) for x in batches(s))
     for steps in c.sft.stages:  # each stage: a longer cosine schedule from where it stands
         sft = Trainer(model, OptimConfig(**c.sft.optim, total_steps=steps), "sft", seed=c.seed)
         fit(sft, work / "sft_ckpt", steps, sft_batches, c.sft.checkpoint_every, log, "sft")

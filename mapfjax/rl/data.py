@@ -3,10 +3,12 @@ shuffled `SequenceBatch`es, deterministic given a seed."""
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import hashlib
 import json
 import pathlib
+import re
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -64,20 +66,65 @@ def _round_up(n: int, multiple: int) -> int:
 
 
 def to_batch(
-    examples: Sequence[Example], pad_id: int, prompt_bucket="x64", completion_multiple: int = 16
+    examples: Sequence[Example],
+    pad_id: int,
+    prompt_bucket="x64",
+    completion_multiple: int = 16,
+    targets: Sequence[Sequence[int]] | None = None,
 ) -> SequenceBatch:
     """One SFT `SequenceBatch` (NumPy leaves): every completion token is in the loss.
 
-    The completion length T is rounded up to `completion_multiple` so few shapes compile.
+    targets: per example, prompt positions also in the loss (e.g. `coordinate_targets`); the
+    batch then cuts each row at its first target, so the completion columns hold the prompt's
+    tail + the answer and the loss mask selects the targets + the answer. Rows see the same
+    tokens at the same positions either way. The completion length T is rounded up to
+    `completion_multiple` so few shapes compile.
     """
-    longest = max(len(e.completion) for e in examples)
+    cuts = [len(e.prompt) for e in examples]
+    masks = None
+    if targets is not None:
+        cuts = [min(t, default=len(e.prompt)) for e, t in zip(examples, targets, strict=True)]
+        masks = [
+            [j in set(t) for j in range(c, len(e.prompt))] + [True] * len(e.completion)
+            for e, t, c in zip(examples, targets, cuts, strict=True)
+        ]
+    prompts = [list(e.prompt[:c]) for e, c in zip(examples, cuts, strict=True)]
+    completions = [list(e.prompt[c:] + e.completion) for e, c in zip(examples, cuts, strict=True)]
     return make_batch(
-        [list(e.prompt) for e in examples],
-        [list(e.completion) for e in examples],
+        prompts,
+        completions,
         pad_id,
         prompt_bucket=prompt_bucket,
-        completion_bucket=_round_up(longest, completion_multiple),
+        completion_bucket=_round_up(max(map(len, completions)), completion_multiple),
+        loss_masks=masks,
     )
+
+
+_COORDINATES = re.compile(r"needs to go from \((\d+), (\d+)\) to \((\d+), (\d+)\)")
+
+
+def coordinate_targets(tokenizer, examples: Sequence[Example]) -> list[tuple[int, ...]]:
+    """Per example, the prompt positions of the tokens that spell the agents' start and goal
+    coordinates ("Agent i needs to go from (r, c) to (r, c)").
+
+    An auxiliary SFT target (`to_batch(targets=...)`): each number is fixed by where the
+    agent's S/G letter stands in the map above it, so predicting it teaches the model to turn
+    a map cell into its (row, col), the lookup every planned move needs.
+    """
+    pieces: dict[int, str] = {}
+    out = []
+    for e in examples:
+        for i in set(e.prompt) - pieces.keys():
+            pieces[i] = tokenizer.decode([i])
+        ends = np.cumsum([len(pieces[i]) for i in e.prompt]).tolist()
+        prompt = "".join(pieces[i] for i in e.prompt)
+        found = set()
+        for m in _COORDINATES.finditer(prompt):
+            for g in range(1, 5):  # tokens overlapping the number's characters
+                first = bisect.bisect_right(ends, m.start(g))
+                found.update(range(first, bisect.bisect_left(ends, m.end(g)) + 1))
+        out.append(tuple(sorted(found)))
+    return out
 
 
 def epoch_order(lengths: Sequence[int], batch_size: int, seed: int, epoch: int, window: int = 16):
@@ -107,10 +154,12 @@ def sft_batches(
     epochs: int | None = 1,
     start_step: int = 0,
     window: int = 16,
+    targets: Sequence[Sequence[int]] | None = None,
     **batch_kw,
 ) -> Iterator[SequenceBatch]:
     """Batches of `batch_size` examples, epoch after epoch (None = forever), in the order of
-    `epoch_order` (similar lengths per batch; `window` 1 = a plain shuffle).
+    `epoch_order` (similar lengths per batch; `window` 1 = a plain shuffle). targets: per
+    example, extra prompt positions in the loss (`to_batch`).
 
     A partial last batch is dropped so every batch has the same number of rows. `start_step`
     skips that many batches (resuming after a restart yields the same stream as an
@@ -126,7 +175,8 @@ def sft_batches(
     while epochs is None or epoch < epochs:
         order = epoch_order(lengths, batch_size, seed, epoch, window)
         for rows in order[step:]:
-            yield to_batch([examples[j] for j in rows], pad_id, **batch_kw)
+            rows_targets = None if targets is None else [targets[j] for j in rows]
+            yield to_batch([examples[j] for j in rows], pad_id, targets=rows_targets, **batch_kw)
         epoch, step = epoch + 1, 0
 
 

@@ -1,5 +1,6 @@
 """SFT data: examples decode to the chat prompt and a valid, optimal oracle answer; batches
-are deterministic, resumable and mask exactly the answer + end-of-turn tokens."""
+are deterministic, resumable and mask exactly the answer + end-of-turn tokens (+ the stated
+coordinates when asked)."""
 
 import numpy as np
 import pytest
@@ -62,6 +63,33 @@ def test_batches_mask_answer_and_end_of_turn(tok, problems):
         assert batch.tokens[i, P + n - 1] == tk.special_ids(tok).im_end
         assert not mask[P + n :].any()
     assert not batch.advantages.any() and not batch.old_logprobs.any()
+
+
+def test_coordinate_targets_spell_starts_and_goals(tok, problems):
+    examples = data.sft_examples(tok, problems)
+    targets = data.coordinate_targets(tok, examples)
+    for e, t, p in zip(examples, targets, problems):
+        # The target tokens spell, in order, every agent's start row, col, goal row, col.
+        spelled = "".join(tok.decode([e.prompt[j]]).strip(" ,()") for j in t)
+        cells = [(*p.starts[a], *p.goals[a]) for a in range(p.num_agents)]
+        want = "".join(str(int(v)) for c in cells for v in c)
+        assert spelled == want and max(t) < len(e.prompt)
+    pad = tk.special_ids(tok).pad
+    plain = next(data.sft_batches(examples, 8, pad, seed=0))
+    cut = next(data.sft_batches(examples, 8, pad, seed=0, targets=targets))
+    by_tokens = {e.prompt + e.completion: (e, t) for e, t in zip(examples, targets)}
+    P = cut.prompt_len
+    for i in range(8):
+        # The same example, tokens and positions as the plain batch's row...
+        real = cut.tokens[i][cut.attention_mask[i]].tolist()
+        assert real == plain.tokens[i][plain.attention_mask[i]].tolist()
+        assert cut.positions[i][cut.attention_mask[i]].tolist() == list(range(len(real)))
+        # ...with the loss on the coordinate targets, the answer and the end-of-turn token.
+        e, t = by_tokens[tuple(real)]
+        before = int(cut.attention_mask[i, :P].sum())
+        in_loss = {before + j for j in np.flatnonzero(cut.loss_mask[i])}
+        answer = range(len(e.prompt), len(e.prompt) + len(e.completion))
+        assert in_loss == set(t) | set(answer)
 
 
 def test_batches_are_deterministic_and_resumable(tok, problems):
