@@ -85,8 +85,8 @@ def to_batch(
     if targets is not None:
         cuts = [min(t, default=len(e.prompt)) for e, t in zip(examples, targets, strict=True)]
         masks = [
-            [j in set(t) for j in range(c, len(e.prompt))] + [True] * len(e.completion)
-            for e, t, c in zip(examples, targets, cuts, strict=True)
+            [j in t for j in range(c, len(e.prompt))] + [True] * len(e.completion)
+            for e, t, c in zip(examples, map(set, targets), cuts, strict=True)
         ]
     prompts = [list(e.prompt[:c]) for e, c in zip(examples, cuts, strict=True)]
     completions = [list(e.prompt[c:] + e.completion) for e, c in zip(examples, cuts, strict=True)]
