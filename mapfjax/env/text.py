@@ -261,9 +261,8 @@ _MAP_RE = re.compile(
     re.IGNORECASE,
 )
 _CELL = rf"\(\s*{_NUM}\s*,\s*{_NUM}\s*\)"
-_AGENT_RE = re.compile(
-    rf"Agent\s+{_NUM}\s+needs to go from\s*{_CELL}\s*to\s*{_CELL}", re.IGNORECASE
-)
+# An AGENT_LINE: groups agent, start row, start col, goal row, goal col.
+AGENT_RE = re.compile(rf"Agent\s+{_NUM}\s+needs to go from\s*{_CELL}\s*to\s*{_CELL}", re.IGNORECASE)
 _GRID_SYMBOLS = frozenset((FROZEN, HOLE_CELL, *START_SYMBOLS, *GOAL_SYMBOLS))
 
 
@@ -306,7 +305,7 @@ def parse_prompt(text: str, id: str = "") -> Problem:
         if len(row) != width:
             raise ProblemError(f"grid row {r} has {len(row)} cells, the header says {width}")
     found: dict[int, tuple[tuple[int, int], tuple[int, int]]] = {}
-    for m in _AGENT_RE.finditer(text):
+    for m in AGENT_RE.finditer(text):
         i, sr, sc, gr, gc = (int(v) for v in m.groups())
         if i in found:
             raise ProblemError(f"prompt has two 'Agent {i} needs to go from' lines")

@@ -8,7 +8,6 @@ import dataclasses
 import hashlib
 import json
 import pathlib
-import re
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -100,9 +99,6 @@ def to_batch(
     )
 
 
-_COORDINATES = re.compile(r"needs to go from \((\d+), (\d+)\) to \((\d+), (\d+)\)")
-
-
 def coordinate_targets(tokenizer, examples: Sequence[Example]) -> list[tuple[int, ...]]:
     """Per example, the prompt positions of the tokens that spell the agents' start and goal
     coordinates ("Agent i needs to go from (r, c) to (r, c)").
@@ -119,8 +115,8 @@ def coordinate_targets(tokenizer, examples: Sequence[Example]) -> list[tuple[int
         ends = np.cumsum([len(pieces[i]) for i in e.prompt]).tolist()
         prompt = "".join(pieces[i] for i in e.prompt)
         found = set()
-        for m in _COORDINATES.finditer(prompt):
-            for g in range(1, 5):  # tokens overlapping the number's characters
+        for m in text.AGENT_RE.finditer(prompt):
+            for g in range(2, 6):  # tokens overlapping each coordinate's characters
                 first = bisect.bisect_right(ends, m.start(g))
                 found.update(range(first, bisect.bisect_left(ends, m.end(g)) + 1))
         out.append(tuple(sorted(found)))
