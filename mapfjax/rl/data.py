@@ -165,6 +165,11 @@ def sft_batches(
         raise ValueError(
             f"batch_size={batch_size}: allowed 1..{len(examples)} (the number of examples)"
         )
+    if targets is not None and len(targets) != len(examples):
+        raise ValueError(
+            f"targets has {len(targets)} entries for {len(examples)} examples: allowed one per "
+            "example (`coordinate_targets(tokenizer, examples)`)"
+        )
     lengths = [len(e.prompt) + len(e.completion) for e in examples]
     per_epoch = len(examples) // batch_size
     epoch, step = divmod(start_step, per_epoch)

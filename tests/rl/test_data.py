@@ -90,6 +90,8 @@ def test_coordinate_targets_spell_starts_and_goals(tok, problems):
         in_loss = {before + j for j in np.flatnonzero(cut.loss_mask[i])}
         answer = range(len(e.prompt), len(e.prompt) + len(e.completion))
         assert in_loss == set(t) | set(answer)
+    with pytest.raises(ValueError, match="targets has 23 entries for 24 examples"):
+        next(data.sft_batches(examples, 8, pad, targets=targets[1:]))
 
 
 def test_batches_are_deterministic_and_resumable(tok, problems):
