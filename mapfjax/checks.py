@@ -1,0 +1,13 @@
+"""Type checks for values users write in configs and files (bool is not a number here)."""
+
+from __future__ import annotations
+
+
+def is_int(x) -> bool:
+    """True for a Python int that is not a bool (True would otherwise pass as 1)."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def is_real(x) -> bool:
+    """True for a Python int or float that is not a bool; NaN and infinities count as real."""
+    return isinstance(x, int | float) and not isinstance(x, bool)
