@@ -51,7 +51,9 @@ class Problem:
 
     grid: rows of 'F' (frozen) / 'H' (hole) characters, all rows the same length.
     starts, goals: one (row, col) per agent, 0-indexed.
-    Labels are None when unknown.
+    Labels are None when unknown. meta: what the set's builder knew about the puzzle (e.g.
+    the benchmark cell: agents, size, hole_ratio, wait_ratio), a JSON object or None; it is
+    descriptive only, so it takes no part in equality or hashing.
     """
 
     id: str
@@ -61,6 +63,7 @@ class Problem:
     optimal_soc: int | None = None
     optimal_makespan: int | None = None
     needs_wait: bool | None = None
+    meta: dict | None = dataclasses.field(default=None, compare=False)
 
     @property
     def height(self) -> int:
