@@ -12,7 +12,7 @@ import numpy as np
 
 from mapfjax.env.io import atomic_write
 from mapfjax.env.simulate import simulate
-from mapfjax.env.types import ACTION_DELTAS, ACTION_NAMES, Problem, check_problem
+from mapfjax.env.types import ACTION_NAMES, Problem, check_problem
 
 # Okabe-Ito colours (distinguishable with the common colour-vision deficiencies); the first
 # five are the agents of the paper's largest benchmark.
@@ -36,8 +36,8 @@ class _Trace:
 
 
 def _trace(problem: Problem, plan: Sequence[Sequence[int]]) -> _Trace:
-    """The plan as drawn: the reference simulation (`simulate.simulate`, first failure only)
-    with the failing step's attempted cells appended and positions frozen after it."""
+    """The plan as drawn: the reference simulation (`simulate.simulate`, first failure only),
+    ending on every agent's cell at a failing step and frozen from there on."""
     n = problem.num_agents
     if len(plan) != n:
         raise ValueError(f"plan has {len(plan)} agent lists, the problem has {n} agents")
@@ -46,20 +46,16 @@ def _trace(problem: Problem, plan: Sequence[Sequence[int]]) -> _Trace:
             if not 0 <= int(a) < len(ACTION_NAMES):
                 raise ValueError(f"plan[{i}][{t}] = {a!r} is not an action code 0..4")
     sim = simulate(problem, [[int(a) for a in acts] for acts in plan])
+    history = sim["positions"]
+    if sim["failure_positions"] is not None:
+        history = [*history, sim["failure_positions"]]
     steps = max((len(a) for a in plan), default=0)
     pos = np.zeros((steps + 1, n, 2), np.int64)
-    history = np.asarray(sim["positions"], np.int64).reshape(-1, n, 2)
-    kind, t = sim["failure"], sim["failure_time"]
-    if kind is not None and kind != "goal_not_reached":  # the failing step: where they went
-        codes = [int(a[t - 1]) if t - 1 < len(a) else 0 for a in plan]
-        failing = history[-1] + ACTION_DELTAS[codes]
-        if kind == "illegal_move":  # off the map: stays put
-            failing[list(sim["failure_agents"])] = history[-1][list(sim["failure_agents"])]
-        history = np.concatenate([history, failing[None]])
-    pos[: len(history)] = history
-    pos[len(history) :] = history[-1]
-    if kind is None:
+    pos[: len(history)] = np.asarray(history, np.int64).reshape(-1, n, 2)
+    pos[len(history) :] = pos[len(history) - 1]
+    if sim["failure"] is None:
         return _Trace(pos)
+    kind, t = sim["failure"], sim["failure_time"]
     return _Trace(pos, t, kind, sim["failure_agents"], sim["failure_cells"])
 
 

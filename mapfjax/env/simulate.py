@@ -17,14 +17,17 @@ def simulate(problem: Problem, plan: Sequence[Sequence[int]] | None) -> dict:
     """Simulate per-agent action lists; None means the answer did not parse.
 
     Returns {"valid", "failure", "failure_time", "failure_agent", "failure_agents",
-    "failure_cells", "soc", "makespan", "positions"}: positions[t] lists every agent's cell at
-    time t up to the last legal step; failure_agent is the lowest agent involved in the first
-    failure and failure_agents all of them, with their cells in failure_cells (where they tried
-    to go; an agent making an illegal move stays put). Precedence within a step: illegal_move,
-    hole, vertex_conflict, edge_conflict; after the last step, goal_not_reached.
+    "failure_cells", "failure_positions", "soc", "makespan", "positions"}: positions[t] lists
+    every agent's cell at time t up to the last legal step; failure_agent is the lowest agent
+    involved in the first failure and failure_agents all of them, with their cells in
+    failure_cells (where they tried to go; an agent making an illegal move stays put).
+    failure_positions lists every agent's cell at the failing step in the same way (what a
+    picture of the failure shows), None unless the failure happens within a step. Precedence
+    within a step: illegal_move, hole, vertex_conflict, edge_conflict; after the last step,
+    goal_not_reached.
     """
     if plan is None:
-        return _result("parse_error", -1, (), (), None, [])
+        return _result("parse_error", -1, (), [])
     n = problem.num_agents
     plan = [list(plan[i]) if i < len(plan) else [] for i in range(n)]
     horizon = max((len(p) for p in plan), default=0)
@@ -43,7 +46,8 @@ def simulate(problem: Problem, plan: Sequence[Sequence[int]] | None) -> dict:
             if cell is None or not (0 <= cell[0] < problem.height and 0 <= cell[1] < problem.width):
                 illegal.append(i)
         if illegal:
-            return _result("illegal_move", t, illegal, [pos[i] for i in illegal], None, history)
+            stay = [pos[i] if i in illegal else new[i] for i in range(n)]
+            return _result("illegal_move", t, illegal, history, stay)
         holes = [i for i in range(n) if problem.grid[new[i][0]][new[i][1]] == "H"]
         vertex = [i for i in range(n) if sum(new[j] == new[i] for j in range(n)) > 1]
         edge = set()
@@ -51,17 +55,14 @@ def simulate(problem: Problem, plan: Sequence[Sequence[int]] | None) -> dict:
             for j in range(i + 1, n):
                 if new[i] != pos[i] and new[i] == pos[j] and new[j] == pos[i]:
                     edge.update((i, j))
-        for kind, agents in (("hole", holes), ("vertex_conflict", vertex)):
+        for kind, agents in (("hole", holes), ("vertex_conflict", vertex), ("edge_conflict", edge)):
             if agents:
-                return _result(kind, t, agents, [new[i] for i in agents], None, history)
-        if edge:
-            agents = sorted(edge)
-            return _result("edge_conflict", t, agents, [new[i] for i in agents], None, history)
+                return _result(kind, t, sorted(agents), history, new)
         pos = new
         history.append(list(pos))
     late = [i for i in range(n) if pos[i] != goals[i]]
     if late:
-        return _result("goal_not_reached", horizon, late, [pos[i] for i in late], None, history)
+        return _result("goal_not_reached", horizon, late, history, pos)
     costs = []
     for i in range(n):
         cost = 0
@@ -69,17 +70,21 @@ def simulate(problem: Problem, plan: Sequence[Sequence[int]] | None) -> dict:
             if cells[i] != goals[i]:
                 cost = t + 1
         costs.append(cost)
-    return _result(None, -1, (), (), costs, history)
+    return _result(None, -1, (), history, costs=costs)
 
 
-def _result(failure, time, agents, cells, costs, history):
+def _result(failure, time, agents, history, every=(), costs=None):
+    """The result dict. every: each agent's cell at the failure (where it tried to go in a
+    failing step, where it stands after the last step for goal_not_reached)."""
+    in_step = failure not in (None, "parse_error", "goal_not_reached")
     return {
         "valid": failure is None,
         "failure": failure,
         "failure_time": time,
         "failure_agent": agents[0] if agents else -1,
         "failure_agents": tuple(agents),
-        "failure_cells": tuple(tuple(c) for c in cells),
+        "failure_cells": tuple(tuple(every[i]) for i in agents),
+        "failure_positions": [tuple(c) for c in every] if in_step else None,
         "soc": sum(costs) if costs is not None else None,
         "makespan": max(costs, default=0) if costs is not None else None,
         "positions": history,

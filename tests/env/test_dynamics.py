@@ -292,3 +292,35 @@ def test_reference_simulator_names_every_agent_and_cell_of_the_first_failure():
         assert r["failure_agent"] == agents[0]
     ok = simulate.simulate(P(["FF"], [(0, 0)], [(0, 1)]), [[4]])
     assert ok["valid"] and ok["failure_agents"] == () and ok["failure_agent"] == -1
+
+
+def test_reference_simulator_gives_every_agent_cell_at_the_failing_step():
+    three = P(["FFF", "FHF", "FFF"], [(0, 0), (0, 2), (2, 0)], [(0, 2), (0, 0), (2, 2)])
+    cases = [
+        # a vertex conflict: agent 2 is where its legal move took it
+        ([[4], [3], [4]], [(0, 1), (0, 1), (2, 1)]),
+        # a swap at t=2 after agent 0's first step; agent 2 has no actions and stays
+        ([[4, 4], [0, 3], []], [(0, 2), (0, 1), (2, 0)]),
+        # illegal moves (off the map, an unknown code) stay put; agent 2's legal UP is shown
+        ([[1], [7], [1]], [(0, 0), (0, 2), (1, 0)]),
+        ([[2], [2, 3], []], [(1, 0), (1, 1), (2, 0)]),  # agent 1 steps into the hole
+    ]
+    for plan, want in cases:
+        r = simulate.simulate(three, plan)
+        assert r["failure_positions"] == want, (plan, r)
+        assert len(r["positions"]) == r["failure_time"]  # history stops before the failing step
+        assert r["failure_cells"] == tuple(want[i] for i in r["failure_agents"])
+    late = simulate.simulate(three, [[4], [], []])
+    ok = simulate.simulate(P(["FF"], [(0, 0)], [(0, 1)]), [[4]])
+    unparsed = simulate.simulate(three, None)
+    assert (late["failure"], ok["failure"], unparsed["failure"]) == (
+        "goal_not_reached",
+        None,
+        "parse_error",
+    )
+    assert (
+        late["failure_positions"]
+        is ok["failure_positions"]
+        is unparsed["failure_positions"]
+        is None
+    )
