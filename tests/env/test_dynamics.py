@@ -310,17 +310,8 @@ def test_reference_simulator_gives_every_agent_cell_at_the_failing_step():
         assert r["failure_positions"] == want, (plan, r)
         assert len(r["positions"]) == r["failure_time"]  # history stops before the failing step
         assert r["failure_cells"] == tuple(want[i] for i in r["failure_agents"])
-    late = simulate.simulate(three, [[4], [], []])
+    for plan, kind in ((None, "parse_error"), ([[4], [], []], "goal_not_reached")):
+        r = simulate.simulate(three, plan)
+        assert (r["failure"], r["failure_positions"]) == (kind, None)
     ok = simulate.simulate(P(["FF"], [(0, 0)], [(0, 1)]), [[4]])
-    unparsed = simulate.simulate(three, None)
-    assert (late["failure"], ok["failure"], unparsed["failure"]) == (
-        "goal_not_reached",
-        None,
-        "parse_error",
-    )
-    assert (
-        late["failure_positions"]
-        is ok["failure_positions"]
-        is unparsed["failure_positions"]
-        is None
-    )
+    assert ok["valid"] and ok["failure_positions"] is None
