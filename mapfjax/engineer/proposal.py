@@ -14,7 +14,7 @@ from typing import Any
 
 import ml_collections
 
-from mapfjax.env.config import RATIO_FIELDS, ConfigError, key_size, project, size_key
+from mapfjax.env.config import RATIO_FIELDS, ConfigError, key_size, project, size_key, validate
 
 MAX_EDITS = 6  # more edits than this is a rewrite, not a local edit [PAPER.md section 4 lessons]
 MAX_CHARS = 200_000  # longer answers are cut here (endless generations)
@@ -327,6 +327,11 @@ def complete_data_ratios(
     return out, [note]
 
 
+def _why(e: Exception) -> str:
+    """The projection's message; other exceptions also name their type."""
+    return str(e) if isinstance(e, ConfigError) else f"{type(e).__name__}: {e}"
+
+
 def keep_current(
     current: ml_collections.ConfigDict, engineer: str, reason: str, raw: str = "", **kw
 ) -> Decision:
@@ -352,15 +357,17 @@ def apply_proposal(
     Each edit is first checked alone with `project` (an illegal size, e.g. too small for the
     agents, is dropped with the projection's message); the rest go through
     `complete_data_ratios` and then one `project` call, whose config and changes are recorded.
-    Raises only if `current` itself is invalid.
+    A diff that cannot be projected as a whole keeps the current config and says why. Raises
+    only if `current` itself is invalid (ConfigError).
     """
+    validate(current)
     rejected = list(proposal.rejected)
     accepted: dict[str, float] = {}
     for k, v in proposal.diff.items():
         try:
             project({k: v}, current)
-        except ConfigError as e:
-            rejected.append((f"{k}: {v!r}", str(e)))
+        except Exception as e:  # any edit the projection cannot take is dropped
+            rejected.append((f"{k}: {v!r:.60}", _why(e)))
             continue
         accepted[k] = v
     common = dict(engineer=engineer, raw=proposal.raw, summary=proposal.summary, extra=extra)
@@ -368,8 +375,15 @@ def apply_proposal(
         reason = proposal.error or "; ".join(r for _, r in rejected[-3:]) or "empty diff"
         rejected_t = tuple(rejected)
         return keep_current(current, reason=reason, diff=accepted, rejected=rejected_t, **common)
-    full, notes = complete_data_ratios(accepted, current)
-    config, changes = project(full, current)
+    try:
+        full, notes = complete_data_ratios(accepted, current)
+        config, changes = project(full, current)
+    except Exception as e:  # e.g. edits legal alone but not together
+        reason = f"the diff cannot be projected onto the legal space: {_why(e)}"
+        rejected.append(("<diff>", reason))
+        return keep_current(
+            current, reason=reason, diff=accepted, rejected=tuple(rejected), **common
+        )
     same = config.to_dict() == current.to_dict()
     return Decision(
         diff=accepted,

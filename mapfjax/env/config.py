@@ -7,6 +7,7 @@ ml-collections' command-line overrides need identifier keys: `--config.env.sizes
 from __future__ import annotations
 
 import copy
+import decimal
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -16,6 +17,7 @@ import ml_collections
 PAPER_SIZES = tuple(range(3, 11))  # 3x3 .. 10x10 [paper]
 RATIO_FIELDS = ("data_ratio", "hole_ratio", "wait_ratio")
 MAX_HOLE_RATIO = 0.5  # [paper] hole density is at most 0.5
+MIN_SIZE = 2  # the smallest map (2x2) that `validate`, `project` and the generator all accept
 TOP_LEVEL_KEYS = ("num_agents", "sizes", "seed", "max_size", "max_agents", "oracle", "pool")
 ORACLE_KEYS = ("max_nodes", "time_limit", "processes")
 POOL_KEYS = ("oversample", "max_rounds", "wait_bias")
@@ -40,7 +42,7 @@ def key_size(key: str) -> int:
         if a != b:
             raise ConfigError(f"size key {key!r}: only square sizes NxN are configurable")
         k = a
-    if not k.isdigit():
+    if not (k.isascii() and k.isdigit() and len(k) <= 4):
         raise ConfigError(f"size key {key!r} is not a map size; expected e.g. 's7' (7x7)")
     return int(k)
 
@@ -81,7 +83,24 @@ def default_config(
 
 
 def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    """A finite int or float (not a bool); an int too large for a float is not one."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
+
+
+def _show(v) -> str:
+    """A short repr for messages: an int too long to print is given by its digit count."""
+    if _is_int(v) and abs(v) >= 10**30:
+        return f"an integer of {len(str(abs(v)))} digits"
+    return f"{v!r:.60}"
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -93,16 +112,16 @@ def validate(config: ml_collections.ConfigDict) -> None:
     for key in TOP_LEVEL_KEYS:
         if key not in c:
             raise ConfigError(f"missing key {key!r}")
-    if not isinstance(c.num_agents, int) or not 1 <= c.num_agents <= c.max_agents:
+    if not _is_int(c.num_agents) or not 1 <= c.num_agents <= c.max_agents:
         raise ConfigError(
             f"num_agents = {c.num_agents!r}; allowed: an integer in [1, max_agents={c.max_agents}]"
         )
-    if not isinstance(c.max_agents, int) or not 1 <= c.max_agents <= 5:
+    if not _is_int(c.max_agents) or not 1 <= c.max_agents <= 5:
         raise ConfigError(f"max_agents = {c.max_agents!r}; allowed: an integer in [1, 5]")
-    if not isinstance(c.max_size, int) or not 2 <= c.max_size <= 40:
-        raise ConfigError(f"max_size = {c.max_size!r}; allowed: an integer in [2, 40]")
-    if not isinstance(c.seed, int):
-        raise ConfigError(f"seed = {c.seed!r}; allowed: an integer")
+    if not _is_int(c.max_size) or not MIN_SIZE <= c.max_size <= 40:
+        raise ConfigError(f"max_size = {c.max_size!r}; allowed: an integer in [{MIN_SIZE}, 40]")
+    if not _is_int(c.seed) or c.seed < 0:
+        raise ConfigError(f"seed = {c.seed!r}; allowed: an integer >= 0")
     if len(c.sizes) == 0:
         raise ConfigError("sizes is empty; allowed: at least one entry like sizes.s3")
     total = 0.0
@@ -110,8 +129,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
         n = key_size(key)
         if key != size_key(n):
             raise ConfigError(f"sizes.{key}: write the key as {size_key(n)!r}")
-        if not 2 <= n <= c.max_size:
-            raise ConfigError(f"sizes.{key}: map size {n} outside [2, max_size={c.max_size}]")
+        if not MIN_SIZE <= n <= c.max_size:
+            raise ConfigError(
+                f"sizes.{key}: map size {n} outside [{MIN_SIZE}, max_size={c.max_size}]"
+            )
         extra = sorted(set(entry.keys()) - set(RATIO_FIELDS))
         if extra:
             raise ConfigError(f"sizes.{key}: unknown key(s) {extra}; allowed: {list(RATIO_FIELDS)}")
@@ -162,8 +183,10 @@ def project(
     (`{"sizes.s7.hole_ratio": 0.6}` or `{"sizes": {"s7": {...}}}`); anything not proposed
     keeps its current value. Rules: hole_ratio is clipped to [0, 0.5], wait_ratio to [0, 1],
     data_ratio to >= 0 and then renormalised to sum 1 (all-zero -> uniform over the
-    proposed sizes); sizes outside [3, max_size] and any key that is not a per-size ratio
-    are rejected with ConfigError. Only the task distribution may change: seeds, agents and
+    proposed sizes; huge values are scaled down first, so nothing overflows); sizes outside
+    [MIN_SIZE, max_size] (as in `validate`), values that are not finite numbers (also an int
+    too large for a float) and any key that is not a per-size ratio are rejected with
+    ConfigError. Only the task distribution may change: seeds, agents and
     budgets are not the engineer's to set.
     """
     validate(current)
@@ -181,17 +204,21 @@ def project(
                 f"{list(RATIO_FIELDS)}"
             )
         n = key_size(parts[1])
-        if not 3 <= n <= current.max_size:
-            raise ConfigError(f"key {path!r}: map size {n} outside [3, {current.max_size}]")
+        if not MIN_SIZE <= n <= current.max_size:
+            raise ConfigError(
+                f"key {path!r}: map size {n} outside [{MIN_SIZE}, max_size={current.max_size}]"
+            )
         if 2 * current.num_agents > n * n:
             raise ConfigError(f"key {path!r}: {n}x{n} is too small for {current.num_agents} agents")
         if isinstance(value, str):
             try:
                 value = float(value)
             except ValueError:
-                raise ConfigError(f"key {path!r} = {value!r} is not a number") from None
+                raise ConfigError(f"key {path!r} = {_show(value)} is not a number") from None
         if not _is_number(value):
-            raise ConfigError(f"key {path!r} = {value!r} is not a finite number")
+            raise ConfigError(
+                f"key {path!r} = {_show(value)}; allowed: a finite number that fits a float"
+            )
         field, sk = parts[2], size_key(n)
         hi = MAX_HOLE_RATIO if field == "hole_ratio" else 1.0 if field == "wait_ratio" else math.inf
         clipped = min(max(float(value), 0.0), hi)
@@ -208,15 +235,20 @@ def project(
     for sk, entry in list(new["sizes"].items()):
         if entry.pop("__new__", False):
             changes.append(f"sizes.{sk}: new size added")
-    total = sum(e["data_ratio"] for e in new["sizes"].values())
-    if total <= 0:
-        n = len(new["sizes"])
-        for e in new["sizes"].values():
-            e["data_ratio"] = 1.0 / n
+    entries = list(new["sizes"].values())
+    top = max(e["data_ratio"] for e in entries)
+    # Divide by the largest ratio before summing: two ratios of 1e308 must not sum to inf.
+    scaled = math.fsum(e["data_ratio"] / top for e in entries) if top > 0 else 0.0
+    if top <= 0:
+        for e in entries:
+            e["data_ratio"] = 1.0 / len(entries)
         changes.append("data_ratio: all zero, reset to uniform")
-    elif not math.isclose(total, 1.0, abs_tol=1e-9):
-        for e in new["sizes"].values():
-            e["data_ratio"] = e["data_ratio"] / total
+    elif not math.isclose(scaled * top, 1.0, abs_tol=1e-9):
+        for e in entries:
+            e["data_ratio"] = e["data_ratio"] / top / scaled
+        total = scaled * top
+        if not math.isfinite(total):  # say the sum, even where a float cannot hold it
+            total = decimal.Decimal(scaled) * decimal.Decimal(top)
         changes.append(f"data_ratio: renormalised from a sum of {total:.4g} to 1")
     out = ml_collections.ConfigDict(new)
     validate(out)

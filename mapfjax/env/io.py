@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -33,6 +35,11 @@ def atomic_write(path, data: str | bytes) -> None:
     """Write text (UTF-8) or bytes to `path` via a temp file in the same directory and
     os.replace, so readers never see a half-written file. Creates missing parent directories."""
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path}: is a directory; expected a file name to write")
+    for parent in (path.parent, *path.parent.parents):
+        if parent.exists() and not parent.is_dir():
+            raise NotADirectoryError(f"{path}: cannot write there, {parent} is a file")
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = data.encode("utf-8") if isinstance(data, str) else data
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -59,8 +66,18 @@ def save_jsonl(path, rows: Iterable[dict]) -> None:
 # --- reading JSON rows with line numbers -----------------------------------------------------
 
 
+def read_bytes(path) -> bytes:
+    """A file's bytes; a missing file or a directory raises an OSError naming the path."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path}: is a directory; expected a file")
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file")
+    return path.read_bytes()
+
+
 def _read_text(path) -> str:
-    data = Path(path).read_bytes()
+    data = read_bytes(path)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -73,15 +90,23 @@ def _iter_jsonl(path) -> Iterator[tuple[int, dict]]:
     for n, line in enumerate(_read_text(path).split("\n"), 1):
         if not line.strip():
             continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise JsonlError(
-                path, n, None, f"malformed JSON ({e.msg} at column {e.colno})"
-            ) from None
+        row = _json_line(path, n, line)
         if not isinstance(row, dict):
             raise JsonlError(path, n, None, f"expected a JSON object, got {type(row).__name__}")
         yield n, row
+
+
+def _json_line(path, n: int, line: str):
+    """json.loads of one line; every failure (syntax, nesting too deep, a number too long to
+    read) is a JsonlError naming the file and line."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as e:
+        raise JsonlError(path, n, None, f"malformed JSON ({e.msg} at column {e.colno})") from None
+    except RecursionError:
+        raise JsonlError(path, n, None, "malformed JSON (nested too deeply)") from None
+    except ValueError as e:  # e.g. an integer of more than 4300 digits
+        raise JsonlError(path, n, None, f"malformed JSON ({e})") from None
 
 
 def _iter_json_array(path, raw: str) -> Iterator[tuple[int, dict]]:
@@ -97,6 +122,9 @@ def _iter_json_array(path, raw: str) -> Iterator[tuple[int, dict]]:
             row, end = dec.raw_decode(raw, pos)
         except json.JSONDecodeError as e:
             raise JsonlError(path, e.lineno, None, f"malformed JSON ({e.msg})") from None
+        except (RecursionError, ValueError) as e:
+            why = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+            raise JsonlError(path, line_of(pos), None, f"malformed JSON ({why})") from None
         if not isinstance(row, dict):
             raise JsonlError(path, line_of(pos), None, f"expected a JSON object, got {row!r:.40}")
         yield line_of(pos), row
@@ -141,6 +169,11 @@ INSTANCE_FIELDS: dict[str, tuple[bool, Callable[[Any], bool], str]] = {
     "optimal_soc": (False, _is_label, "a non-negative integer or null"),
     "optimal_makespan": (False, _is_label, "a non-negative integer or null"),
     "needs_wait": (False, lambda v: v is None or isinstance(v, bool), "true, false or null"),
+    "meta": (
+        False,
+        lambda v: v is None or isinstance(v, dict),
+        "a JSON object (what the set's builder knew, e.g. the benchmark cell) or null",
+    ),
 }
 _FIELD_IN_MESSAGE = re.compile(r"'(grid|starts|goals)'")
 
@@ -167,6 +200,7 @@ def problem_from_row(row: dict, path="<row>", line: int = 1) -> Problem:
         grid=tuple(row["grid"]),
         starts=tuple(tuple(c) for c in row["starts"]),
         goals=tuple(tuple(c) for c in row["goals"]),
+        meta=row.get("meta"),
     ).with_labels(row.get("optimal_soc"), row.get("optimal_makespan"), row.get("needs_wait"))
     try:
         check_problem(problem)
@@ -184,10 +218,21 @@ def problem_to_row(p: Problem) -> dict:
         "starts": [list(c) for c in p.starts],
         "goals": [list(c) for c in p.goals],
     }
-    for name in ("optimal_soc", "optimal_makespan", "needs_wait"):
+    for name in ("optimal_soc", "optimal_makespan", "needs_wait", "meta"):
         if getattr(p, name) is not None:
             row[name] = getattr(p, name)
     return row
+
+
+def puzzle_hash(p: Problem) -> str:
+    """16 hex digits of the SHA-256 of the puzzle itself (grid, starts, goals; not the id or
+    labels): stored with each answer, so an answer is never scored against another puzzle
+    that happens to share its id."""
+    body = json.dumps(
+        [list(p.grid), [list(c) for c in p.starts], [list(c) for c in p.goals]],
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
 def load_instances(path) -> list[Problem]:
@@ -218,17 +263,59 @@ def save_instances(path, problems: Sequence[Problem]) -> None:
 ANSWER_FIELDS = {
     "id": (True, lambda v: isinstance(v, str) and v != "", "a non-empty string"),
     "text": (True, lambda v: isinstance(v, str), "a string (the model's response)"),
+    "puzzle_hash": (
+        False,
+        lambda v: isinstance(v, str) and re.fullmatch(r"[0-9a-f]{16}", v) is not None,
+        "16 lowercase hex digits (io.puzzle_hash of the instance answered)",
+    ),
 }
 
 
-def load_answers(path) -> list[tuple[str, str]]:
-    """Read `{"id", "text"}` lines as (id, text) pairs, in file order. Extra fields are ignored and
-    an id may repeat (several samples per instance)."""
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    """One answer line: its 1-based line in the file (blank lines counted), the instance id,
+    the raw text and the hash of the puzzle it answers (None when the file has none)."""
+
+    line: int
+    id: str
+    text: str
+    puzzle_hash: str | None = None
+
+
+def read_answer_lines(path) -> list[Answer]:
+    """Every `{"id", "text"[, "puzzle_hash"]}` line of an answer file, in file order. Extra
+    fields are ignored and an id may repeat (several samples per instance)."""
     out = []
     for n, row in _iter_jsonl(path):
         _check_fields(path, n, row, ANSWER_FIELDS, allow_extra=True)
-        out.append((row["id"], row["text"]))
+        out.append(Answer(n, row["id"], row["text"], row.get("puzzle_hash")))
     return out
+
+
+def load_answers(path) -> list[tuple[str, str]]:
+    """(id, text) pairs of an answer file, in file order (see `read_answer_lines`)."""
+    return [(a.id, a.text) for a in read_answer_lines(path)]
+
+
+def check_answers_match(path, answers: Sequence[Answer], problems: dict[str, Problem]) -> None:
+    """Refuse answers written for another puzzle with the same id: an answer whose
+    `puzzle_hash` differs from its instance's raises ValueError naming the file, the lines and
+    the ids. Ids not among `problems` and answers without a hash are left to the caller."""
+    bad = [
+        a
+        for a in answers
+        if a.puzzle_hash is not None
+        and a.id in problems
+        and a.puzzle_hash != puzzle_hash(problems[a.id])
+    ]
+    if bad:
+        shown = ", ".join(f"line {a.line} {a.id!r}" for a in bad[:5])
+        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+        raise ValueError(
+            f"{path}: field 'puzzle_hash': {len(bad)} answer(s) were written for another puzzle "
+            f"with the same id ({shown}{more}); use the answers of this instance file or "
+            "another answers file"
+        )
 
 
 # --- the paper's published rows --------------------------------------------------------------

@@ -213,7 +213,7 @@ def test_set_data_ratios_are_kept_and_others_scaled():
 
 def test_illegal_sizes_are_dropped_others_applied():
     text = (
-        "```yaml\nsizes.s11.hole_ratio: 0.1\nsizes.s2.wait_ratio: 0.1\n"
+        "```yaml\nsizes.s11.hole_ratio: 0.1\nsizes.s1.wait_ratio: 0.1\n"
         "sizes.s4.hole_ratio: 0.9\n```"
     )
     d = P.apply_proposal(P.parse_proposal(text), CUR, "t")
@@ -221,7 +221,7 @@ def test_illegal_sizes_are_dropped_others_applied():
     assert d.config.sizes.s4.hole_ratio == 0.5 and "s11" not in d.config.sizes
     reasons = dict(d.rejected)
     assert "outside" in reasons["sizes.s11.hole_ratio: 0.1"]
-    assert "outside" in reasons["sizes.s2.wait_ratio: 0.1"]
+    assert "outside" in reasons["sizes.s1.wait_ratio: 0.1"]
     assert any("clipped" in c for c in d.changes)
     with pytest.raises(ConfigError):
         project({"sizes.s11.hole_ratio": 0.1}, CUR)
@@ -254,3 +254,75 @@ def test_decision_json_round_trip():
     back = P.Decision.from_dict(d.to_dict())
     assert back.to_dict() == d.to_dict()
     assert back.config.sizes.s3.hole_ratio == 0.3 and back.extra == {"k": 1}
+
+
+def test_overflowing_data_ratios_are_projected_not_raised():
+    # Two ratios of 1e308 used to overflow the sum and leave every ratio 0 (ConfigError).
+    text = "```yaml\nsizes.s6.data_ratio: 1e308\nsizes.s7.data_ratio: 1e308\n```"
+    d = P.apply_proposal(P.parse_proposal(text), CUR, "t")
+    check_decision(P.parse_proposal(text), d)
+    assert d.config.sizes.s6.data_ratio == d.config.sizes.s7.data_ratio == 0.5
+    assert any("2.000e+308" in c for c in d.changes)
+
+
+def test_huge_integer_is_rejected_with_reason():
+    # 10**400 does not fit a float: project raised OverflowError.
+    with pytest.raises(ConfigError, match="401 digits"):
+        project({"sizes.s7.data_ratio": 10**400}, CUR)
+    d = P.apply_proposal(P.Proposal("raw", {"sizes.s7.data_ratio": 10**400}), CUR, "t")
+    assert d.kept_current and "401 digits" in d.reason and d.config.to_dict() == CUR.to_dict()
+
+
+def test_unprojectable_diff_keeps_the_config_and_says_why(monkeypatch):
+    real = P.project
+
+    def fails_on_whole_diffs(proposal, current):
+        if len(proposal) > 1:
+            raise ConfigError("sizes.*.data_ratio sums to 0; allowed: a sum of 1")
+        return real(proposal, current)
+
+    monkeypatch.setattr(P, "project", fails_on_whole_diffs)
+    text = "sizes.s3.hole_ratio: 0.3\nsizes.s4.data_ratio: 0.5"
+    d = P.apply_proposal(P.parse_proposal(text), CUR, "t")
+    assert d.kept_current and "cannot be projected" in d.reason and "sums to 0" in d.reason
+    assert d.config.to_dict() == CUR.to_dict() and d.rejected[-1][0] == "<diff>"
+
+
+def test_engineers_survive_an_unprojectable_answer():
+    from mapfjax.engineer import engineers
+
+    text = "```yaml\nsizes.s6.data_ratio: 1e308\nsizes.s7.data_ratio: 1e308\n```"
+    e = engineers.PolicyEngineer(generate_fn=lambda prompts, n: [text] * n, mode="free")
+    d = e.propose("context", CUR, 0)
+    validate(d.config)
+
+
+EXTREME = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(-(10**400), 10**400),
+    st.sampled_from([1e308, -1e308, 5e-324, 1.7976931348623157e308, 10**400, 0, -0.0]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(
+        st.builds(
+            lambda n, f: f"sizes.s{n}.{f}",
+            st.integers(0, 12),
+            st.sampled_from(["data_ratio", "hole_ratio", "wait_ratio"]),
+        ),
+        EXTREME,
+        max_size=8,
+    )
+)
+def test_apply_proposal_never_raises_on_extreme_values(diff):
+    d = P.apply_proposal(P.Proposal("raw", diff), CUR, "t")
+    validate(d.config)
+    for e in d.config.sizes.values():
+        assert 0 <= e.hole_ratio <= MAX_HOLE_RATIO and 0 <= e.wait_ratio <= 1
+    assert d.kept_current == (d.config.to_dict() == CUR.to_dict())
+    assert d.kept_current == bool(d.reason)
+    finite = {k: float(v) for k, v in diff.items() if isinstance(v, float) and math.isfinite(v)}
+    p = P.parse_proposal(P.format_diff(finite), max_edits=len(finite))  # the same via text
+    check_decision(p, P.apply_proposal(p, CUR, "t"))
