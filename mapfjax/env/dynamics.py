@@ -9,8 +9,10 @@ goal_not_reached. An agent's cost is the first time from which it stays on its g
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -126,12 +128,18 @@ def _step_flags(prev_r, prev_c, actions, active, height, width, is_hole):
 
 
 def step(instance: Instance, state: EnvState, actions: jnp.ndarray) -> EnvState:
-    """Apply one joint action (int32 [N] action codes; padded slots ignored) to one instance.
+    """Apply one joint action to one (unbatched) instance; vmap it for a batch.
 
+    instance: holes Bool[Array, "s s"], starts and goals Int[Array, "n 2"], agent_mask
+              Bool[Array, "n"] (see `types.Instance`).
+    state:    pos Int[Array, "n 2"], last_off_goal Int[Array, "n"] (see `EnvState`).
+    actions:  Int[Array, "n"] action codes; padded slots are ignored.
     A state that has already failed is returned unchanged (the failure is latched). Action
     codes outside 0..4 count as illegal_move.
     """
-    size = instance.holes.shape[-1]
+    size, n = types.assert_instance_shapes(instance, batched=False)
+    chex.assert_shape(actions, (n,))
+    chex.assert_shape(state.pos, (n, 2))
 
     def is_hole(r, c):
         return instance.holes[jnp.clip(r, 0, size - 1), jnp.clip(c, 0, size - 1)]
@@ -201,28 +209,74 @@ def _hole_words(holes: jnp.ndarray, shift: int, n_words: int, dtype) -> jnp.ndar
     return jax.lax.bitcast_convert_type(words, jnp.int16).astype(dtype).T
 
 
-@jax.jit
-def _verify_batch(instances: Instance, plans, ok, horizon) -> Verdict:
-    """plans int32 [B, N, T] (WAIT-padded); ok bool [B]; horizon int32 [B].
+@dataclasses.dataclass(frozen=True)
+class _Codec:
+    """The integer encoding of one compiled shape (S map side, N agent slots, T steps).
 
-    The earliest failure of a plan is the minimum of a key that orders (step, category, agent)
-    lexicographically. Assumes starts inside the map (as `types.check_problem` ensures).
+    A cell (r, c) is (r + 1) * stride + c + 1 on a grid padded by a one-cell border, with a
+    power-of-two row stride >= S + 2; before a plan's first failure a cell is < `cells`, and the
+    step that fails may add `cells`. A failure is the key step * span + category * 2^bits +
+    agent, so the earliest one (step, then category precedence, then agent) is the smallest key;
+    `none` means no failure.
     """
-    b, n, t_len = plans.shape
-    size = instances.holes.shape[-1]
-    shift = max(4, (size + 1).bit_length())  # row stride 2^shift >= size + 2
-    stride = 1 << shift
-    cells = stride * stride
-    # Before its first failure a cell index is < cells; the step that fails may add `cells`.
-    pdt = jnp.int16 if 2 * cells + (n + 2) * stride < 2**15 else jnp.int32
-    far = 2**14 if pdt == jnp.int16 else 2**30  # bounds of padded slots: never out of bounds
+
+    size: int
+    n: int
+    t_len: int
+
+    @property
+    def shift(self) -> int:
+        return max(4, (self.size + 1).bit_length())  # row stride 2^shift >= size + 2
+
+    @property
+    def stride(self) -> int:
+        return 1 << self.shift
+
+    @property
+    def cells(self) -> int:
+        return self.stride * self.stride
+
+    @property
+    def pdt(self):
+        """Cell dtype: int16 when every cell, parked slots included, fits."""
+        fits = 2 * self.cells + (self.n + 2) * self.stride < 2**15
+        return jnp.int16 if fits else jnp.int32
+
+    @property
+    def n_words(self) -> int:
+        """16-bit hole words covering every cell a real agent can reach or step off to."""
+        return -(-((self.size + 1) * self.stride + self.size + 2) // 16)
+
+    @property
+    def bits(self) -> int:
+        return max(1, (self.n - 1).bit_length())
+
+    @property
+    def span(self) -> int:
+        return _NUM_CATS << self.bits
+
+    @property
+    def kdt(self):
+        """Key dtype: int16 when every key up to `none` fits."""
+        return jnp.int16 if (self.t_len + 1) * self.span < 2**15 else jnp.int32
+
+    @functools.cached_property
+    def none(self):  # one scalar shared by every step of the trace
+        return self.kdt(self.t_len * self.span)
+
+
+def _encode_agents(instances: Instance, k: _Codec) -> tuple[jnp.ndarray, ...]:
+    """(start, goal, height, width): cells and map bounds per agent slot, k.pdt [N, B] each.
+
+    Padded slots park in column 0 of distinct rows past the grid: free of holes, never out of
+    (their) bounds, and never met by a real agent before its first failure.
+    """
+    far = 2**14 if k.pdt == jnp.int16 else 2**30  # bounds of padded slots: never out of bounds
     mask = instances.agent_mask  # [B, N]
-    # Padded slots park in column 0 of distinct rows past the grid: free of holes, never out of
-    # (their) bounds, and never met by a real agent before its first failure.
-    park = cells + (1 + jnp.arange(n)[None, :]) * stride + 1
+    park = k.cells + (1 + jnp.arange(k.n)[None, :]) * k.stride + 1
 
     def cell(rc):
-        return jnp.where(mask, (rc[..., 0] + 1) * stride + rc[..., 1] + 1, park)
+        return jnp.where(mask, (rc[..., 0] + 1) * k.stride + rc[..., 1] + 1, park)
 
     setup = jnp.stack(
         [
@@ -231,53 +285,71 @@ def _verify_batch(instances: Instance, plans, ok, horizon) -> Verdict:
             jnp.where(mask, instances.height[:, None], far),
             jnp.where(mask, instances.width[:, None], far),
         ]
-    ).astype(pdt)
-    start, goal, height, width = jnp.transpose(setup, (0, 2, 1))  # each [N, B]
-    n_words = -(-((size + 1) * stride + size + 2) // 16)
-    words = _hole_words(instances.holes, shift, n_words, pdt)  # [K, B]
+    ).astype(k.pdt)
+    return tuple(jnp.transpose(setup, (0, 2, 1)))
 
-    # An invalid action code jumps a whole grid ahead: out of bounds from any cell.
-    move = jnp.full(plans.shape, cells, pdt)
-    for code, delta in enumerate((0, -stride, stride, -1, 1)):
-        move = jnp.where(plans == code, pdt(delta), move)
+
+def _encode_moves(plans: jnp.ndarray, mask: jnp.ndarray, k: _Codec) -> jnp.ndarray:
+    """Action codes int32 [B, N, T] -> cell offsets k.pdt [B, N, T / _CHUNK, _CHUNK].
+
+    An invalid action code jumps a whole grid ahead: out of bounds from any cell. Padded slots
+    never move; steps past T are waits.
+    """
+    move = jnp.full(plans.shape, k.cells, k.pdt)
+    for code, delta in enumerate((0, -k.stride, k.stride, -1, 1)):
+        move = jnp.where(plans == code, k.pdt(delta), move)
     move = jnp.where(mask[..., None], move, 0)
-    n_chunks = max(1, -(-t_len // _CHUNK))
-    move = jnp.pad(move, ((0, 0), (0, 0), (0, n_chunks * _CHUNK - t_len)))
-    move = move.reshape(b, n, n_chunks, _CHUNK)
+    n_chunks = max(1, -(-k.t_len // _CHUNK))
+    move = jnp.pad(move, ((0, 0), (0, 0), (0, n_chunks * _CHUNK - k.t_len)))
+    return move.reshape(plans.shape[0], k.n, n_chunks, _CHUNK)
 
-    bits = max(1, (n - 1).bit_length())
-    span = _NUM_CATS << bits  # key = step * span + category * 2^bits + agent
-    kdt = jnp.int16 if (t_len + 1) * span < 2**15 else jnp.int32
-    none = kdt(t_len * span)
 
-    def step_code(new, old):  # [N, B] cells after / before the step -> [B] smallest code
-        row, col = new >> shift, new & (stride - 1)
-        oob = (row < 1) | (row > height) | (col < 1) | (col > width)
-        word = jnp.zeros_like(new)
-        for k in range(n_words):
-            word = jnp.where((new >> 4) == k, words[k], word)
-        hole = ((word >> (new & 15)) & 1) == 1
-        checks = [(i, oob[i]) for i in range(n)]
-        checks += [((1 << bits) + i, hole[i]) for i in range(n)]
-        pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
-        checks += [((2 << bits) + i, new[i] == new[j]) for i, j in pairs]
-        # no "i moved" test: a swap without moving is also a vertex conflict, which wins
-        checks += [((3 << bits) + i, (new[i] == old[j]) & (new[j] == old[i])) for i, j in pairs]
-        code = jnp.full((b,), none, kdt)
-        for k, flag in reversed(checks):
-            code = jnp.where(flag, kdt(k), code)
-        return code
+def _step_code(k: _Codec, new, old, height, width, words) -> jnp.ndarray:
+    """The smallest failure code (category * 2^bits + agent) of one step, k.none if none.
+
+    new, old: cells [N, B] after / before the step; height, width: [N, B]; words: [K, B].
+    Returns k.kdt [B].
+    """
+    n, b = new.shape
+    row, col = new >> k.shift, new & (k.stride - 1)
+    oob = (row < 1) | (row > height) | (col < 1) | (col > width)
+    word = jnp.zeros_like(new)
+    for w in range(k.n_words):
+        word = jnp.where((new >> 4) == w, words[w], word)
+    hole = ((word >> (new & 15)) & 1) == 1
+    checks = [(i, oob[i]) for i in range(n)]
+    checks += [((1 << k.bits) + i, hole[i]) for i in range(n)]
+    pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
+    checks += [((2 << k.bits) + i, new[i] == new[j]) for i, j in pairs]
+    # no "i moved" test: a swap without moving is also a vertex conflict, which wins
+    checks += [((3 << k.bits) + i, (new[i] == old[j]) & (new[j] == old[i])) for i, j in pairs]
+    code = jnp.full((b,), k.none, k.kdt)
+    for c, flag in reversed(checks):
+        code = jnp.where(flag, k.kdt(c), code)
+    return code
+
+
+def _run_steps(k: _Codec, agents: tuple[jnp.ndarray, ...], words, move):
+    """Step every plan until all have failed or T steps are done.
+
+    agents: from `_encode_agents`; words: [K, B]; move: [B, N, T / _CHUNK, _CHUNK].
+    Returns (pos [N, B] final cells, key k.kdt [B] earliest failure, cost k.kdt [N, B] first
+    time from which each agent stays on its goal). An early exit leaves pos and cost stale, but
+    only when every plan has already failed.
+    """
+    start, goal, height, width = agents
+    b = start.shape[1]
 
     def alive(t, key):
-        return (t < t_len) & jnp.any(key == none)
+        return (t < k.t_len) & jnp.any(key == k.none)
 
     def step(carry):  # time step t -> t + 1
         t, pos, key, cost, chunk = carry
         new = pos + jax.lax.dynamic_index_in_dim(chunk, t % _CHUNK, keepdims=False)
-        code = step_code(new, pos)
-        key = jnp.minimum(key, jnp.where(code < none, (t * span).astype(kdt) + code, none))
+        code = _step_code(k, new, pos, height, width, words)
+        key = jnp.minimum(key, jnp.where(code < k.none, (t * k.span).astype(k.kdt) + code, k.none))
         # cost = first time from which the agent stays on its goal = 1 + last time off it
-        cost = jnp.where(new != goal, (t + 2).astype(kdt), cost)
+        cost = jnp.where(new != goal, (t + 2).astype(k.kdt), cost)
         return t + 1, new, key, cost, chunk
 
     def run_chunk(carry):  # steps j * _CHUNK ... (j + 1) * _CHUNK - 1
@@ -290,17 +362,23 @@ def _verify_batch(instances: Instance, plans, ok, horizon) -> Verdict:
         )
         return j + 1, t, pos, key, cost
 
-    init = (jnp.int32(0), jnp.int32(0), start, jnp.full((b,), none, kdt))
-    init += ((start != goal).astype(kdt),)
+    init = (jnp.int32(0), jnp.int32(0), start, jnp.full((b,), k.none, k.kdt))
+    init += ((start != goal).astype(k.kdt),)
     _, _, pos, key, cost = jax.lax.while_loop(lambda c: alive(c[1], c[3]), run_chunk, init)
-    # An early exit leaves pos and cost stale, but only when every plan has already failed.
-    step_fail = key < none
-    agent = (key % (1 << bits)).astype(jnp.int32)
-    cat = (key // (1 << bits)) % _NUM_CATS
-    first_off = jnp.full((b,), n, jnp.int32)
-    for i in reversed(range(n)):
+    return pos, key, cost
+
+
+def _verdict(k: _Codec, instances: Instance, ok, horizon, goal, pos, key, cost) -> Verdict:
+    """Decode the earliest step failure `key` [B], or check the goals `goal` [N, B] against the
+    final cells `pos` [N, B]; `cost` [N, B] gives soc and makespan of valid plans."""
+    b = key.shape[0]
+    step_fail = key < k.none
+    agent = (key % (1 << k.bits)).astype(jnp.int32)
+    cat = (key // (1 << k.bits)) % _NUM_CATS
+    first_off = jnp.full((b,), k.n, jnp.int32)
+    for i in reversed(range(k.n)):
         first_off = jnp.where(pos[i] != goal[i], i, first_off)
-    goal_fail = ~step_fail & (first_off < n)
+    goal_fail = ~step_fail & (first_off < k.n)
     failure = jnp.where(
         ~ok,
         types.PARSE_ERROR,
@@ -314,7 +392,7 @@ def _verify_batch(instances: Instance, plans, ok, horizon) -> Verdict:
     labelled = instances.optimal_soc >= 0
     cost = cost.astype(jnp.int32)
     soc = jnp.where(valid, _halve(jnp.add, cost), -1)
-    t_fail = (key // span).astype(jnp.int32) + 1
+    t_fail = (key // k.span).astype(jnp.int32) + 1
     return Verdict(
         valid=valid,
         optimal=valid & labelled & (soc == instances.optimal_soc),
@@ -327,6 +405,21 @@ def _verify_batch(instances: Instance, plans, ok, horizon) -> Verdict:
     )
 
 
+@jax.jit
+def _verify_batch(instances: Instance, plans, ok, horizon) -> Verdict:
+    """plans: Int[Array, "b n t"] (WAIT-padded); ok: Bool[Array, "b"]; horizon: Int[Array, "b"].
+
+    Encode (`_encode_agents`, `_hole_words`, `_encode_moves`), step (`_run_steps`), decode
+    (`_verdict`). Assumes starts inside the map (as `types.check_problem` ensures).
+    """
+    k = _Codec(instances.holes.shape[-1], plans.shape[1], plans.shape[2])
+    agents = _encode_agents(instances, k)  # start, goal, height, width
+    words = _hole_words(instances.holes, k.shift, k.n_words, k.pdt)  # [K, B]
+    move = _encode_moves(plans, instances.agent_mask, k)
+    pos, key, cost = _run_steps(k, agents, words, move)
+    return _verdict(k, instances, ok, horizon, agents[1], pos, key, cost)
+
+
 def verify(
     instances: Instance,
     plans,
@@ -335,21 +428,24 @@ def verify(
 ) -> Verdict:
     """Verify whole plans for a batch of instances.
 
-    instances: batched Instance (leading axis B, agent slots N).
-    plans:     int [B, n, T] action codes, n <= N (padded to N with WAIT); a `ParsedAnswers`
-               from `parse_answers` is accepted too (its plans, ok and lengths are used).
-    ok:        bool [B], False marks a parse_error (default: all True).
-    lengths:   int [B, n] actions per agent, used only for the failure time of
-               goal_not_reached (default: T).
-    Returns a Verdict with [B] leaves. Jitted; instances of different map sizes and agent
-    counts share one compiled function per (B, N, T).
+    instances: a batch (see `types.Instance`): holes Bool[Array, "b s s"], starts and goals
+               Int[Array, "b n 2"], agent_mask Bool[Array, "b n"], labels Int[Array, "b"].
+    plans:     Int[Array, "b m t"] action codes, m <= n (padded to n with WAIT); a
+               `ParsedAnswers` from `parse_answers` is accepted too (its plans, ok and lengths
+               are used).
+    ok:        Bool[Array, "b"], False marks a parse_error (default: all True).
+    lengths:   Int[Array, "b m"] actions per agent, used only for the failure time of
+               goal_not_reached (default: t).
+    Returns a Verdict with [b] leaves. Jitted; instances of different map sizes and agent
+    counts share one compiled function per (b, n, t).
     """
     if hasattr(plans, "plans") and hasattr(plans, "ok"):
         ok = plans.ok if ok is None else ok
         lengths = plans.lengths if lengths is None else lengths
         plans = plans.plans
     plans = _as_array(plans, np.int32)
-    b, n_slots = instances.agent_mask.shape
+    _, n_slots = types.assert_instance_shapes(instances, batched=True)
+    b = instances.agent_mask.shape[0]
     if plans.ndim != 3 or plans.shape[0] != b or plans.shape[1] > n_slots:
         raise ValueError(
             f"plans must have shape [B={b}, n<={n_slots}, T], got {tuple(plans.shape)}"
@@ -359,10 +455,13 @@ def verify(
         xp = jnp if isinstance(plans, jax.Array) else np
         plans = xp.pad(plans, pad, constant_values=types.WAIT)
     ok = np.ones(b, bool) if ok is None else _as_array(ok, np.bool_)
+    chex.assert_shape(ok, (b,))
     if lengths is None or np.shape(lengths)[-1] == 0:
         horizon = np.full(b, plans.shape[2], np.int32)
     else:
-        horizon = _as_array(lengths, np.int32).max(axis=-1)
+        lengths = _as_array(lengths, np.int32)
+        chex.assert_shape(lengths, (b, None))
+        horizon = lengths.max(axis=-1)
     return _verify_batch(instances, plans, ok, horizon)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+import chex
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
@@ -141,7 +142,7 @@ def check_problem(p: Problem, where: str = "") -> None:
 class Instance:
     """A puzzle padded to static maxima; add a leading batch axis for a batch.
 
-    holes:      bool  [H, W]   True on holes; cells outside (height, width) are False and
+    holes:      bool  [S, S]   True on holes; cells outside (height, width) are False and
                                treated as out of bounds by the dynamics.
     height:     int32 []       real number of rows.
     width:      int32 []       real number of columns.
@@ -166,6 +167,24 @@ class Instance:
     def num_agents(self):
         """int32 [] (or [B]) number of real agents."""
         return self.agent_mask.sum(-1)
+
+
+def assert_instance_shapes(instance: Instance, batched: bool) -> tuple[int, int]:
+    """Assert (chex) that the leaves agree on (B,) S and N; return (S, N). Shapes are static, so
+    this costs nothing per call under jit.
+
+    holes Bool[Array, "b s s"]; starts, goals Int[Array, "b n 2"]; agent_mask Bool[Array, "b n"];
+    height, width and the labels Int[Array, "b"]; no "b" axis when not `batched`.
+    """
+    chex.assert_rank(instance.height, 1 if batched else 0)
+    lead = tuple(np.shape(instance.height))
+    size, n = np.shape(instance.holes)[-1], np.shape(instance.agent_mask)[-1]
+    chex.assert_shape(instance.holes, (*lead, size, size))
+    chex.assert_shape([instance.starts, instance.goals], (*lead, n, 2))
+    chex.assert_shape(instance.agent_mask, (*lead, n))
+    scalars = [instance.width, instance.optimal_soc, instance.optimal_makespan, instance.needs_wait]
+    chex.assert_shape(scalars, lead)
+    return size, n
 
 
 def _label(v) -> int:

@@ -2,9 +2,11 @@
 
 import collections
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -177,9 +179,11 @@ def test_step_rollout_equals_verify():
     assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.all(a == b)), bad, after))
 
 
-def test_mixed_sizes_do_not_recompile():
+def test_mixed_sizes_do_not_recompile(monkeypatch):
     rng = np.random.default_rng(0)
-    before = dynamics._verify_batch._cache_size()
+    chex.clear_trace_counter()
+    once = jax.jit(chex.assert_max_traces(dynamics._verify_batch.__wrapped__, n=1))
+    monkeypatch.setattr(dynamics, "_verify_batch", once)
     for trial in range(4):
         probs = []
         for _ in range(16):
@@ -195,8 +199,39 @@ def test_mixed_sizes_do_not_recompile():
                 )
             )
         plans = np.asarray(rng.integers(0, 5, (16, 5, 16)), np.int32)
-        dynamics.verify(types.to_instances(probs), plans)
-    assert dynamics._verify_batch._cache_size() - before <= 1
+        verdict = dynamics.verify(types.to_instances(probs), plans)  # a retrace would raise
+        assert verdict.failure.shape == (16,)
+    assert once._cache_size() == 1
+
+
+def test_step_rollouts_of_every_size_share_one_trace():
+    chex.clear_trace_counter()
+    step = jax.jit(chex.assert_max_traces(dynamics.step, n=1))
+    for side, n in [(3, 1), (6, 3), (10, 5)]:
+        p = P(["F" * side] * side, [(0, c) for c in range(n)], [(side - 1, c) for c in range(n)])
+        inst = jax.tree.map(lambda x: x[0], types.to_instances([p]))
+        state = dynamics.reset(inst)
+        for _ in range(side - 1):  # every agent walks down its column
+            state = step(inst, state, jnp.full(types.MAX_AGENTS, types.DOWN, jnp.int32))
+        assert int(state.failure) == types.NO_FAILURE
+        assert np.array_equal(np.asarray(state.pos[:n]), np.array(p.goals))
+
+
+def test_shape_checks_at_the_boundaries():
+    p = P(["FFF"], [(0, 0)], [(0, 2)])
+    batch = types.to_instances([p, p])
+    one = jax.tree.map(lambda x: x[0], batch)
+    with pytest.raises(AssertionError):  # an [N] action vector of the wrong length
+        dynamics.step(one, dynamics.reset(one), jnp.zeros(3, jnp.int32))
+    with pytest.raises(AssertionError):  # a batch where one instance is expected
+        dynamics.step(batch, dynamics.reset(one), jnp.zeros(5, jnp.int32))
+    plans = np.zeros((2, 1, 4), np.int32)
+    with pytest.raises(AssertionError):  # goals of another agent count than the mask
+        dynamics.verify(batch.replace(goals=batch.goals[:, :3]), plans)
+    with pytest.raises(AssertionError):  # ok for three plans, two instances
+        dynamics.verify(batch, plans, ok=np.ones(3, bool))
+    with pytest.raises(AssertionError):  # lengths without the batch axis
+        dynamics.verify(batch, plans, lengths=np.ones(1, np.int32))
 
 
 def test_reward_function():
