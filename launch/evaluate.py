@@ -5,7 +5,9 @@
         --answers_out answers.jsonl --out_dir runs/tiny/eval
     python launch/evaluate.py --api_model gpt-5.4 --instances bench.jsonl --out_dir eval_gpt
 
-Rerun the same command to continue: answers already in --answers_out are not regenerated.
+Rerun the same command to continue: answers already in --answers_out (tied to their puzzles by
+a hash) are not regenerated. Unlabelled instances get valid rates with optimal unknown; --label
+labels them first with the exact oracle (or use `python -m mapfjax.env label`).
 """
 
 import sys
@@ -16,7 +18,8 @@ _CKPT = flags.DEFINE_string("checkpoint", None, "Hugging Face Qwen3 checkpoint d
 _API = flags.DEFINE_string("api_model", None, "OpenAI-compatible model name (instead of a ckpt)")
 _API_URL = flags.DEFINE_string("api_base_url", "", "endpoint; default $OPENAI_BASE_URL")
 _API_CONC = flags.DEFINE_integer("api_concurrency", 8, "API requests in flight at once")
-_INSTANCES = flags.DEFINE_string("instances", None, "instance JSONL (labelled)")
+_INSTANCES = flags.DEFINE_string("instances", None, "instance JSONL (labels optional)")
+_LABEL = flags.DEFINE_bool("label", False, "label unlabelled instances with the exact oracle")
 _ANSWERS = flags.DEFINE_string("answers_out", None, 'raw {"id", "text"} JSONL, appended per batch')
 _OUT = flags.DEFINE_string("out_dir", "eval", "where results.{md,csv,png,json} go")
 _TEMP = flags.DEFINE_float("temperature", 0.0, "0 = greedy")
@@ -39,6 +42,12 @@ def main(argv):
         return 2
     try:
         problems = io.load_instances(_INSTANCES.value)
+        ev.check_out_dir(_OUT.value)
+        if _LABEL.value and any(p.optimal_soc is None for p in problems):
+            from mapfjax.env.cli import label_summary_line
+
+            problems, summary = ev.label_unlabelled(problems)
+            print(f"{_INSTANCES.value}: {label_summary_line(summary)}", file=sys.stderr)
         if _CKPT.value:
             import jax
 

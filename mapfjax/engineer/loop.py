@@ -47,22 +47,42 @@ def _write_json(path: pathlib.Path, obj) -> None:
     io.atomic_write(path, (json.dumps(obj, indent=1, sort_keys=True, default=str) + "\n").encode())
 
 
-def _read_json(path: pathlib.Path):
+def _read_json(path: pathlib.Path, advice: str):
+    """The JSON in `path`; an unreadable file raises RunDirError saying what to do about it."""
     try:
         return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise RunDirError(f"{path}: unreadable ({e}); delete it to recompute") from e
+    except (OSError, ValueError) as e:
+        raise RunDirError(f"{path}: unreadable ({e}); {advice}") from e
+
+
+def _redo_advice(workdir: pathlib.Path, n: int, position: dict) -> str:
+    """What recomputes finished round n's validation, decision and record (which files to
+    delete), or why nothing can."""
+    if position["round"] == n:
+        return (
+            f"delete {workdir / f'round_{n}' / 'DONE'} and rerun: round {n}'s validation, "
+            "decision.json and record.json are recomputed from its checkpoint (no retraining)"
+        )
+    return (
+        f"round {n} cannot be recomputed (the checkpoint is at round {position['round']}); "
+        "restore the file from a copy, or start another --workdir"
+    )
 
 
 def check_run_dir(workdir: pathlib.Path, config: ml_collections.ConfigDict) -> None:
     """Record the run's config on first use; refuse a different one later, naming the keys."""
+    for p in (workdir, *workdir.parents):
+        if p.exists() and not p.is_dir():
+            raise RunDirError(f"--workdir {workdir}: {p} is a file; expected a directory")
     path = workdir / "run_config.json"
     current = json.loads(config.to_json_best_effort())
     if not path.exists():
         workdir.mkdir(parents=True, exist_ok=True)
         _write_json(path, current)
         return
-    before = env_config.flatten(_read_json(path))
+    # Never advise deleting run_config.json: a new one would skip this check.
+    advice = "it records this run's config: restore it from a copy, or use another --workdir"
+    before = env_config.flatten(_read_json(path, advice))
     now = env_config.flatten(current)
     differ = sorted(
         k
@@ -101,6 +121,69 @@ def _validation_set(workdir: pathlib.Path, c) -> list:
 
 def _steps_per_round(c) -> int:
     return max(1, (c.train.instances * c.train.epochs) // c.train.problems_per_step)
+
+
+def _training_info(c, n: int) -> dict:
+    """The T module's facts about round n's training (part of its record)."""
+    return {
+        "round": n,
+        "epoch": c.train.epochs,
+        "steps": _steps_per_round(c),
+        "lr": c.optim.lr,
+        "group_size": c.train.group_size,
+        "num_iterations": c.train.num_iterations,
+        "temperature": c.train.temperature,
+        **c.grpo.to_dict(),
+    }
+
+
+def _previous_summary(workdir: pathlib.Path, n: int, position: dict) -> str:
+    """S: the engineer's rationale for choosing C_n, written at the end of round n - 1."""
+    prev = workdir / f"round_{n - 1}" / "decision.json"
+    if n == 0 or not prev.exists():
+        return ""
+    return _read_json(prev, _redo_advice(workdir, n - 1, position)).get("summary", "")
+
+
+def finished_round(workdir: pathlib.Path, n: int, c, position: dict):
+    """(record, decision or None) of a round with a DONE file.
+
+    A missing or unreadable record.json is recomputed from the round's config.json and
+    validation.json (and the previous decision's summary) and written back, with a warning;
+    any other unreadable file raises RunDirError naming it and what to delete.
+    """
+    out = workdir / f"round_{n}"
+    advice = _redo_advice(workdir, n, position)
+    path = out / "record.json"
+    try:
+        record = ctx_lib.RoundRecord.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        config = _read_json(out / "config.json", f"{path} cannot be recomputed: {advice}")
+        val = _read_json(out / "validation.json", f"{path} cannot be recomputed: {advice}")
+        try:
+            validation = ctx_lib.failure_breakdown(val["rows"])
+        except (KeyError, TypeError, ValueError) as bad:
+            raise RunDirError(
+                f"{out / 'validation.json'}: no usable 'rows' ({bad!r}); {path} cannot be "
+                f"recomputed: {advice}"
+            ) from bad
+        record = ctx_lib.RoundRecord(
+            round=n,
+            config=config,
+            validation=validation,
+            summary=_previous_summary(workdir, n, position),
+            training=_training_info(c, n),
+        )
+        _write_json(path, record.to_dict())
+        log.warning("%s: unreadable (%s); recomputed from config.json and validation.json", path, e)
+    decision = None
+    if (out / "decision.json").exists():
+        d = _read_json(out / "decision.json", advice)
+        try:
+            decision = Decision.from_dict(d)
+        except (KeyError, TypeError, ValueError) as e:
+            raise RunDirError(f"{out / 'decision.json'}: not a decision ({e!r}); {advice}") from e
+    return record, decision
 
 
 def _validate(trainer, tokenizer, problems, c, out_dir: pathlib.Path):
@@ -216,9 +299,10 @@ def run(config: ml_collections.ConfigDict, workdir, progress: bool = True) -> li
         out = workdir / f"round_{n}"
         out.mkdir(exist_ok=True)
         if (out / "DONE").exists():
-            records.append(ctx_lib.RoundRecord.from_dict(_read_json(out / "record.json")))
-            if (out / "decision.json").exists():
-                current = Decision.from_dict(_read_json(out / "decision.json")).config
+            record, decision = finished_round(workdir, n, c, position)
+            records.append(record)
+            if decision is not None:
+                current = decision.config
             continue
         _write_json(out / "config.json", current.to_dict())
         done_steps = position["step"] if position["round"] == n else 0
@@ -227,24 +311,12 @@ def run(config: ml_collections.ConfigDict, workdir, progress: bool = True) -> li
         _train_round(trainer, tokenizer, n, current, c, out, ckpt_dir, done_steps)
         position = {"round": n, "step": steps}
         val, rows = _validate(trainer, tokenizer, val_set, c, out)
-        # S: the engineer's rationale for choosing C_n, written at the end of round n - 1.
-        prev = workdir / f"round_{n - 1}" / "decision.json"
-        summary = _read_json(prev).get("summary", "") if n > 0 and prev.exists() else ""
         record = ctx_lib.RoundRecord(
             round=n,
             config=current.to_dict(),
             validation=ctx_lib.failure_breakdown(rows),
-            summary=summary,
-            training={
-                "round": n,
-                "epoch": c.train.epochs,
-                "steps": steps,
-                "lr": c.optim.lr,
-                "group_size": c.train.group_size,
-                "num_iterations": c.train.num_iterations,
-                "temperature": c.train.temperature,
-                **c.grpo.to_dict(),
-            },
+            summary=_previous_summary(workdir, n, position),
+            training=_training_info(c, n),
         )
         records.append(record)
         if n + 1 < c.rounds:

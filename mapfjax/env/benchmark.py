@@ -2,12 +2,15 @@
 
 3 agents on 3x3..10x10, 4 on 4x4..10x10, 5 on 5x5..10x10 (21 cells) x wait-ratio subsets
 0.25 / 0.50 / 0.75 x 50 instances = 3,150 labelled instances [paper]. Each cell is generated
-by `generator.generate` from its own key, so any cell can be rebuilt alone.
+by `generator.generate` from its own key, so any cell can be rebuilt alone. Each instance
+carries its cell in `meta` (agents, size, hole_ratio, wait_ratio); evaluation reads the cell
+from there and from the instance's own fields, never from the id.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import zlib
 
 import jax
@@ -60,14 +63,22 @@ def cell_config(spec: BenchmarkSpec, agents: int, size: int, wait_ratio: float):
     return cfg
 
 
+def cell_meta(spec: BenchmarkSpec, agents: int, size: int, wait_ratio: float) -> dict:
+    """The `meta` object of every instance of a cell (written to the instance JSONL)."""
+    return {"agents": agents, "size": size, "hole_ratio": spec.hole_ratio, "wait_ratio": wait_ratio}
+
+
 def build_cell(spec: BenchmarkSpec, agents: int, size: int, wait_ratio: float):
     """Generate one (agents, size, wait_ratio) cell; returns (problems, report)."""
     cfg = cell_config(spec, agents, size, wait_ratio)
     tag = f"{agents}/{size}/{wait_ratio:.4f}".encode()
     key = jax.random.fold_in(jax.random.key(spec.seed), zlib.crc32(tag) & 0x7FFFFFFF)
     out = generator.generate(key, cfg, spec.per_cell)
+    meta = cell_meta(spec, agents, size, wait_ratio)
     problems = [
-        dataclasses.replace(p, id=cell_id(agents, size, wait_ratio, spec.hole_ratio, i))
+        dataclasses.replace(
+            p, id=cell_id(agents, size, wait_ratio, spec.hole_ratio, i), meta=dict(meta)
+        )
         for i, p in enumerate(out.problems)
     ]
     return problems, out.report
@@ -96,48 +107,61 @@ def build(
     return problems, reports
 
 
+_ID_PARTS = (
+    (re.compile(r"(\d+)ag"), lambda m: {"agents": int(m[1])}),
+    (re.compile(r"(\d+)x(\d+)"), lambda m: {"height": int(m[1]), "width": int(m[2])}),
+    (re.compile(r"hr(\d+(?:\.\d+)?)"), lambda m: {"hole_ratio": float(m[1])}),
+    (re.compile(r"wr(\d+(?:\.\d+)?)"), lambda m: {"wait_ratio": float(m[1])}),
+)
+
+
 def parse_id(sample_id: str) -> dict:
-    """Split '3ag_5x5_hr0.1_wr0.50_007' (or the paper's '3ag_5x5_hr0.1_007') into fields."""
-    parts = sample_id.split("_")
+    """The fields an id in our or the paper's style spells ('3ag_5x5_hr0.1_wr0.50_007',
+    '3ag_5x5_hr0.1_007'); parts of any other shape (e.g. 'wrong') are ignored. For display
+    only: evaluation takes cells from the instance's fields and `meta`, never from its id."""
     out: dict = {}
-    for part in parts:
-        if part.endswith("ag") and part[:-2].isdigit():
-            out["agents"] = int(part[:-2])
-        elif "x" in part and part.replace("x", "").isdigit():
-            h, w = part.split("x")
-            out["height"], out["width"] = int(h), int(w)
-        elif part.startswith("hr"):
-            out["hole_ratio"] = float(part[2:])
-        elif part.startswith("wr"):
-            out["wait_ratio"] = float(part[2:])
+    for part in sample_id.split("_"):
+        for pattern, fields in _ID_PARTS:
+            m = pattern.fullmatch(part)
+            if m:
+                out.update(fields(m))
     return out
 
 
-def summarize(problems, rows) -> dict[int, dict[int, tuple[float, float, int]]]:
-    """Per agents -> size -> (valid %, optimal %, count) from verdict rows (dicts)."""
+def summarize(problems, rows) -> dict[int, dict[int, tuple[float, float | None, int]]]:
+    """Per agents -> size -> (valid %, optimal %, count) from verdict rows (dicts). The optimal
+    % is None (unknown) in a cell where some instance has no optimal_soc label (its row's
+    "optimal" is None)."""
     acc: dict[int, dict[int, list]] = {}
     for p, r in zip(problems, rows, strict=True):
-        cell = acc.setdefault(p.num_agents, {}).setdefault(p.height, [0, 0, 0])
+        cell = acc.setdefault(p.num_agents, {}).setdefault(p.height, [0, 0, 0, 0])
         cell[0] += bool(r["valid"])
         cell[1] += bool(r["optimal"])
         cell[2] += 1
+        cell[3] += r["optimal"] is None
     return {
-        k: {n: (100.0 * v / c, 100.0 * o / c, c) for n, (v, o, c) in sorted(sizes.items())}
+        k: {
+            n: (100.0 * v / c, None if unknown else 100.0 * o / c, c)
+            for n, (v, o, c, unknown) in sorted(sizes.items())
+        }
         for k, sizes in sorted(acc.items())
     }
 
 
 def table(summary: dict, sizes=env_config.PAPER_SIZES) -> str:
     """Markdown table in the paper's layout: one row per agent count, valid/optimal % per size
-    and their mean over the sizes present."""
+    and their mean over the sizes present; an unknown optimal % (unlabelled instances) is "?"
+    and makes the mean's optimal part "?" too."""
     head = "| agents | " + " | ".join(f"{n}x{n}" for n in sizes) + " | mean |"
     sep = "|---" * (len(sizes) + 2) + "|"
     lines = [head, sep]
+    opt = lambda o: "?" if o is None else f"{o:.1f}"
     for k, cells in summary.items():
         vals = [cells.get(n) for n in sizes]
         present = [v for v in vals if v is not None]
         mean_v = sum(v[0] for v in present) / max(len(present), 1)
-        mean_o = sum(v[1] for v in present) / max(len(present), 1)
-        txt = ["-" if v is None else f"{v[0]:.1f} / {v[1]:.1f}" for v in vals]
-        lines.append(f"| {k} | " + " | ".join(txt) + f" | {mean_v:.1f} / {mean_o:.1f} |")
+        known = all(v[1] is not None for v in present)
+        mean_o = sum(v[1] for v in present) / max(len(present), 1) if known else None
+        txt = ["-" if v is None else f"{v[0]:.1f} / {opt(v[1])}" for v in vals]
+        lines.append(f"| {k} | " + " | ".join(txt) + f" | {mean_v:.1f} / {opt(mean_o)} |")
     return "\n".join(lines)

@@ -1,6 +1,7 @@
 """Benchmark evaluation: a checkpoint or an API model answers each instance (resumable answer
-JSONL), the answers are verified, and per-size valid/optimal tables are written in the paper's
-layout (markdown, CSV, PNG, JSON), split by wait-ratio subset, beside the paper's numbers."""
+JSONL, each answer tied to its puzzle by a hash), the answers are verified, and per-size
+valid/optimal tables are written in the paper's layout (markdown, CSV, PNG, JSON), split by
+wait-ratio subset (from each instance's `meta`), beside the paper's numbers."""
 
 from __future__ import annotations
 
@@ -56,10 +57,12 @@ class CheckpointSolver:
         from mapfjax.models import tokenizer as tok_lib
 
         self.gen, self.mesh = gen, mesh
-        self.tokenizer = tok_lib.load_tokenizer(path)
+        check_checkpoint_dir(path)
         dt = jnp.dtype(dtype)
         kw = {"mesh": mesh, "rules": "sample"} if mesh is not None else {}
+        # The model first: its loader says clearly what is wrong with a path or hub id.
         self.model = hf.from_pretrained(path, dtype=dt, param_dtype=dt, **kw)
+        self.tokenizer = tok_lib.load_tokenizer(path)
 
     def __call__(self, problems: Sequence[Problem], start: int) -> list[str]:
         import jax
@@ -80,6 +83,38 @@ class CheckpointSolver:
             self.model, self.tokenizer, problems, 1, cfg, key, mesh=self.mesh
         )
         return texts[: len(problems)]
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def check_checkpoint_dir(path) -> None:
+    """Refuse a local path that cannot hold a checkpoint, naming what is missing (CheckpointError,
+    a ValueError). A path that does not exist is left to `hf.from_pretrained` only when it looks
+    like a hub id ('org/name')."""
+    import re
+
+    from mapfjax.models.hf import CheckpointError
+
+    p = pathlib.Path(path).expanduser()
+    if not p.exists():
+        if re.fullmatch(r"[\w-][\w.-]*/[\w.-]+", str(path)) and not str(path).startswith("."):
+            return  # maybe a Hugging Face hub id
+        raise CheckpointError(f"--checkpoint {path}: no such directory")
+    if not p.is_dir():
+        raise CheckpointError(f"--checkpoint {path}: is a file; expected a checkpoint directory")
+    missing = []
+    if not (p / "config.json").is_file():
+        missing.append("config.json")
+    if not any(p.glob("*.safetensors")):
+        missing.append("*.safetensors weights")
+    if not any((p / name).is_file() for name in TOKENIZER_FILES):
+        missing.append(f"tokenizer files (one of {', '.join(TOKENIZER_FILES)})")
+    if missing:
+        raise CheckpointError(
+            f"--checkpoint {path}: not a model checkpoint, it has no {' and no '.join(missing)}"
+            " (expected a Hugging Face Qwen3 directory, e.g. runs/<run>/round_<n>/model)"
+        )
 
 
 class ApiUnavailable(RuntimeError):
@@ -133,29 +168,56 @@ class ApiSolver(api_chat.Endpoint):
 # --------------------------------------------------------------------------- answers file
 
 
-def read_answers(path) -> dict[str, str]:
-    """Answers already in `path` (id -> first text), {} when it does not exist. A torn last line
-    (a crash while appending) is cut off; any other bad line raises JsonlError (file, line)."""
+def _is_complete_line(tail: bytes) -> bool:
+    """A last line without its newline is complete when it is a whole JSON value: a line
+    torn by a crash mid-write never is (an object's text ends with its closing brace)."""
+    try:
+        json.loads(tail.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return False
+    return True
+
+
+def read_answers(path) -> dict[str, io.Answer]:
+    """Answers already in `path` (id -> its first `io.Answer`), {} when it does not exist.
+
+    A last line without a newline is kept when it parses (valid JSONL may end that way); only
+    an unparseable one, torn by a crash while appending, is cut off, with a warning naming the
+    file, the line and the bytes dropped. Any other bad line raises JsonlError (file, line).
+    """
     path = pathlib.Path(path)
     if not path.exists():
         return {}
-    raw = path.read_bytes()
-    if raw and not raw.endswith(b"\n"):
-        keep = raw[: raw.rfind(b"\n") + 1]
-        log.warning("%s: dropping a torn last line (%d bytes)", path, len(raw) - len(keep))
-        io.atomic_write(path, keep)
-    out: dict[str, str] = {}
-    for aid, t in io.load_answers(path):
-        out.setdefault(aid, t)
+    raw = io.read_bytes(path)
+    start = raw.rfind(b"\n") + 1
+    tail = raw[start:]
+    if tail.strip() and not _is_complete_line(tail):
+        line = raw.count(b"\n") + 1
+        log.warning(
+            "%s:%d: the last line is torn (no newline, not valid JSON: %r); removing its %d "
+            "bytes from the file, its answer will be generated again",
+            path,
+            line,
+            tail[:60],
+            len(tail),
+        )
+        io.atomic_write(path, raw[:start])
+    out: dict[str, io.Answer] = {}
+    for a in io.read_answer_lines(path):
+        out.setdefault(a.id, a)
     return out
 
 
 def append_answers(path, rows: Sequence[dict]) -> None:
-    """Append `{"id", "text"}` rows, each line in one write to an O_APPEND file, then fsync."""
+    """Append `{"id", "text", "puzzle_hash"}` rows, each line in one write to an O_APPEND file,
+    then fsync. A file whose last line has no newline gets one first."""
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            os.write(fd, b"\n")
         for row in rows:
             os.write(fd, (json.dumps(row, ensure_ascii=False) + "\n").encode())
         os.fsync(fd)
@@ -171,17 +233,33 @@ def generate_answers(
     progress: bool = True,
 ) -> dict[str, str]:
     """id -> response text for every problem. With `answers_out`, answers already there are
-    reused and new ones are appended after each batch (rerunning continues where it stopped)."""
+    reused and new ones are appended after each batch (rerunning continues where it stopped).
+
+    Each written answer carries `io.puzzle_hash` of its puzzle; an answer already in the file is
+    reused only when that hash matches its instance (same id, same grid, starts and goals), so
+    a file written for another instance set with the same ids is refused, naming the ids.
+    """
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size}: allowed >= 1")
-    known = {p.id for p in problems}
-    answers = read_answers(answers_out) if answers_out else {}
-    stray = sorted(set(answers) - known)
+    by_id = {p.id: p for p in problems}
+    found = read_answers(answers_out) if answers_out else {}
+    stray = sorted(set(found) - set(by_id))
     if stray:
         raise ValueError(
             f"{answers_out}: field 'id': {stray[0]!r} (and {len(stray) - 1} more) not among the "
             "instances; use the answers file of this instance set or another --answers_out"
         )
+    unhashed = [a for a in found.values() if a.puzzle_hash is None]
+    if unhashed:
+        a = unhashed[0]
+        raise ValueError(
+            f"{answers_out}:{a.line}: field 'puzzle_hash': missing ({len(unhashed)} answer(s) "
+            "without it); a reused answer must carry the hash of the puzzle it answers, so this "
+            "file cannot be resumed: score it with `python -m mapfjax.env verify` or use "
+            "another --answers_out"
+        )
+    io.check_answers_match(answers_out, list(found.values()), by_id)
+    answers = {aid: a.text for aid, a in found.items()}
     todo = [p for p in problems if p.id not in answers]
     bar = None
     if progress:
@@ -193,7 +271,10 @@ def generate_answers(
         texts = solver(chunk, start)
         if len(texts) != len(chunk):
             raise RuntimeError(f"solver returned {len(texts)} texts for {len(chunk)} problems")
-        rows = [{"id": p.id, "text": t} for p, t in zip(chunk, texts, strict=True)]
+        rows = [
+            {"id": p.id, "text": t, "puzzle_hash": io.puzzle_hash(p)}
+            for p, t in zip(chunk, texts, strict=True)
+        ]
         if answers_out:
             append_answers(answers_out, rows)
         answers.update((r["id"], r["text"]) for r in rows)
@@ -222,8 +303,21 @@ def score_answers(problems: Sequence[Problem], answers: dict[str, str], chunk: i
 
 
 def wait_subset(p: Problem) -> float | None:
-    """The wait-ratio subset from the instance id ('..._wr0.50_...'), None when absent."""
-    return benchmark.parse_id(p.id).get("wait_ratio")
+    """The wait-ratio subset the instance was drawn for, from its `meta` (written by the
+    benchmark builder); None when it has none. Never read from the id."""
+    w = (p.meta or {}).get("wait_ratio")
+    is_number = isinstance(w, int | float) and not isinstance(w, bool) and math.isfinite(w)
+    return float(w) if is_number else None
+
+
+def label_errors(problems: Sequence[Problem], rows: Sequence[dict]) -> list[tuple[str, int, int]]:
+    """(id, soc, optimal_soc) where a valid plan costs less than the "optimal" label: proof
+    that the label is wrong."""
+    return [
+        (p.id, r["soc"], p.optimal_soc)
+        for p, r in zip(problems, rows, strict=True)
+        if r["valid"] and p.optimal_soc is not None and r["soc"] < p.optimal_soc
+    ]
 
 
 def summaries(problems: Sequence[Problem], rows: Sequence[dict]) -> dict[str, dict]:
@@ -239,12 +333,18 @@ def summaries(problems: Sequence[Problem], rows: Sequence[dict]) -> dict[str, di
     }
 
 
-def _means(summary: dict) -> dict[int, tuple[float, float]]:
-    """agents -> (mean valid %, mean optimal %) over the sizes present (the paper's mean)."""
-    return {
-        k: (float(np.mean([c[0] for c in s.values()])), float(np.mean([c[1] for c in s.values()])))
-        for k, s in summary.items()
-    }
+def _means(summary: dict) -> dict[int, tuple[float, float | None]]:
+    """agents -> (mean valid %, mean optimal %) over the sizes present (the paper's mean); the
+    optimal mean is None when a cell's optimal % is unknown (unlabelled instances)."""
+    out = {}
+    for k, s in summary.items():
+        opt = [c[1] for c in s.values()]
+        known = all(o is not None for o in opt)
+        out[k] = (
+            float(np.mean([c[0] for c in s.values()])),
+            float(np.mean(opt)) if known else None,
+        )
+    return out
 
 
 def _aggregate_valid(summary: dict) -> float:
@@ -254,7 +354,7 @@ def _aggregate_valid(summary: dict) -> float:
 
 
 def _fmt(v: float | None, o: float | None) -> str:
-    return "-" if v is None else f"{v:.2f} / {o:.2f}" if o is not None else f"{v:.2f}"
+    return "-" if v is None else f"{v:.2f} / {o:.2f}" if o is not None else f"{v:.2f} / ?"
 
 
 def comparison_table(ours: dict[int, tuple[float, float]], label: str, family) -> str:
@@ -278,21 +378,47 @@ def _per_size_paper_row(summary: dict) -> str:
     sizes = env_config.PAPER_SIZES
     ours = summary.get(3, {})
     head = "| 3 agents | " + " | ".join(f"{n}x{n}" for n in sizes) + " |"
-    mine = " | ".join(f"{ours[n][0]:.1f} / {ours[n][1]:.1f}" if n in ours else "-" for n in sizes)
+    opt = lambda o: "?" if o is None else f"{o:.1f}"
+    mine = " | ".join(f"{ours[n][0]:.1f} / {opt(ours[n][1])}" if n in ours else "-" for n in sizes)
     theirs = " | ".join("{:.1f} / {:.1f}".format(*paper.PER_SIZE_3AG[n]) for n in sizes)
     return "\n".join(
         [head, "|---" * (len(sizes) + 1) + "|", f"| ours | {mine} |", f"| paper (V6) | {theirs} |"]
     )
 
 
-def results_markdown(sums: dict, label: str, family, full: bool, api_errors: int = 0) -> str:
+def _sizes(summary: dict) -> tuple[int, ...]:
+    """The paper's sizes plus any other size present, so no instance drops out of a table."""
+    present = {n for cells in summary.values() for n in cells}
+    return tuple(sorted(set(env_config.PAPER_SIZES) | present))
+
+
+def results_markdown(
+    sums: dict,
+    label: str,
+    family,
+    full: bool,
+    api_errors: int = 0,
+    unlabelled: int = 0,
+    wrong_labels: Sequence[tuple[str, int, int]] = (),
+) -> str:
     """The whole report: overall table, the paper's rows where comparable, per-subset tables."""
     parts = [f"# Benchmark evaluation: {label}", ""]
     n = sum(c[2] for s in sums["all"].values() for c in s.values())
     parts.append(f"{n} instances; cells are valid % / optimal %; mean = unweighted over sizes.")
     if api_errors:
         parts.append(f"{api_errors} API request(s) failed without retry and count as wrong.")
-    parts += ["", "## All instances", "", benchmark.table(sums["all"]), ""]
+    if unlabelled:
+        parts.append(
+            f"{unlabelled} instance(s) have no optimal_soc label: optimal % is unknown (?) in "
+            "their cells; label them with `python -m mapfjax.env label` or `--label`."
+        )
+    if wrong_labels:
+        shown = "; ".join(f"{i}: soc {s} < optimal_soc {o}" for i, s, o in wrong_labels[:5])
+        parts.append(
+            f"**{len(wrong_labels)} optimal_soc label(s) are wrong**: a valid answer costs less "
+            f"({shown}); relabel the instances with `python -m mapfjax.env label`."
+        )
+    parts += ["", "## All instances", "", benchmark.table(sums["all"], _sizes(sums["all"])), ""]
     if family is not None:
         note = (
             "same benchmark layout (21 cells x 3 wait-ratio subsets)"
@@ -309,7 +435,7 @@ def results_markdown(sums: dict, label: str, family, full: bool, api_errors: int
         if name == "all":
             continue
         w = float(name[2:])
-        parts += [f"## Wait-ratio subset {w:.2f}", "", benchmark.table(s), ""]
+        parts += [f"## Wait-ratio subset {w:.2f}", "", benchmark.table(s, _sizes(s)), ""]
         agg = f"Aggregate valid % (mean over cells): ours {_aggregate_valid(s):.1f}"
         if family == "qwen3-4b":
             theirs = "; ".join(f"{v} {d[w]:.1f}" for v, d in paper.ABLATION_VALID.items() if w in d)
@@ -325,7 +451,7 @@ def results_csv(sums: dict) -> str:
     for name, s in sums.items():
         for k, cells in s.items():
             for size, (v, o, c) in cells.items():
-                w.writerow([name, k, size, c, f"{v:.4f}", f"{o:.4f}"])
+                w.writerow([name, k, size, c, f"{v:.4f}", "" if o is None else f"{o:.4f}"])
     return buf.getvalue()
 
 
@@ -341,7 +467,8 @@ def results_plot(sums: dict, path, family=None) -> None:
     for j, (ax, field) in enumerate(zip(axes, ("valid", "optimal"), strict=True)):
         for k, cells in sums["all"].items():
             xs = sorted(cells)
-            ax.plot(xs, [cells[n][j] for n in xs], marker="o", label=f"{k} agents")
+            ys = [math.nan if cells[n][j] is None else cells[n][j] for n in xs]
+            ax.plot(xs, ys, marker="o", label=f"{k} agents")
         if family == "qwen3-4b":
             xs = sorted(paper.PER_SIZE_3AG)
             ys = [paper.PER_SIZE_3AG[n][j] for n in xs]
@@ -352,8 +479,10 @@ def results_plot(sums: dict, path, family=None) -> None:
     axes[0].set_ylabel("%")
     axes[1].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    buf = std_io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
+    io.atomic_write(path, buf.getvalue())
 
 
 def write_results(
@@ -361,13 +490,17 @@ def write_results(
 ) -> dict[str, pathlib.Path]:
     """results.{md,csv,png,json} and verdicts.jsonl in `out_dir`; returns their paths."""
     out = pathlib.Path(out_dir)
+    check_out_dir(out)
     out.mkdir(parents=True, exist_ok=True)
     sums = summaries(problems, rows)
+    unlabelled = sum(p.optimal_soc is None for p in problems)
+    wrong = label_errors(problems, rows)
     cells = {(p.num_agents, p.height) for p in problems}
     waits = {w for w in map(wait_subset, problems) if w is not None}
     full = paper.full_benchmark(cells, waits)
     paths = {ext: out / f"results.{ext}" for ext in ("md", "csv", "png", "json")}
-    io.atomic_write(paths["md"], results_markdown(sums, label, family, full, api_errors))
+    md = results_markdown(sums, label, family, full, api_errors, unlabelled, wrong)
+    io.atomic_write(paths["md"], md)
     io.atomic_write(paths["csv"], results_csv(sums))
     results_plot(sums, paths["png"], family)
     summary = {
@@ -376,6 +509,8 @@ def write_results(
         "full_benchmark": full,
         "n": len(problems),
         "api_errors": api_errors,
+        "unlabelled": unlabelled,
+        "wrong_labels": [{"id": i, "soc": s, "optimal_soc": o} for i, s, o in wrong],
         "means": {g: {str(k): v for k, v in _means(s).items()} for g, s in sums.items()},
         "aggregate_valid": {g: _aggregate_valid(s) for g, s in sums.items()},
         "cells": {
@@ -389,6 +524,31 @@ def write_results(
     return paths
 
 
+def check_out_dir(path) -> None:
+    """Refuse an output directory that is a file (or lies under one), before any work."""
+    path = pathlib.Path(path)
+    for p in (path, *path.parents):
+        if p.exists() and not p.is_dir():
+            raise NotADirectoryError(f"--out_dir {path}: {p} is a file; expected a directory")
+
+
+def label_unlabelled(
+    problems: Sequence[Problem], max_nodes: int = 50_000, time_limit: float = 30.0, processes=None
+) -> tuple[list[Problem], dict]:
+    """Label the problems without optimal_soc with the exact oracle (`env.cli.label_problems`);
+    the others are kept as they are. Returns (problems, the oracle's summary)."""
+    from mapfjax.env.cli import label_problems
+
+    todo = [i for i, p in enumerate(problems) if p.optimal_soc is None]
+    labelled, summary = label_problems(
+        [problems[i] for i in todo], max_nodes, time_limit, processes
+    )
+    out = list(problems)
+    for i, p in zip(todo, labelled, strict=True):
+        out[i] = p
+    return out, summary
+
+
 def evaluate(
     solver: Solver,
     problems: Sequence[Problem],
@@ -399,13 +559,9 @@ def evaluate(
     batch_size: int = 32,
     progress: bool = True,
 ) -> dict[str, pathlib.Path]:
-    """Answer (resumably), verify and write the result tables; returns the written paths."""
-    unlabelled = [p.id for p in problems if p.optimal_soc is None]
-    if unlabelled:
-        raise ValueError(
-            f"{len(unlabelled)} instance(s) have no optimal_soc label (first {unlabelled[0]!r}); "
-            "optimal rates need labelled instances (python -m mapfjax.env benchmark)"
-        )
+    """Answer (resumably), verify and write the result tables; returns the written paths.
+    Unlabelled instances are scored for validity; their optimal % is reported as unknown."""
+    check_out_dir(out_dir)
     answers = generate_answers(solver, problems, answers_out, batch_size, progress)
     rows = score_answers(problems, answers)
     errors = len(getattr(solver, "errors", {}) or {})

@@ -3,6 +3,7 @@ as markdown plus PNG plots, read back from a run directory written by `engineer.
 
 from __future__ import annotations
 
+import io as std_io
 import json
 import pathlib
 
@@ -66,6 +67,16 @@ def config_table(records: list[RoundRecord]) -> str:
     return "\n".join(lines)
 
 
+def _save_png(fig, path: pathlib.Path) -> None:
+    """Render the figure to memory and write it atomically (readers never see half a PNG)."""
+    import matplotlib.pyplot as plt
+
+    buf = std_io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    io.atomic_write(path, buf.getvalue())
+
+
 def _plots(records: list[RoundRecord], workdir: pathlib.Path) -> list[str]:
     import matplotlib
 
@@ -89,8 +100,7 @@ def _plots(records: list[RoundRecord], workdir: pathlib.Path) -> list[str]:
     axes[1].legend()
     fig.tight_layout()
     names = ["validation.png"]
-    fig.savefig(workdir / names[0], dpi=110)
-    plt.close(fig)
+    _save_png(fig, workdir / names[0])
 
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.4), sharey=True)
     csizes = sorted({k for r in records for k in r.config["sizes"]}, key=lambda k: int(k[1:]))
@@ -106,8 +116,7 @@ def _plots(records: list[RoundRecord], workdir: pathlib.Path) -> list[str]:
     axes[-1].legend()
     fig.tight_layout()
     names.append("configs.png")
-    fig.savefig(workdir / names[1], dpi=110)
-    plt.close(fig)
+    _save_png(fig, workdir / names[1])
     return names
 
 

@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import pathlib
+import tempfile
 from collections.abc import Iterable
 
+from mapfjax.env.io import atomic_write
 from mapfjax.models.tokenizer import (
     EMPTY_THINK,
     END_THINK,
@@ -90,6 +92,20 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int):
     return tok
 
 
+def _save_pretrained_atomically(tokenizer, out_dir) -> list[str]:
+    """`tokenizer.save_pretrained` into a scratch directory, then each file into `out_dir`
+    through `atomic_write`, so no reader ever sees a half-written tokenizer file. Returns the
+    names written."""
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="tokenizer.") as scratch:
+        tokenizer.save_pretrained(scratch)
+        names = sorted(f.name for f in pathlib.Path(scratch).iterdir() if f.is_file())
+        for name in names:
+            atomic_write(out / name, (pathlib.Path(scratch) / name).read_bytes())
+    return names
+
+
 def save_tokenizer(out_dir, tok, max_length: int = 4096) -> pathlib.Path:
     """Write the `tokenizers.Tokenizer` `tok` as HF tokenizer files into `out_dir`."""
     import transformers
@@ -103,10 +119,8 @@ def save_tokenizer(out_dir, tok, max_length: int = 4096) -> pathlib.Path:
         clean_up_tokenization_spaces=False,
     )
     fast.chat_template = CHAT_TEMPLATE
-    out = pathlib.Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    fast.save_pretrained(str(out))
-    return out
+    _save_pretrained_atomically(fast, out_dir)
+    return pathlib.Path(out_dir)
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir) -> pathlib.Path:
@@ -140,7 +154,7 @@ def attach_tokenizer(model_dir, tokenizer) -> None:
     import json
 
     model_dir = pathlib.Path(model_dir)
-    tokenizer.save_pretrained(str(model_dir))
+    _save_pretrained_atomically(tokenizer, model_dir)
     ids = {
         "bos_token_id": tokenizer.convert_tokens_to_ids(IM_START),
         "eos_token_id": tokenizer.convert_tokens_to_ids(IM_END),
@@ -149,4 +163,4 @@ def attach_tokenizer(model_dir, tokenizer) -> None:
     for name in ("config.json", "generation_config.json"):
         path = model_dir / name
         cfg = json.loads(path.read_text()) if path.is_file() else {}
-        path.write_text(json.dumps(cfg | ids, indent=2) + "\n")
+        atomic_write(path, json.dumps(cfg | ids, indent=2) + "\n")
