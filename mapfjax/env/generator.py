@@ -157,6 +157,45 @@ class Generated:
     report: GenerationReport
 
 
+@dataclasses.dataclass
+class _SizePool:
+    """The labelled instances kept so far at one map size and what it took to get them."""
+
+    size: int
+    count: int  # instances requested
+    waits: int  # of which need a wait
+    kept: dict[bool, list[Problem]] = dataclasses.field(
+        default_factory=lambda: {True: [], False: []}
+    )
+    candidates: int = 0
+    oracle_failures: int = 0
+
+    def missing(self) -> tuple[int, int]:
+        """(needs-wait, no-wait) instances still missing."""
+        return (
+            max(self.waits - len(self.kept[True]), 0),
+            max(self.count - self.waits - len(self.kept[False]), 0),
+        )
+
+    def offer(self, problem: Problem) -> bool:
+        """Keep a labelled problem while its bucket has room (a bounded surplus fills the other
+        bucket's shortfall, if any); True when it counts toward the requested numbers."""
+        bucket = self.kept[problem.needs_wait]
+        quota = self.waits if problem.needs_wait else self.count - self.waits
+        if len(bucket) >= quota + self.count:
+            return False
+        bucket.append(problem)
+        return len(bucket) <= quota
+
+    def chosen(self) -> list[Problem]:
+        """The requested numbers of needs-wait and no-wait instances, any shortfall of one
+        filled from the other."""
+        w = self.waits
+        chosen = self.kept[True][:w] + self.kept[False][: self.count - w]
+        spare = self.kept[True][w:] + self.kept[False][self.count - w :]
+        return chosen + spare[: self.count - len(chosen)]
+
+
 def generate(
     key: jax.Array,
     config: ml_collections.ConfigDict,
@@ -173,105 +212,25 @@ def generate(
     """
     import time
 
-    from mapfjax.env import oracle
-
     env_config.validate(config)
     t0 = time.perf_counter()
-    counts = env_config.requested_counts(config, n)
-    pool = config.pool
-    processes = config.oracle.processes or os.cpu_count() or 1
-    kept: dict[int, dict[bool, list[Problem]]] = {s: {True: [], False: []} for s in counts}
-    n_cand = dict.fromkeys(counts, 0)
-    n_fail = dict.fromkeys(counts, 0)
+    pools = {s: _SizePool(s, c, w) for s, (c, w) in env_config.requested_counts(config, n).items()}
     key, k_order = jax.random.split(key)
     bar = _progress(n, progress)
-    for rnd in range(pool.max_rounds):
-        need = {
-            s: (w - len(kept[s][True]), (c - w) - len(kept[s][False]))
-            for s, (c, w) in counts.items()
-        }
-        need = {s: (max(a, 0), max(b, 0)) for s, (a, b) in need.items() if a > 0 or b > 0}
+    for rnd in range(config.pool.max_rounds):
+        need = {s: p.missing() for s, p in pools.items() if any(p.missing())}
         if not need:
             break
-        sizes, holes, cross = [], [], []
-        for s, (nw, nn) in need.items():
-            m = max(MIN_CANDIDATES, math.ceil(pool.oversample * (nw + nn)))
-            # Wait instances are the rare ones; spend more candidates on them as rounds go.
-            if nw > 0:
-                m = max(m, math.ceil(pool.oversample * nw * (2 + rnd)))
-            p_cross = pool.wait_bias if nw > 0 else 0.0
-            n_cross = round(m * p_cross) if nn > 0 else m if nw > 0 else 0
-            sizes += [s] * m
-            holes += [config.sizes[env_config.size_key(s)].hole_ratio] * m
-            cross += [True] * n_cross + [False] * (m - n_cross)
         key, k_round = jax.random.split(key)
-        b = _bucket(len(sizes))
-        pad = b - len(sizes)
-        inst, reachable, shortest = sample_candidates(
-            k_round,
-            jnp.asarray(sizes + [sizes[0]] * pad, jnp.int32),
-            jnp.asarray(holes + [holes[0]] * pad, jnp.float32),
-            jnp.asarray(cross + [False] * pad),
-            max_size=config.max_size,
-            max_agents=config.max_agents,
-            num_agents=config.num_agents,
-        )
-        reachable = np.asarray(reachable)[: len(sizes)]
-        shortest = np.asarray(shortest)[: len(sizes)]
-        m_all = len(sizes)
-        cands = types.to_problems(jax.tree.map(lambda x, m=m_all: x[:m], inst))
-        idx = [i for i in range(len(sizes)) if reachable[i]]
-        for s in need:
-            n_cand[s] += sizes.count(s)
-        sols = oracle.solve_many(
-            [cands[i] for i in idx],
-            max_nodes=config.oracle.max_nodes,
-            time_limit=config.oracle.time_limit,
-            # Spawning workers costs ~2 s (each imports JAX): not worth it for small pools.
-            processes=processes if len(idx) >= SPAWN_MIN else 1,
-        )
-        for i, sol in zip(idx, sols, strict=True):
-            s = sizes[i]
-            if sol.status != "optimal":
-                n_fail[s] += 1
-                continue
-            nw = types.needs_wait(sol.soc, shortest[i])
-            q = _quota(counts[s], nw)
-            # Keep a bounded surplus: it fills the other bucket's shortfall, if any.
-            if len(kept[s][nw]) < q + counts[s][0]:
-                kept[s][nw].append(cands[i].with_labels(sol.soc, sol.makespan, nw))
-                if len(kept[s][nw]) <= q:
-                    bar.update(1)
-    # Fill any shortfall from the other bucket so exactly n instances come back.
-    out: list[Problem] = []
-    reports = []
-    for s, (c, w) in counts.items():
-        chosen = kept[s][True][:w] + kept[s][False][: c - w]
-        spare = kept[s][True][w:] + kept[s][False][c - w :]
-        chosen += spare[: c - len(chosen)]
-        if len(chosen) < c:
-            raise RuntimeError(
-                f"generator: size {s}x{s} produced only {len(chosen)} of {c} solvable instances "
-                f"in {pool.max_rounds} rounds (hole_ratio "
-                f"{config.sizes[env_config.size_key(s)].hole_ratio}); raise pool.max_rounds or "
-                "lower the hole ratio"
-            )
-        out += chosen
-        entry = config.sizes[env_config.size_key(s)]
-        reports.append(
-            SizeReport(
-                size=s,
-                requested=c,
-                achieved=len(chosen),
-                requested_wait_ratio=float(entry.wait_ratio),
-                achieved_wait_ratio=_mean([p.needs_wait for p in chosen]),
-                requested_hole_ratio=float(entry.hole_ratio),
-                achieved_hole_ratio=_mean([p.holes().mean() for p in chosen]),
-                candidates=n_cand[s],
-                oracle_failures=n_fail[s],
-            )
-        )
+        for problem in _label_round(k_round, config, need, rnd, pools):
+            if pools[problem.height].offer(problem):
+                bar.update(1)
     bar.close()
+    out, reports = [], []
+    for pool in pools.values():
+        chosen = _check_filled(pool, config)
+        out += chosen
+        reports.append(_size_report(pool, chosen, config.sizes[env_config.size_key(pool.size)]))
     perm = np.asarray(jax.random.permutation(k_order, len(out)))
     out = [out[i] for i in perm]
     out = [
@@ -283,9 +242,91 @@ def generate(
     return Generated(jax.tree.map(jnp.asarray, instances), out, report)
 
 
-def _quota(count: tuple[int, int], needs_wait: bool) -> int:
-    c, w = count
-    return w if needs_wait else c - w
+def _round_request(config, need: dict[int, tuple[int, int]], rnd: int):
+    """Candidate (sizes, hole ratios, crossing flags) of one round for the missing (needs-wait,
+    no-wait) counts per size."""
+    pool = config.pool
+    sizes, holes, cross = [], [], []
+    for s, (nw, nn) in need.items():
+        m = max(MIN_CANDIDATES, math.ceil(pool.oversample * (nw + nn)))
+        # Wait instances are the rare ones; spend more candidates on them as rounds go.
+        if nw > 0:
+            m = max(m, math.ceil(pool.oversample * nw * (2 + rnd)))
+        p_cross = pool.wait_bias if nw > 0 else 0.0
+        n_cross = round(m * p_cross) if nn > 0 else m if nw > 0 else 0
+        sizes += [s] * m
+        holes += [config.sizes[env_config.size_key(s)].hole_ratio] * m
+        cross += [True] * n_cross + [False] * (m - n_cross)
+    return sizes, holes, cross
+
+
+def _label_round(key, config, need, rnd: int, pools: dict[int, _SizePool]) -> list[Problem]:
+    """Sample one round of candidates, label the reachable ones with the oracle and return those
+    it solved optimally; counts candidates and oracle failures into `pools`."""
+    from mapfjax.env import oracle
+
+    sizes, holes, cross = _round_request(config, need, rnd)
+    pad = _bucket(len(sizes)) - len(sizes)
+    inst, reachable, shortest = sample_candidates(
+        key,
+        jnp.asarray(sizes + [sizes[0]] * pad, jnp.int32),
+        jnp.asarray(holes + [holes[0]] * pad, jnp.float32),
+        jnp.asarray(cross + [False] * pad),
+        max_size=config.max_size,
+        max_agents=config.max_agents,
+        num_agents=config.num_agents,
+    )
+    m_all = len(sizes)
+    reachable = np.asarray(reachable)[:m_all]
+    shortest = np.asarray(shortest)[:m_all]
+    cands = types.to_problems(jax.tree.map(lambda x: x[:m_all], inst))
+    idx = [i for i in range(m_all) if reachable[i]]
+    for s in need:
+        pools[s].candidates += sizes.count(s)
+    processes = config.oracle.processes or os.cpu_count() or 1
+    sols = oracle.solve_many(
+        [cands[i] for i in idx],
+        max_nodes=config.oracle.max_nodes,
+        time_limit=config.oracle.time_limit,
+        # Spawning workers costs ~2 s (each imports JAX): not worth it for small pools.
+        processes=processes if len(idx) >= SPAWN_MIN else 1,
+    )
+    labelled = []
+    for i, sol in zip(idx, sols, strict=True):
+        if sol.status != "optimal":
+            pools[sizes[i]].oracle_failures += 1
+            continue
+        nw = types.needs_wait(sol.soc, shortest[i])
+        labelled.append(cands[i].with_labels(sol.soc, sol.makespan, nw))
+    return labelled
+
+
+def _check_filled(pool: _SizePool, config) -> list[Problem]:
+    """The pool's chosen instances; RuntimeError when there are too few solvable ones."""
+    chosen = pool.chosen()
+    if len(chosen) < pool.count:
+        s = pool.size
+        raise RuntimeError(
+            f"generator: size {s}x{s} produced only {len(chosen)} of {pool.count} solvable "
+            f"instances in {config.pool.max_rounds} rounds (hole_ratio "
+            f"{config.sizes[env_config.size_key(s)].hole_ratio}); raise pool.max_rounds or "
+            "lower the hole ratio"
+        )
+    return chosen
+
+
+def _size_report(pool: _SizePool, chosen: list[Problem], entry) -> SizeReport:
+    return SizeReport(
+        size=pool.size,
+        requested=pool.count,
+        achieved=len(chosen),
+        requested_wait_ratio=float(entry.wait_ratio),
+        achieved_wait_ratio=_mean([p.needs_wait for p in chosen]),
+        requested_hole_ratio=float(entry.hole_ratio),
+        achieved_hole_ratio=_mean([p.holes().mean() for p in chosen]),
+        candidates=pool.candidates,
+        oracle_failures=pool.oracle_failures,
+    )
 
 
 def _mean(xs) -> float:

@@ -143,3 +143,22 @@ def test_generate_cli_writes_jsonl(tmp_path):
     assert len(probs) == 20 and all(p.optimal_soc is not None for p in probs)
     bad = subprocess.run(cmd[:-2] + ["--set", "seed=3"], capture_output=True, text=True)
     assert bad.returncode == 2 and "seed" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_wait_shortfall_is_filled_from_no_wait_instances_and_reported():
+    cfg = C.default_config(num_agents=2, sizes=(3,), hole_ratio=0.0, wait_ratio=1.0)
+    cfg.pool.max_rounds = 1  # too few rounds for 40 needs-wait instances on an open 3x3 map
+    cfg.oracle.processes = 1
+    got = generator.generate(jax.random.key(5), cfg, 40)
+    (row,) = got.report.sizes
+    waits = sum(p.needs_wait for p in got.problems)
+    assert len(got.problems) == row.achieved == 40 and 0 < waits < 40
+    assert row.requested_wait_ratio == 1.0 and row.achieved_wait_ratio == waits / 40
+
+
+def test_too_few_solvable_instances_raise_naming_the_size_and_the_remedy():
+    cfg = C.default_config(num_agents=3, sizes=(3,), hole_ratio=0.5, wait_ratio=0.0)
+    cfg.pool.max_rounds = 1
+    cfg.oracle.processes = 1
+    with pytest.raises(RuntimeError, match=r"size 3x3 produced only \d+ of 200 .*pool.max_rounds"):
+        generator.generate(jax.random.key(0), cfg, 200)
