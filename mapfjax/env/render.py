@@ -81,16 +81,37 @@ def draw_problem(problem: Problem, ax=None, plan: Sequence[Sequence[int]] | None
     agents are drawn at time step `t` (default: the end) with their trails so far, and the
     plan's first failure is marked with a red X from the step it happens.
     """
-    from matplotlib.patches import Circle, Rectangle
-
     check_problem(problem, where=f"problem {problem.id!r}")
     if ax is None:
         ax = _new_axes(problem, dpi=100)
     h, w, k = problem.height, problem.width, problem.num_agents
-    fig = ax.figure
-    cell_pts = ax.get_position().width * fig.get_figwidth() * 72 / max(h, w)
+    cell_pts = ax.get_position().width * ax.figure.get_figwidth() * 72 / max(h, w)
     font = float(np.clip(cell_pts * 0.38, 5, 16))
+    _draw_map(ax, problem, font)
+    _draw_goals(ax, problem.goals, font)
+    title = f"{h}x{w} map, {k} agent{'s' * (k != 1)}"
+    positions = np.asarray(problem.starts).reshape(k, 2)
+    if plan is not None:
+        trace = _trace(problem, plan)
+        steps = len(trace.positions) - 1
+        t = steps if t is None else int(np.clip(t, 0, steps))
+        positions = trace.positions[t]
+        _draw_trails(ax, trace.positions[: t + 1], font)
+        title += f"  t={t}/{steps}"
+        if trace.fail_step is not None and trace.fail_step <= t:
+            _mark_failure(ax, trace.fail_cells, font)
+            agents = ", ".join(map(str, trace.fail_agents))
+            title += f"\nFAIL at t={trace.fail_step}: {trace.fail_kind} (agent {agents})"
+    _draw_agents(ax, positions, font)
+    ax.set_title(title, fontsize=max(font * 0.8, 7))
+    return ax
 
+
+def _draw_map(ax, problem: Problem, font: float) -> None:
+    """Frozen background, hatched holes, cell grid and (row, col) axes, row 0 at the top."""
+    from matplotlib.patches import Rectangle
+
+    h, w = problem.height, problem.width
     ax.imshow(np.zeros((h, w)), cmap=_single_colour_cmap(FROZEN_COLOUR), vmin=0, vmax=1)
     for r, c in zip(*np.nonzero(problem.holes())):
         ax.add_patch(
@@ -118,7 +139,12 @@ def draw_problem(problem: Problem, ax=None, plan: Sequence[Sequence[int]] | None
     ax.set_ylim(h - 0.5, -0.5)  # row 0 at the top, as in the prompt
     ax.set_aspect("equal")
 
-    for i, (r, c) in enumerate(problem.goals):
+
+def _draw_goals(ax, goals, font: float) -> None:
+    """Each goal as a hollow square in its agent's colour, the agent index in a corner."""
+    from matplotlib.patches import Rectangle
+
+    for i, (r, c) in enumerate(goals):
         ax.add_patch(
             Rectangle(
                 (c - 0.43, r - 0.43),
@@ -142,52 +168,57 @@ def draw_problem(problem: Problem, ax=None, plan: Sequence[Sequence[int]] | None
             zorder=3,
         )
 
-    title = f"{h}x{w} map, {k} agent{'s' * (k != 1)}"
-    positions = np.asarray(problem.starts).reshape(k, 2)
-    if plan is not None:
-        trace = _trace(problem, plan)
-        steps = len(trace.positions) - 1
-        t = steps if t is None else int(np.clip(t, 0, steps))
-        positions = trace.positions[t]
-        for i in range(k):
-            off = (i - (k - 1) / 2) * 0.06  # separate overlapping trails
-            path = trace.positions[: t + 1, i]
-            ax.plot(
-                path[:, 1] + off,
-                path[:, 0] + off,
-                color=_colour(i),
-                linewidth=font * 0.25,
-                alpha=0.55,
-                solid_capstyle="round",
-                zorder=2,
+
+def _draw_trails(ax, path: np.ndarray, font: float) -> None:
+    """path: int [t+1, N, 2] cells so far; one translucent line per agent, slightly offset so
+    that overlapping trails stay apart."""
+    k = path.shape[1]
+    for i in range(k):
+        off = (i - (k - 1) / 2) * 0.06
+        ax.plot(
+            path[:, i, 1] + off,
+            path[:, i, 0] + off,
+            color=_colour(i),
+            linewidth=font * 0.25,
+            alpha=0.55,
+            solid_capstyle="round",
+            zorder=2,
+        )
+
+
+def _mark_failure(ax, cells, font: float) -> None:
+    """A red X and a red frame on each (row, col) cell of the first failure."""
+    from matplotlib.patches import Rectangle
+
+    for r, c in cells:
+        ax.plot(
+            c,
+            r,
+            marker="X",
+            markersize=font * 2.6,
+            color=FAIL_COLOUR,
+            markeredgecolor="black",
+            markeredgewidth=1.0,
+            alpha=0.9,
+            zorder=3.5,  # under the disc: its arms stay visible around it
+        )
+        ax.add_patch(
+            Rectangle(
+                (c - 0.5, r - 0.5),
+                1,
+                1,
+                fill=False,
+                edgecolor=FAIL_COLOUR,
+                linewidth=max(font * 0.3, 2),
+                zorder=3.6,
             )
-        title += f"  t={t}/{steps}"
-        if trace.fail_step is not None and trace.fail_step <= t:
-            for r, c in trace.fail_cells:
-                ax.plot(
-                    c,
-                    r,
-                    marker="X",
-                    markersize=font * 2.6,
-                    color=FAIL_COLOUR,
-                    markeredgecolor="black",
-                    markeredgewidth=1.0,
-                    alpha=0.9,
-                    zorder=3.5,  # under the disc: its arms stay visible around it
-                )
-                ax.add_patch(
-                    Rectangle(
-                        (c - 0.5, r - 0.5),
-                        1,
-                        1,
-                        fill=False,
-                        edgecolor=FAIL_COLOUR,
-                        linewidth=max(font * 0.3, 2),
-                        zorder=3.6,
-                    )
-                )
-            agents = ", ".join(map(str, trace.fail_agents))
-            title += f"\nFAIL at t={trace.fail_step}: {trace.fail_kind} (agent {agents})"
+        )
+
+
+def _draw_agents(ax, positions: np.ndarray, font: float) -> None:
+    """positions: int [N, 2]; each agent a disc in its colour with its index."""
+    from matplotlib.patches import Circle
+
     for i, (r, c) in enumerate(positions):
         ax.add_patch(
             Circle((c, r), 0.27, facecolor=_colour(i), edgecolor="black", linewidth=1.2, zorder=4)
@@ -203,8 +234,6 @@ def draw_problem(problem: Problem, ax=None, plan: Sequence[Sequence[int]] | None
             va="center",
             zorder=5,
         )
-    ax.set_title(title, fontsize=max(font * 0.8, 7))
-    return ax
 
 
 def _single_colour_cmap(colour: str):
