@@ -8,6 +8,10 @@ import os
 import time
 from collections.abc import Callable
 
+# Endpoint settings left empty are read from these environment variables (the openai
+# client's own names, plus one for the model).
+ENV = {"base_url": "OPENAI_BASE_URL", "model": "OPENAI_MODEL", "api_key": "OPENAI_API_KEY"}
+
 
 class ChatError(RuntimeError):
     """The request failed; `errors` lists every attempt, `retryable` says whether the last
@@ -28,16 +32,14 @@ def retryable(error: Exception) -> bool:
     return isinstance(error, openai.APIConnectionError)  # includes timeouts
 
 
-def client(base_url: str = "", api_key: str = "", timeout: float = 120.0):
-    """An `openai.OpenAI` client; empty settings fall back to $OPENAI_BASE_URL/$OPENAI_API_KEY.
-    The client's own retries are off: `chat` retries."""
+def client(base_url: str, api_key: str, timeout: float):
+    """An `openai.OpenAI` client (an empty base_url: the openai default). The client's own
+    retries are off: `chat` retries."""
     import openai
 
-    key = api_key or os.environ.get("OPENAI_API_KEY", "")
-    if not key:
-        raise ValueError("no API key: pass one or set OPENAI_API_KEY")
-    base = base_url or os.environ.get("OPENAI_BASE_URL", "") or None
-    return openai.OpenAI(base_url=base, api_key=key, max_retries=0, timeout=timeout)
+    if not api_key:
+        raise ValueError(f"no API key: pass one or set {ENV['api_key']}")
+    return openai.OpenAI(base_url=base_url or None, api_key=api_key, max_retries=0, timeout=timeout)
 
 
 def chat(
@@ -75,9 +77,9 @@ def chat(
 
 @dataclasses.dataclass
 class Endpoint:
-    """Settings of an OpenAI-compatible chat endpoint, shared by the API engineer and the API
-    solver: model / base_url / api_key default to $OPENAI_MODEL / $OPENAI_BASE_URL /
-    $OPENAI_API_KEY. Transient failures are retried `max_retries` times after
+    """Settings of an OpenAI-compatible chat endpoint, declared once for the API engineer and
+    the API solver (both subclass it): base_url / model / api_key left empty fall back to the
+    environment variables in `ENV`. Transient failures are retried `max_retries` times after
     backoff * 2**attempt seconds (see `chat`)."""
 
     model: str = ""
@@ -91,12 +93,9 @@ class Endpoint:
     sleep: Callable[[float], None] = time.sleep
 
     def settings(self) -> tuple[str, str, str]:
-        """(base_url, model, api_key) after the environment fallbacks; empty when unset."""
-        return (
-            self.base_url or os.environ.get("OPENAI_BASE_URL", ""),
-            self.model or os.environ.get("OPENAI_MODEL", ""),
-            self.api_key or os.environ.get("OPENAI_API_KEY", ""),
-        )
+        """(base_url, model, api_key) after the environment fallbacks (`ENV`); empty when
+        unset. The one place the environment is read."""
+        return tuple(getattr(self, name) or os.environ.get(var, "") for name, var in ENV.items())
 
     def client(self):
         """An `openai.OpenAI` client for these settings."""
