@@ -316,7 +316,7 @@ def label_errors(problems: Sequence[Problem], rows: Sequence[dict]) -> list[tupl
     return [
         (p.id, r["soc"], p.optimal_soc)
         for p, r in zip(problems, rows, strict=True)
-        if r["valid"] and p.optimal_soc is not None and r["soc"] < p.optimal_soc
+        if r["valid"] and None not in (p.optimal_soc, r.get("soc")) and r["soc"] < p.optimal_soc
     ]
 
 

@@ -118,3 +118,110 @@ def test_kill_and_resume_gives_the_same_artifacts(tiny_model_dir, reference_run,
             assert a == b, (n, name)
     a, b = (json.loads((d / "round_0" / "decision.json").read_text()) for d in (ref, cut))
     assert a["config"] == b["config"] and a["diff"] == b["diff"]
+
+
+# --------------------------------------------------------------------------- a damaged run dir
+
+
+def _finished_rounds(work, c):
+    """A run directory with rounds 0 and 1 finished, written the way `loop.run` writes them."""
+    from mapfjax.engineer import context, loop, proposal
+
+    rows = [
+        {"size": 3, "valid": True, "optimal": True, "failure": None, "response_tokens": 9},
+        {"size": 4, "valid": False, "optimal": False, "failure": "hole", "response_tokens": 4},
+    ]
+    current = c.env
+    records = []
+    for n in (0, 1):
+        out = work / f"round_{n}"
+        out.mkdir(parents=True)
+        loop._write_json(out / "config.json", current.to_dict())
+        loop._write_json(out / "validation.json", {"rows": rows})
+        summary = "more 4x4" if n == 1 else ""
+        record = context.RoundRecord(
+            n,
+            current.to_dict(),
+            context.failure_breakdown(rows),
+            summary,
+            loop._training_info(c, n),
+        )
+        if n == 0:
+            d = proposal.apply_proposal(
+                proposal.parse_proposal("sizes.s4.data_ratio: 0.5\nSummary: more 4x4"), current
+            )
+            loop._write_json(out / "decision.json", d.to_dict())
+            current = d.config
+        loop._write_json(out / "record.json", record.to_dict())
+        (out / "DONE").write_bytes(b"")
+        records.append(record)
+    return records
+
+
+def test_a_deleted_or_corrupt_record_is_recomputed(tmp_path, caplog):
+    from mapfjax.engineer import loop
+
+    c = tiny_cpu.get_config("smoke")
+    work = tmp_path / "run"
+    records = _finished_rounds(work, c)
+    (work / "round_0" / "record.json").unlink()  # what the old advice said to do
+    (work / "round_1" / "record.json").write_text("{ torn")
+    position = {"round": 1, "step": 4}
+    with caplog.at_level("WARNING"):
+        got = [loop.finished_round(work, n, c, position) for n in (0, 1)]
+    assert [r.to_dict() for r, _ in got] == [r.to_dict() for r in records]
+    assert got[0][1].config.sizes.s4.data_ratio == 0.5 and got[1][1] is None
+    assert "recomputed from config.json and validation.json" in caplog.text
+    assert json.loads((work / "round_1" / "record.json").read_text()) == records[1].to_dict()
+
+
+def test_unrecoverable_files_say_exactly_what_to_delete(tmp_path):
+    from mapfjax.engineer import loop
+
+    c = tiny_cpu.get_config("smoke")
+    work = tmp_path / "run"
+    _finished_rounds(work, c)
+    (work / "round_0" / "decision.json").write_text("not json")
+    with pytest.raises(loop.RunDirError) as e:
+        loop.finished_round(work, 0, c, {"round": 0, "step": 4})
+    msg = str(e.value)
+    assert msg.startswith(f"{work / 'round_0' / 'decision.json'}: unreadable")
+    assert f"delete {work / 'round_0' / 'DONE'} and rerun" in msg and "run_config" not in msg
+    with pytest.raises(loop.RunDirError, match="round 0 cannot be recomputed .* round 1"):
+        loop.finished_round(work, 0, c, {"round": 1, "step": 4})
+    (work / "round_1" / "record.json").unlink()
+    (work / "round_1" / "validation.json").write_text("")
+    with pytest.raises(
+        loop.RunDirError, match=r"validation\.json: unreadable .*record\.json cannot"
+    ):
+        loop.finished_round(work, 1, c, {"round": 1, "step": 4})
+    # run_config.json: never advise deleting it (a new one would skip the config check).
+    loop.check_run_dir(work, c)
+    (work / "run_config.json").write_text("{")
+    with pytest.raises(loop.RunDirError) as e:
+        loop.check_run_dir(work, c)
+    assert "delete" not in str(e.value) and "restore it" in str(e.value)
+
+
+def test_a_workdir_that_is_a_file_is_one_error(tmp_path):
+    from mapfjax.engineer import loop
+
+    (tmp_path / "file").write_text("x")
+    for work in (tmp_path / "file", tmp_path / "file" / "run"):
+        with pytest.raises(loop.RunDirError, match=r"--workdir .*file.*is a file; expected a dir"):
+            loop.check_run_dir(work, tiny_cpu.get_config("smoke"))
+
+
+def test_recomputed_records_match_the_real_run(reference_run, tmp_path):
+    import shutil
+
+    from mapfjax.engineer import loop
+
+    ref, records = reference_run
+    work = tmp_path / "copy"
+    shutil.copytree(ref, work)
+    for n in (0, 1):
+        (work / f"round_{n}" / "record.json").unlink()
+    c = tiny_cpu.get_config("smoke")
+    got = [loop.finished_round(work, n, c, {"round": 1, "step": 4})[0] for n in (0, 1)]
+    assert [r.to_dict() for r in got] == [r.to_dict() for r in records]

@@ -46,6 +46,8 @@ def test_benchmark_writes_labelled_cells(bench_file):
         fields = benchmark.parse_id(p.id)
         assert fields["agents"] == p.num_agents == 3 and fields["height"] == p.height
         assert p.optimal_soc is not None and p.needs_wait is not None
+        want = {"agents": 3, "size": p.height, "hole_ratio": 0.1, "wait_ratio": 0.5}
+        assert p.meta == want
     assert sum(p.needs_wait for p in probs) == 3  # 0.5 of 2 per cell
 
 
@@ -120,3 +122,154 @@ def test_independent_baseline_plan_is_per_agent_shortest():
     p = types.Problem("x", ("FFF", "FHF", "FFF"), ((0, 0), (2, 2)), ((0, 2), (2, 0)))
     plan = cli.independent_plan(p)
     assert [len(a) for a in plan] == oracle.shortest_path_lengths(p) == [2, 2]
+
+
+# --- in-process checks of bad input (no subprocess, no generation) ----------------------------
+
+EASY = types.Problem("easy", ("FFF",), ((0, 0),), ((0, 2),), optimal_soc=2, optimal_makespan=2)
+SWAP = types.Problem("swap", ("FFF", "HFH"), ((0, 0), (0, 2)), ((0, 2), (0, 0)))
+STUCK = types.Problem("stuck", ("FF",), ((0, 0), (0, 1)), ((0, 1), (0, 0)))
+
+
+def main(capsys, *argv):
+    """(exit status, stdout, stderr) of `python -m mapfjax.env ARGV`, in process."""
+    from mapfjax.env.__main__ import main as env_main
+
+    try:
+        code = env_main([str(a) for a in argv])
+    except SystemExit as e:  # argparse
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["generate", "--out", "o.jsonl", "--n", "-5"], ["--n", "-5", ">= 1"]),
+        (["generate", "--out", "o.jsonl", "--seed", "-1"], ["--seed", "-1"]),
+        (["generate", "--out", "o.jsonl", "--agents", "9"], ["--agents", "9", "[1, 5]"]),
+        (["generate", "--out", "o.jsonl", "--hole_ratio", "0.9"], ["--hole_ratio", "0.9"]),
+        (["generate", "--out", "o.jsonl", "--sizes", "10-3"], ["--sizes", "10-3"]),
+        (["generate", "--out", "o.jsonl", "--set", "seed=3"], ["--set", "seed"]),
+        (["benchmark", "--out", "o.jsonl", "--per_cell", "0"], ["--per_cell", "0"]),
+        (["benchmark", "--out", "o.jsonl", "--agents", "x"], ["--agents", "'x'"]),
+        (["benchmark", "--out", "o.jsonl", "--agents", "5", "--sizes", "3,4"], ["--agents 5"]),
+        (["benchmark", "--out", "o.jsonl", "--wait_ratios", "0.5,2"], ["--wait_ratios", "2"]),
+        (["solve", "--instances", "i.jsonl", "--max_nodes", "-1"], ["--max_nodes", "-1"]),
+        (["solve", "--instances", "i.jsonl", "--time_limit", "-1"], ["--time_limit", "-1"]),
+        (["solve", "--instances", "i.jsonl", "--time_limit", "nan"], ["--time_limit", "nan"]),
+        (["render", "--instances", "i.jsonl", "--id", "a", "--out", "p.jpg"], ["p.jpg", ".png"]),
+        (["render", "--instances", "i.jsonl", "--id", "a", "--out", "p.gif"], ["--answers"]),
+        (["solve", "--instances", "dir"], ["dir: is a directory"]),
+        (["solve", "--instances", "deep.jsonl"], ["deep.jsonl:1", "nested too deeply"]),
+        (["solve", "--instances", "nope.jsonl"], ["nope.jsonl: no such file"]),
+        (["generate", "--out", "dir"], ["--out dir", "is a directory"]),
+        (["benchmark", "--out", "file/b.jsonl"], ["--out file/b.jsonl", "file is a file"]),
+        (["label", "--instances", "i.jsonl", "--out", "dir"], ["--out dir", "directory"]),
+    ],
+)
+def test_nonsense_is_refused_in_one_line(capsys, tmp_path, monkeypatch, argv, words):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "deep.jsonl").write_text("[" * 100_000 + "\n")
+    io.save_instances(tmp_path / "i.jsonl", [EASY])
+    code, out, err = main(capsys, *argv)
+    assert code == 2 and out == "" and err.count("\n") == 1 and err.startswith("error: ")
+    for w in words:
+        assert w in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["deep.jsonl", "dir", "file", "i.jsonl"]
+
+
+def _answers(path, rows):
+    path.write_text("".join(("" if r is None else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def test_verify_reports_missing_answers(capsys, tmp_path):
+    inst = tmp_path / "i.jsonl"
+    io.save_instances(inst, [EASY, SWAP, STUCK])
+    ans = _answers(
+        tmp_path / "a.jsonl", [{"id": "easy", "text": "<answer>Agent 0: RIGHT, RIGHT</answer>"}]
+    )
+    code, out, err = main(capsys, "verify", "--instances", inst, "--answers", ans)
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert code == 1 and [r["id"] for r in rows] == ["easy", "swap", "stuck"]
+    assert rows[0]["valid"] and rows[0]["optimal"]
+    assert rows[1] == {"id": "swap", "valid": False, "optimal": None, "failure": "missing",
+                       "soc": None, "makespan": None}  # fmt: skip
+    assert "no answer for 2 of 3 instance(s)" in err and "'swap', 'stuck'" in err
+    code, out, err = main(capsys, "verify", "--instances", inst, "--answers", ans,
+                          "--allow_missing")  # fmt: skip
+    assert code == 0 and len(out.splitlines()) == 3 and err.startswith("warning: ")
+
+
+def test_verify_flags_a_label_above_a_valid_plan(capsys, tmp_path):
+    import dataclasses
+
+    inst = tmp_path / "i.jsonl"
+    io.save_instances(inst, [dataclasses.replace(EASY, optimal_soc=5)])
+    ans = _answers(
+        tmp_path / "a.jsonl", [{"id": "easy", "text": "<answer>Agent 0: RIGHT, RIGHT</answer>"}]
+    )
+    code, out, err = main(capsys, "verify", "--instances", inst, "--answers", ans)
+    assert code == 1 and json.loads(out)["valid"] is True
+    assert "field 'optimal_soc' is wrong for 1 instance(s)" in err
+    assert "'easy': soc 2 < optimal_soc 5" in err and "mapfjax.env label" in err
+
+
+def test_verify_names_the_file_line_and_refuses_other_puzzles(capsys, tmp_path):
+    inst = tmp_path / "i.jsonl"
+    io.save_instances(inst, [EASY])
+    ok = {"id": "easy", "text": "", "puzzle_hash": io.puzzle_hash(EASY)}
+    ans = _answers(tmp_path / "a.jsonl", [None, ok, None, {"id": "nope", "text": ""}])
+    code, _, err = main(capsys, "verify", "--instances", inst, "--answers", ans)
+    assert code == 2 and "a.jsonl:4: field 'id': 'nope'" in err
+    stale = {**ok, "puzzle_hash": io.puzzle_hash(SWAP)}
+    ans = _answers(tmp_path / "a.jsonl", [None, ok, stale])
+    code, _, err = main(capsys, "verify", "--instances", inst, "--answers", ans)
+    assert code == 2 and "another puzzle with the same id (line 3 'easy')" in err
+
+
+def test_label_command_labels_and_reports_budget(capsys, tmp_path):
+    import dataclasses
+
+    inst = tmp_path / "mine.jsonl"
+    wrong = dataclasses.replace(EASY, optimal_soc=7, meta={"set": "mine"})
+    io.save_instances(inst, [wrong, dataclasses.replace(SWAP), STUCK])
+    out_path = tmp_path / "labelled.jsonl"
+    code, out, err = main(capsys, "label", "--instances", inst, "--out", out_path,
+                          "--processes", 1, "--time_limit", 5)  # fmt: skip
+    assert code == 0
+    easy, swap, stuck = io.load_instances(out_path)
+    assert (easy.optimal_soc, easy.optimal_makespan, easy.needs_wait) == (2, 2, False)
+    assert easy.meta == {"set": "mine"}
+    assert swap.optimal_soc == 7 and swap.needs_wait is not None
+    assert stuck.optimal_soc is None and stuck.needs_wait is None
+    summary = json.loads(out)
+    assert summary["unsolvable"] == ["stuck"] and summary["relabelled"] == ["easy"]
+    assert summary["max_nodes"] == 50_000 and summary["time_limit"] == 5
+    assert "labelled 2 of 3" in err and "max_nodes=50000, time_limit=5 s" in err
+    # A budget too small: the instance is written without labels and counted as a timeout.
+    code, out, err = main(capsys, "label", "--instances", inst, "--out", out_path,
+                          "--processes", 1, "--max_nodes", 1)  # fmt: skip
+    assert code == 0 and json.loads(out)["timeout"] == ["swap", "stuck"]
+    assert io.load_instances(out_path)[1].optimal_soc is None and "2 timed out" in err
+
+
+def test_render_format_follows_the_extension(capsys, tmp_path):
+    inst = tmp_path / "i.jsonl"
+    io.save_instances(inst, [EASY])
+    ans = _answers(
+        tmp_path / "a.jsonl", [{"id": "easy", "text": "<answer>Agent 0: RIGHT</answer>"}]
+    )
+    png = tmp_path / "plan.png"
+    code, _, err = main(capsys, "render", "--instances", inst, "--id", "easy", "--out", png,
+                        "--answers", ans)  # fmt: skip
+    assert code == 0, err
+    assert png.read_bytes()[:4] == b"\x89PNG"  # a picture of the plan, not GIF bytes
+    gif = tmp_path / "plan.GIF"
+    code, _, err = main(capsys, "render", "--instances", inst, "--id", "easy", "--out", gif,
+                        "--answers", ans)  # fmt: skip
+    assert code == 0 and gif.read_bytes()[:3] == b"GIF"

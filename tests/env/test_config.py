@@ -29,6 +29,9 @@ def test_default_is_valid_and_uniform():
         (lambda c: c.sizes.s5.__setitem__("colour", 1), ["sizes.s5", "colour"]),
         (lambda c: c.__setitem__("bogus", 1), ["bogus", "allowed"]),
         (lambda c: c.sizes.__setitem__("s12", dict(c.sizes.s3)), ["s12", "max_size"]),
+        (lambda c: c.__setattr__("num_agents", True), ["num_agents", "True", "integer"]),
+        (lambda c: c.__setattr__("seed", -1), ["seed", "-1", ">= 0"]),
+        (lambda c: c.__setattr__("max_size", True), ["max_size", "True"]),
     ],
 )
 def test_validate_names_key_value_and_allowed(mutate, words):
@@ -100,3 +103,34 @@ def test_requested_counts_sum_to_n():
     counts = C.requested_counts(cfg, 4000)
     assert sum(c for c, _ in counts.values()) == 4000
     assert all(0 <= w <= c for c, w in counts.values())
+
+
+def test_project_and_validate_agree_on_the_smallest_size():
+    # `generate --sizes 2` (validate) works, so the projection must accept s2 too.
+    cur = C.default_config(num_agents=2, sizes=(2, 3))
+    C.validate(cur)
+    new, _ = C.project({"sizes.s2.hole_ratio": 0.1, "sizes.2x2.wait_ratio": 0.0}, cur)
+    assert new.sizes.s2.hole_ratio == 0.1
+    added, changes = C.project({"sizes.s2.data_ratio": 0.5}, C.default_config(sizes=(3, 4)))
+    C.validate(added)
+    assert math.isclose(added.sizes.s2.data_ratio, 1 / 3) and "renormalised" in changes[-1]
+    for key in ("sizes.s1.data_ratio", "sizes.s0.hole_ratio"):
+        with pytest.raises(C.ConfigError, match=rf"map size \d outside \[{C.MIN_SIZE}, max_size"):
+            C.project({key: 0.1}, cur)
+    with pytest.raises(C.ConfigError, match="too small for 3 agents"):
+        C.project({"sizes.s2.data_ratio": 0.1}, C.default_config(num_agents=3, sizes=(3,)))
+
+
+def test_project_never_overflows():
+    cur = C.default_config()
+    new, changes = C.project({"sizes.s7.data_ratio": 1e308, "sizes.s8.data_ratio": 1e308}, cur)
+    assert new.sizes.s7.data_ratio == new.sizes.s8.data_ratio == 0.5
+    assert new.sizes.s3.data_ratio < 1e-300 and "sum of 2.000e+308" in changes[-1]
+    tiny, _ = C.project({f"sizes.s{n}.data_ratio": 5e-324 for n in range(3, 11)}, cur)
+    assert all(e.data_ratio == 1 / 8 for e in tiny.sizes.values())
+    for value in (10**400, -(10**400), "1e400", float("inf")):
+        with pytest.raises(C.ConfigError, match="sizes.s7.data_ratio"):
+            C.project({"sizes.s7.data_ratio": value}, cur)
+    for key in ("sizes.s" + "9" * 5000 + ".data_ratio", "sizes.s\u00b2.data_ratio"):
+        with pytest.raises(C.ConfigError, match="not a map size"):
+            C.project({key: 0.1}, cur)

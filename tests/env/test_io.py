@@ -139,6 +139,46 @@ def test_atomic_write_leaves_no_temp_files(tmp_path):
     assert sorted(p.name for p in path.parent.iterdir()) == ["rows.jsonl"]
 
 
+def test_meta_round_trips_and_is_checked(tmp_path):
+    # Benchmark cells travel in `meta`, never in the id (item 6 of the robustness list).
+    p = Problem("wrong_1", ("FF",), ((0, 0),), ((0, 1),), meta={"wait_ratio": 0.5, "size": 2})
+    path = tmp_path / "m.jsonl"
+    io.save_instances(path, [p])
+    (back,) = io.load_instances(path)
+    assert back.meta == {"wait_ratio": 0.5, "size": 2} and json.loads(path.read_text())["meta"]
+    bad = _write_lines(tmp_path / "bad.jsonl", [json.dumps(_row(meta=[1]))])
+    with pytest.raises(io.JsonlError, match=r"bad\.jsonl:1: field 'meta': \[1\] is not a JSON obj"):
+        io.load_instances(bad)
+
+
+def test_unreadable_json_lines_are_one_error(tmp_path):
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text(json.dumps(_row()) + "\n" + "[" * 100_000 + "\n")
+    with pytest.raises(io.JsonlError, match=r"deep\.jsonl:2: malformed JSON \(nested too deeply"):
+        io.load_instances(deep)
+    long = _write_lines(tmp_path / "long.jsonl", ['{"id": "a", "text": ' + "7" * 5000 + "}"])
+    with pytest.raises(io.JsonlError, match=r"long\.jsonl:1: malformed JSON"):
+        io.load_answers(long)
+    rows = tmp_path / "rows.json"
+    rows.write_text("[" + "[" * 100_000)
+    with pytest.raises(io.JsonlError, match=r"rows\.json:1: malformed JSON \(nested too deeply"):
+        io.import_paper_rows(rows)
+
+
+def test_directories_and_files_in_the_way_name_the_path(tmp_path):
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(IsADirectoryError, match=r"dir: is a directory; expected a file$"):
+        io.load_instances(tmp_path / "dir")
+    with pytest.raises(FileNotFoundError, match=r"nope\.jsonl: no such file$"):
+        io.load_answers(tmp_path / "nope.jsonl")
+    with pytest.raises(IsADirectoryError, match=r"dir: is a directory; expected a file name"):
+        io.save_instances(tmp_path / "dir", [HAND])
+    with pytest.raises(NotADirectoryError, match=r"file/x\.jsonl: cannot write there, .*file is"):
+        io.save_instances(tmp_path / "file" / "x.jsonl", [HAND])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir", "file"]
+
+
 # --- answers ---------------------------------------------------------------------------------
 
 
@@ -305,3 +345,47 @@ def test_import_paper_rows_rejects_trailing_text_after_list(tmp_path):
         io.import_paper_rows(path)
     path.write_text("[]")
     assert io.import_paper_rows(path) == []
+
+
+def test_answer_lines_keep_file_line_numbers_and_hashes(tmp_path):
+    h = io.puzzle_hash(HAND)
+    path = tmp_path / "a.jsonl"
+    path.write_text(
+        "\n"
+        + json.dumps({"id": "hand", "text": "x", "puzzle_hash": h})
+        + "\n\n  \n"
+        + json.dumps({"id": "lab", "text": "y"})
+        + "\n"
+    )
+    lines = io.read_answer_lines(path)
+    assert [(a.line, a.id, a.puzzle_hash) for a in lines] == [(2, "hand", h), (5, "lab", None)]
+    bad = _write_lines(
+        tmp_path / "b.jsonl", ["", json.dumps({"id": "a", "text": "", "puzzle_hash": 7})]
+    )
+    with pytest.raises(io.JsonlError, match=r"b\.jsonl:2: field 'puzzle_hash': 7 is not 16"):
+        io.read_answer_lines(bad)
+
+
+def test_puzzle_hash_is_the_puzzle_not_its_id_or_labels():
+    import dataclasses
+
+    h = io.puzzle_hash(HAND)
+    assert len(h) == 16 and int(h, 16) >= 0
+    same = dataclasses.replace(HAND, id="other", optimal_soc=9, meta={"x": 1})
+    assert io.puzzle_hash(same) == h
+    for change in ({"grid": ("FFFF", "FFFF", "FFHF")}, {"goals": HAND.goals[::-1]}):
+        assert io.puzzle_hash(dataclasses.replace(HAND, **change)) != h
+
+
+def test_answers_for_another_puzzle_are_refused(tmp_path):
+    import dataclasses
+
+    other = dataclasses.replace(HAND, grid=("FFFF", "FFFF", "FFHF"))
+    answers = [
+        io.Answer(1, "hand", "x", io.puzzle_hash(HAND)),
+        io.Answer(3, "hand", "y", io.puzzle_hash(other)),
+        io.Answer(4, "hand", "z", None),
+    ]
+    io.check_answers_match("a.jsonl", answers[::2], {"hand": HAND})  # matching or unhashed: fine
+    with pytest.raises(ValueError, match=r"a\.jsonl: field 'puzzle_hash': 1 answer.*line 3 'hand'"):
+        io.check_answers_match("a.jsonl", answers, {"hand": HAND})

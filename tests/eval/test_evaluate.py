@@ -13,8 +13,10 @@ import time
 
 import jax
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from mapfjax.env import benchmark, io, oracle, text
+from mapfjax.env import benchmark, io, oracle, text, types
 from mapfjax.eval import evaluate as ev
 from mapfjax.eval import paper
 
@@ -338,3 +340,163 @@ def test_api_solver_sends_requests_concurrently_and_keeps_order(bench):
     assert _SlowEcho.peak == 3
     with pytest.raises(ValueError, match="concurrency=0"):
         ev.ApiSolver("m", concurrency=0)
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def _tiny(pid: str, row: int, labelled: bool = True, meta=None):
+    """A 1-agent puzzle on a 3x3 map, different per `row` (0 or 1); optimal soc 2."""
+    grid = ("FFF", "FFF", "FFF")
+    p = types.Problem(pid, grid, ((row, 0),), ((row, 2),), meta=meta)
+    return p.with_labels(2, 2, False) if labelled else p
+
+
+def _answer_right(problems, start):
+    return ["<answer>Agent 0: RIGHT, RIGHT</answer>"] * len(problems)
+
+
+def test_answers_of_another_instance_file_are_refused(tmp_path):
+    # Two instance files with the same ids (another seed): the first file's answers must not
+    # be reused for the second.
+    first = [_tiny("a", 0), _tiny("b", 0)]
+    second = [_tiny("a", 1), _tiny("b", 0)]
+    answers = tmp_path / "answers.jsonl"
+    ev.evaluate(_answer_right, first, tmp_path / "e1", "m", answers_out=answers, progress=False)
+    rows = [json.loads(line) for line in answers.read_text().splitlines()]
+    assert [r["puzzle_hash"] for r in rows] == [io.puzzle_hash(p) for p in first]
+    calls = CountingSolver(_answer_right)
+    with pytest.raises(ValueError, match=r"answers\.jsonl: field 'puzzle_hash': 1 answer.*'a'"):
+        ev.evaluate(calls, second, tmp_path / "e2", "m", answers_out=answers, progress=False)
+    assert calls.calls == [] and not (tmp_path / "e2").exists()
+    # A file without hashes (nothing ties its answers to puzzles) is not resumed either.
+    old = tmp_path / "old.jsonl"
+    old.write_text('{"id": "a", "text": "x"}\n')
+    with pytest.raises(ValueError, match=r"old\.jsonl:1: field 'puzzle_hash': missing"):
+        ev.generate_answers(_answer_right, first, old, progress=False)
+    assert old.read_text() == '{"id": "a", "text": "x"}\n'
+
+
+def test_a_complete_last_line_without_newline_is_kept(tmp_path):
+    problems = [_tiny("a", 0), _tiny("b", 1)]
+    path = tmp_path / "answers.jsonl"
+    line = json.dumps({"id": "a", "text": "x", "puzzle_hash": io.puzzle_hash(problems[0])})
+    path.write_text(line)  # valid JSONL without the final newline
+    calls = CountingSolver(_answer_right)
+    answers = ev.generate_answers(calls, problems, path, progress=False)
+    assert calls.calls == [["b"]] and answers["a"] == "x"
+    lines = path.read_text().split("\n")
+    assert lines[0] == line and len(lines) == 3 and lines[2] == ""
+    assert [a.id for a in io.read_answer_lines(path)] == ["a", "b"]
+
+
+def test_a_torn_last_line_is_dropped_with_a_warning(tmp_path, caplog):
+    path = tmp_path / "answers.jsonl"
+    good = json.dumps({"id": "a", "text": "x", "puzzle_hash": io.puzzle_hash(_tiny("a", 0))})
+    path.write_text(good + "\n" + '{"id": "b", "te')
+    with caplog.at_level("WARNING"):
+        found = ev.read_answers(path)
+    assert list(found) == ["a"] and path.read_text() == good + "\n"
+    assert "answers.jsonl:2: the last line is torn" in caplog.text and "15 bytes" in caplog.text
+    path.write_text(good + "\n" + '{"id": 3}')  # whole JSON but a bad answer: an error, kept
+    with pytest.raises(io.JsonlError, match=r"answers\.jsonl:2: field 'id'"):
+        ev.read_answers(path)
+    assert path.read_text().endswith('{"id": 3}')
+
+
+ANSWER_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=30)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.dictionaries(st.text(min_size=1, max_size=8), ANSWER_TEXT, max_size=6),
+    st.booleans(),
+    st.sampled_from([",", ", "]),
+)
+def test_read_answers_round_trips(tmp_path, answers, trailing_newline, sep):
+    path = tmp_path / "rt.jsonl"
+    rows = [{"id": i, "text": t, "puzzle_hash": "0123456789abcdef"} for i, t in answers.items()]
+    body = "\n".join(json.dumps(r, ensure_ascii=False, separators=(sep, ": ")) for r in rows)
+    data = (body + ("\n" if trailing_newline and rows else "")).encode()
+    path.write_bytes(data)
+    back = ev.read_answers(path)
+    assert {i: a.text for i, a in back.items()} == answers
+    assert path.read_bytes() == data  # never rewritten
+
+
+def test_unlabelled_instances_get_valid_rates_and_unknown_optimal(tmp_path):
+    problems = [_tiny("a", 0, labelled=False), _tiny("b", 1)]
+    paths = ev.evaluate(_answer_right, problems, tmp_path / "e", "m", progress=False)
+    md = paths["md"].read_text()
+    assert "| 1 | 100.0 / ? |" in md and "1 instance(s) have no optimal_soc label" in md
+    table = (paths["csv"].read_text().splitlines())[1]
+    assert table == "all,1,3,2,100.0000,"
+    summary = json.loads(paths["json"].read_text())
+    assert summary["unlabelled"] == 1 and summary["means"]["all"]["1"] == [100.0, None]
+    labelled, report = ev.label_unlabelled(problems, processes=1)
+    assert labelled[0].optimal_soc == 2 and labelled[1] is problems[1]
+    assert report["labelled"] == 1 and report["timeout"] == []
+
+
+def test_cells_come_from_fields_and_meta_not_the_id(tmp_path):
+    # 'wrong_1' used to be read as a wait ratio 'ong' after every answer was generated.
+    problems = [
+        _tiny("wrong_1", 0, meta={"wait_ratio": 0.5}),
+        _tiny("hr_x_9x9_3ag_wr0.25", 1, meta=None),
+    ]
+    paths = ev.evaluate(_answer_right, problems, tmp_path / "e", "m", progress=False)
+    md = paths["md"].read_text()
+    assert "## Wait-ratio subset 0.50" in md and "0.25" not in md
+    csv_rows = list(csv.DictReader(paths["csv"].open()))
+    assert {(r["subset"], r["agents"], r["size"], r["n"]) for r in csv_rows} == {
+        ("all", "1", "3", "2"),
+        ("wr0.50", "1", "3", "1"),
+    }
+
+
+def test_wrong_labels_are_reported(tmp_path):
+    p = _tiny("a", 0).with_labels(5, 5, True)  # a valid plan of cost 2 proves the label wrong
+    paths = ev.evaluate(_answer_right, [p], tmp_path / "e", "m", progress=False)
+    assert "1 optimal_soc label(s) are wrong" in paths["md"].read_text()
+    assert json.loads(paths["json"].read_text())["wrong_labels"] == [
+        {"id": "a", "soc": 2, "optimal_soc": 5}
+    ]
+
+
+def test_checkpoint_and_output_paths_are_checked_first(tmp_path):
+    from mapfjax.models.hf import CheckpointError
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "file").write_text("x")
+    cases = {
+        tmp_path / "empty": r"empty: not a model checkpoint, it has no config\.json and no \*",
+        tmp_path / "nope" / "model": r"nope/model: no such directory",
+        tmp_path / "file": r"file: is a file",
+        "./runs/x": r"runs/x: no such directory",
+    }
+    for path, match in cases.items():
+        with pytest.raises(CheckpointError, match=match):
+            ev.CheckpointSolver(path)
+    (tmp_path / "empty" / "config.json").write_text("{}")
+    (tmp_path / "empty" / "model.safetensors").write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"no tokenizer files \(one of tokenizer\.json"):
+        ev.check_checkpoint_dir(tmp_path / "empty")
+    with pytest.raises(NotADirectoryError, match=r"--out_dir .*file/out: .*file is a file"):
+        ev.evaluate(_answer_right, [_tiny("a", 0)], tmp_path / "file" / "out", "m", progress=False)
+
+
+def test_launch_evaluate_bad_paths_are_one_line(tmp_path):
+    inst = tmp_path / "i.jsonl"
+    io.save_instances(inst, [_tiny("a", 0)])
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    for args, words in (
+        ([f"--instances={tmp_path}"], f"{tmp_path}: is a directory"),
+        ([f"--instances={inst}", f"--out_dir={inst}"], f"--out_dir {inst}: {inst} is a file"),
+        ([f"--instances={inst}"], "no such directory"),
+    ):
+        cmd = [sys.executable, "launch/evaluate.py", f"--checkpoint={tmp_path / 'm'}", *args]
+        res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 2 and words in res.stderr, res.stderr[-2000:]
+        assert "Traceback" not in res.stderr
