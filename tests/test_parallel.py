@@ -1,5 +1,6 @@
 """Mesh construction, logical sharding rules, sharded forward/backward, distributed init."""
 
+import dataclasses
 import os
 import socket
 import subprocess
@@ -18,7 +19,7 @@ from mapfjax import parallel
 from mapfjax.models.qwen3 import PRESETS, Qwen3
 
 # Untied, 4 query heads over 2 KV heads: every kind of parameter is present and tp-divisible.
-CFG = PRESETS["tiny"].__class__(**{**PRESETS["tiny"].__dict__, "tie_word_embeddings": False})
+CFG = dataclasses.replace(PRESETS["tiny"], tie_word_embeddings=False)
 F32 = dict(dtype=jnp.float32, param_dtype=jnp.float32)
 
 
