@@ -4,7 +4,7 @@
         --config.model.path=/path/to/Qwen3-4B
 
 Every worker of a TPU pod or SLURM job runs the same command (launch/tpu_pod.sh,
-launch/slurm.sbatch). GRPO hyper-parameters the paper does not publish follow PAPER.md
+launch/slurm.sbatch). GRPO hyper-parameters the paper does not publish follow docs/paper.md
 section 6 [ours]: group 8, lr 1e-6, temperature 1.0, KL off, clip 0.2.
 """
 
@@ -27,7 +27,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.train.epochs = 2
     c.train.problems_per_step = 64  # x group 8 = 512 responses per update
     c.train.group_size = 8
-    c.train.max_new_tokens = 4096  # thinking models need thousands of tokens (PAPER.md s. 8)
+    c.train.max_new_tokens = 4096  # thinking takes thousands of tokens (docs/paper.md section 8)
     c.train.checkpoint_every = 10
     c.train.enable_thinking = True
     c.optim.lr = 1e-6

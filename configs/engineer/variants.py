@@ -1,5 +1,6 @@
-"""Engineer context variants V1..V6 (PAPER.md section 4), read cumulatively [ours]: V1 F; V2 +G;
-V3 +H with the round-0 default; V4 H without it; V5 +S; V6 +T bookkeeping (the paper's setting).
+"""Engineer context variants V1..V6 (docs/paper.md section 4), read cumulatively [ours]: V1 F;
+V2 +G; V3 +H with the round-0 default; V4 H without it; V5 +S; V6 +T bookkeeping (the paper's
+setting).
 Use: --config=configs/engineer/variants.py:V6 --config.modules.T.detail=full (or V6_full_T)."""
 
 import os

@@ -1,4 +1,5 @@
-"""The engineer's context: round records and the switchable modules F G H S T (PAPER.md section 4).
+"""The engineer's context: round records and the switchable modules F G H S T
+(docs/paper.md section 4).
 
 Each module renders one compact markdown section; `build_context` joins the enabled ones.
 """

@@ -16,7 +16,7 @@ import ml_collections
 
 from mapfjax.env.config import RATIO_FIELDS, ConfigError, key_size, project, size_key, validate
 
-MAX_EDITS = 6  # more edits than this is a rewrite, not a local edit [PAPER.md section 4 lessons]
+MAX_EDITS = 6  # more edits than this is a rewrite, not a local edit (docs/paper.md section 4)
 MAX_CHARS = 200_000  # longer answers are cut here (endless generations)
 MAX_SUMMARY_CHARS = 1_000
 

@@ -426,7 +426,7 @@ def results_markdown(
             else "**not comparable as a mean**: these instances do not cover the paper's "
             "21 cells x 3 subsets"
         )
-        parts += [f"## Paper's numbers for {family} (PAPER.md section 5; {note})", ""]
+        parts += [f"## Paper's numbers for {family} (docs/paper.md section 5; {note})", ""]
         parts += [comparison_table(_means(sums["all"]), label, family), ""]
         if family == "qwen3-4b":
             parts += ["Per map size, 3 agents, beside the paper's method (V6):", ""]
@@ -439,7 +439,7 @@ def results_markdown(
         agg = f"Aggregate valid % (mean over cells): ours {_aggregate_valid(s):.1f}"
         if family == "qwen3-4b":
             theirs = "; ".join(f"{v} {d[w]:.1f}" for v, d in paper.ABLATION_VALID.items() if w in d)
-            agg += f"; paper's context ablation (Qwen3-4B, PAPER.md section 4): {theirs}"
+            agg += f"; paper's context ablation (Qwen3-4B, docs/paper.md section 4): {theirs}"
         parts += [agg, ""]
     return "\n".join(parts)
 

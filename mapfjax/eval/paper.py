@@ -1,4 +1,4 @@
-"""The paper's published benchmark numbers (PAPER.md sections 4-5) as data, each row tagged
+"""The paper's published benchmark numbers (docs/paper.md sections 4-5) as data, each row tagged
 with the setting it belongs to, and the rule that picks the rows comparable to one evaluation."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pathlib
 
 from mapfjax.env import config as env_config
 
-# Qwen3-4B's architecture (PAPER.md section 7): how a local checkpoint is recognised.
+# Qwen3-4B's architecture (docs/paper.md section 7): how a local checkpoint is recognised.
 QWEN3_4B = {"num_hidden_layers": 36, "hidden_size": 2560, "intermediate_size": 9728}
 
 

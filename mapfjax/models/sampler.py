@@ -19,7 +19,7 @@ from flax import nnx
 from mapfjax import parallel
 from mapfjax.models.qwen3 import KV_CACHE_AXES, KVCache
 
-# Qwen3's `<|im_end|>` (end of turn) and `<|endoftext|>` (pad); PAPER.md section 7.
+# Qwen3's `<|im_end|>` (end of turn) and `<|endoftext|>` (pad); docs/paper.md section 7.
 DEFAULT_STOP_TOKENS = (151645, 151643)
 DEFAULT_PAD_ID = 151643
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import jax.numpy as jnp
 import numpy as np
 
-# Qwen3's ids (PAPER.md section 7); `special_ids` prefers the tokenizer's own.
+# Qwen3's ids (docs/paper.md section 7); `special_ids` prefers the tokenizer's own.
 PAD_ID = 151643  # <|endoftext|>
 IM_START_ID = 151644  # <|im_start|>
 IM_END_ID = 151645  # <|im_end|>, end of turn

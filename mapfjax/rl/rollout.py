@@ -145,7 +145,7 @@ def rollout(
     up to and including its end-of-turn token, old_logprobs = the sampler's `logprobs_full`,
     advantages = `grpo.group_advantages` of the rewards (options from `grpo_cfg`), and host
     `RolloutStats`. measure_mismatch runs one extra forward pass to compare the sampler's log-
-    probs with the trainer's recomputation (PAPER.md section 8).
+    probs with the trainer's recomputation (docs/paper.md section 8).
     """
     grpo_cfg = grpo.GRPOConfig(group_size=group_size) if grpo_cfg is None else grpo_cfg
     if grpo_cfg.group_size != group_size:

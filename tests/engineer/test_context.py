@@ -104,7 +104,7 @@ def test_round_record_json_round_trip():
         C.RoundRecord.from_dict({"round": 0, "config": {}})
 
 
-# The paper's ablation ladder (PAPER.md section 4), read cumulatively.
+# The paper's ablation ladder (docs/paper.md section 4), read cumulatively.
 EXPECTED = {
     "V1": {"F"},
     "V2": {"F", "G"},
