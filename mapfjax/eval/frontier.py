@@ -39,7 +39,7 @@ class Estimate:
     n: int
 
     def as_dict(self) -> dict:
-        nan = lambda x: None if math.isnan(x) else x
+        nan = lambda x: None if math.isnan(x) else round(x, 5)
         return {"value": nan(self.value), "low": nan(self.low), "high": nan(self.high), "n": self.n}
 
 
@@ -213,32 +213,31 @@ class PuzzleResults:
             return np.ones(len(self.ids), bool)
         return self.needs_wait == (split == "needs-wait")
 
-    def to_rows(self) -> list[dict]:
-        """JSON rows; samples as a string of 0/1 per sample."""
-        return [
-            {
-                "id": self.ids[i],
-                "size": int(self.size[i]),
-                "hole_ratio": float(self.hole_ratio[i]),
-                "needs_wait": bool(self.needs_wait[i]),
-                "greedy": bool(self.greedy[i]),
-                "samples": "".join("1" if v else "0" for v in self.samples[i]),
-            }
-            for i in range(len(self.ids))
-        ]
+    def to_columns(self) -> dict:
+        """JSON columns; bools as strings of 0/1 (samples: one string of K per puzzle)."""
+        bits = lambda xs: "".join("1" if x else "0" for x in xs)
+        return {
+            "id": list(self.ids),
+            "size": [int(x) for x in self.size],
+            "hole_ratio": [float(x) for x in self.hole_ratio],
+            "needs_wait": bits(self.needs_wait),
+            "greedy": bits(self.greedy),
+            "samples": [bits(row) for row in self.samples],
+        }
 
     @classmethod
-    def from_rows(cls, rows: Sequence[dict], k: int) -> PuzzleResults:
-        """Inverse of `to_rows`; k is the sample count (rows may be empty)."""
+    def from_columns(cls, cols: dict, k: int) -> PuzzleResults:
+        """Inverse of `to_columns`; k is the sample count (columns may be empty)."""
+        bits = lambda text: np.array([c == "1" for c in text], bool)
+        n = len(cols["id"])
+        samples = np.array([[c == "1" for c in row] for row in cols["samples"]], bool)
         return cls(
-            ids=tuple(r["id"] for r in rows),
-            size=np.array([r["size"] for r in rows], np.int64),
-            hole_ratio=np.array([r["hole_ratio"] for r in rows], np.float64),
-            needs_wait=np.array([r["needs_wait"] for r in rows], bool),
-            greedy=np.array([r["greedy"] for r in rows], bool),
-            samples=np.array([[c == "1" for c in r["samples"]] for r in rows], bool).reshape(
-                len(rows), k
-            ),
+            ids=tuple(cols["id"]),
+            size=np.array(cols["size"], np.int64),
+            hole_ratio=np.array(cols["hole_ratio"], np.float64),
+            needs_wait=bits(cols["needs_wait"]),
+            greedy=bits(cols["greedy"]),
+            samples=samples.reshape(n, k),
         )
 
 
@@ -278,7 +277,7 @@ def frontier_rows(
                 if not mask.any() and in_cell.any():
                     messages.append(
                         f"{_cell_name(s, h, split)}: n=0 (none of the cell's "
-                        f"{int(in_cell.sum())} puzzles is {split})"
+                        f"{int(in_cell.sum())} puzzle(s) is {split})"
                     )
     return rows, messages
 
@@ -553,8 +552,25 @@ def to_json(f: Frontier) -> dict:
         "cells": [_row_dict(r) for r in f.rows],
         "by_size": [_row_dict(r) for r in f.by_size()],
         "by_hole_ratio": [_row_dict(r) for r in f.by_hole_ratio()],
-        "puzzles": f.results.to_rows(),
+        "puzzles": f.results.to_columns(),
     }
+
+
+def json_text(data: dict) -> str:
+    """JSON with a line per top-level key, per list item and per column of a top-level
+    object (small and diffable)."""
+
+    def block(value, indent: str) -> str:
+        if isinstance(value, list) and value and isinstance(value[0], (dict, str)):
+            items = ",\n".join(indent + " " + json.dumps(v) for v in value)
+            return f"[\n{items}\n{indent}]"
+        if isinstance(value, dict) and value and indent == " ":
+            items = ",\n".join(f"  {json.dumps(k)}: {block(v, '  ')}" for k, v in value.items())
+            return f"{{\n{items}\n }}"
+        return json.dumps(value)
+
+    parts = [f" {json.dumps(key)}: {block(value, ' ')}" for key, value in data.items()]
+    return "{\n" + ",\n".join(parts) + "\n}\n"
 
 
 def from_json(data: dict) -> Frontier:
@@ -563,9 +579,12 @@ def from_json(data: dict) -> Frontier:
     cfg = FrontierConfig(
         **(c | {"sizes": tuple(c["sizes"]), "hole_ratios": tuple(c["hole_ratios"])})
     )
-    results = PuzzleResults.from_rows(data["puzzles"], cfg.samples)
+    results = PuzzleResults.from_columns(data["puzzles"], cfg.samples)
     gen = data["generation_messages"]
     return build(cfg, data["label"], results, gen, data["seconds"], data["truncated"])
+
+
+_LABEL_BOX = {"facecolor": "white", "edgecolor": "none", "pad": 1.0}
 
 
 def heatmap_png(f: Frontier, metric: str) -> bytes:
@@ -580,9 +599,10 @@ def heatmap_png(f: Frontier, metric: str) -> bytes:
     scale = 100.0 if m.percent else 1.0
     sizes, holes = f.config.sizes, f.config.hole_ratios
     by_cell = {(r.size, r.hole_ratio, r.split): r.stats[metric] for r in f.rows}
-    w, h = max(2.4, 0.8 + 0.7 * len(holes)), max(2.2, 1.0 + 0.45 * len(sizes))
+    # Square cells of about 0.55 inch (room for two lines of text), plus axes and colour bar.
+    w, h = max(1.8, 0.55 * len(holes) + 0.5), max(1.8, 0.55 * len(sizes) + 0.9)
     fig, axes = plt.subplots(
-        1, len(SPLITS), figsize=(w * len(SPLITS) + 1, h), sharey=True, layout="constrained"
+        1, len(SPLITS), figsize=(w * len(SPLITS) + 1.6, h), sharey=True, layout="constrained"
     )
     cmap = plt.get_cmap("viridis").with_extremes(bad="#d9d9d9")
     for ax, split in zip(axes, SPLITS, strict=True):
@@ -593,7 +613,7 @@ def heatmap_png(f: Frontier, metric: str) -> bytes:
             if e.n == 0:
                 box = plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", lw=0)
                 ax.add_patch(box)
-                ax.text(j, i, "n=0", ha="center", va="center", fontsize=7)
+                ax.text(j, i, "n=0", ha="center", va="center", fontsize=7, bbox=_LABEL_BOX)
                 continue
             txt = f"{e.value * scale:.0f}%" if m.percent else f"{e.value:.3f}"
             color = "white" if e.value < 0.6 * m.upper else "black"  # viridis is dark low
@@ -609,7 +629,13 @@ def heatmap_png(f: Frontier, metric: str) -> bytes:
     buf = std_io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
     plt.close(fig)
-    return buf.getvalue()
+    # A 256-colour palette keeps the file about 3x smaller with no visible change.
+    from PIL import Image
+
+    buf.seek(0)
+    out = std_io.BytesIO()
+    Image.open(buf).convert("RGB").quantize(256).save(out, format="PNG", optimize=True)
+    return out.getvalue()
 
 
 def write(f: Frontier, out_dir) -> dict[str, pathlib.Path]:
@@ -624,6 +650,6 @@ def write(f: Frontier, out_dir) -> dict[str, pathlib.Path]:
     images = [paths[m].name for m in METRICS]
     paths |= {ext: out / f"frontier.{ext}" for ext in ("md", "csv", "json")}
     io.atomic_write(paths["csv"], csv_text(f.rows))
-    io.atomic_write(paths["json"], json.dumps(to_json(f), indent=1) + "\n")
+    io.atomic_write(paths["json"], json_text(to_json(f)))
     io.atomic_write(paths["md"], markdown(f, images))
     return paths

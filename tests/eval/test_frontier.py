@@ -101,24 +101,18 @@ def test_empty_cell_gives_n0_without_warnings():
         assert e.n == 0 and math.isnan(e.value) and e.as_dict()["value"] is None
 
 
-def _results(rows, k):
-    return frontier.PuzzleResults.from_rows(rows, k)
-
-
 def test_rows_cover_every_requested_cell_and_name_empty_splits():
-    rows = [
-        {"id": "a", "size": 3, "hole_ratio": 0.2, "needs_wait": False, "greedy": True,
-         "samples": "1100"},
-        {"id": "b", "size": 3, "hole_ratio": 0.2, "needs_wait": False, "greedy": False,
-         "samples": "0000"},
-    ]  # fmt: skip
-    table, messages = frontier.frontier_rows(_results(rows, 4), (3, 4), (0.0, 0.2))
+    cols = {"id": ["a", "b"], "size": [3, 3], "hole_ratio": [0.2, 0.2], "needs_wait": "00",
+            "greedy": "10", "samples": ["1100", "0000"]}  # fmt: skip
+    results = frontier.PuzzleResults.from_columns(cols, 4)
+    assert results.to_columns() == cols
+    table, messages = frontier.frontier_rows(results, (3, 4), (0.0, 0.2))
     assert len(table) == 2 * 2 * 3
     by = {(r.size, r.hole_ratio, r.split): r for r in table}
     assert by[(3, 0.2, "no-wait")].n == 2 and by[(3, 0.2, "all")].n == 2
     assert by[(3, 0.2, "needs-wait")].n == 0
     assert by[(4, 0.0, "all")].n == 0
-    assert messages == ["3x3, hole ratio 0.2, needs-wait: n=0 (none of the cell's 2 puzzles is "
+    assert messages == ["3x3, hole ratio 0.2, needs-wait: n=0 (none of the cell's 2 puzzle(s) is "
                         "needs-wait)"]  # fmt: skip
     assert by[(3, 0.2, "all")].stats["flip"].value == 0.0
     assert by[(3, 0.2, "all")].stats["mixed"].value == 0.5
