@@ -62,7 +62,7 @@ def proportion(hits) -> Estimate:
 
 
 def bounded_mean(values, upper: float = 1.0) -> Estimate:
-    """Mean of per-puzzle values in [0, upper] (f32 [P]) with the Wilson interval of
+    """Mean of per-puzzle values in [0, upper] ([P]) with the Wilson interval of
     mean/upper over n = P. Conservative: a [0, 1] variable with mean m has variance at most
     m(1-m), the binomial variance Wilson assumes; unlike a normal interval it never shrinks to
     a point when every puzzle gives the same value."""
@@ -317,11 +317,20 @@ def generate_grid(cfg: FrontierConfig, progress: bool = True):
         else:
             gen_cfg = env.default_config(cfg.agents, (s,), h, cfg.wait_ratio, cfg.seed)
             key = jax.random.fold_in(jax.random.fold_in(base, s), round(h * 1000))
-            try:
-                got = env.generate(key, gen_cfg, cfg.per_cell, id_prefix=f"hr{h:g}_").problems
-            except (env_config.ConfigError, RuntimeError) as e:
-                messages.append(f"{name}: n=0, the generator produced no solvable puzzle: {e}")
-                got = []
+            got, error, want = [], None, cfg.per_cell
+            # The generator raises when it cannot fill a request; ask for half as many until
+            # it can, so a hard cell keeps the puzzles that exist.
+            while want >= 1 and not got:
+                try:
+                    got = env.generate(key, gen_cfg, want, id_prefix=f"hr{h:g}_").problems
+                except RuntimeError as e:
+                    error, want = e, want // 2
+                except env_config.ConfigError as e:
+                    error, want = e, 0
+            if not got:
+                messages.append(f"{name}: n=0, the generator produced no solvable puzzle: {error}")
+            elif len(got) < cfg.per_cell:
+                messages.append(f"{name}: only {len(got)} of {cfg.per_cell} puzzles: {error}")
             problems += got
             cells += [(s, h)] * len(got)
         bar.update(1)

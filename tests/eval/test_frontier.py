@@ -167,6 +167,26 @@ def test_generator_failure_is_an_n0_cell(monkeypatch):
     ]
 
 
+def test_generator_shortfall_keeps_the_puzzles_that_exist(monkeypatch):
+    from mapfjax import env
+
+    real = env.generate
+
+    def at_most_two(key, cfg, n, **kw):
+        if n > 2:
+            raise RuntimeError(f"generator: size 4x4 produced only 2 of {n} solvable instances")
+        return real(key, cfg, n, **kw)
+
+    monkeypatch.setattr(env, "generate", at_most_two)
+    cfg = frontier.FrontierConfig(sizes=(4,), hole_ratios=(0.2,), per_cell=9)
+    problems, cells, messages = frontier.generate_grid(cfg, progress=False)
+    assert len(problems) == 2 and cells == [(4, 0.2)] * 2  # asked for 9, 4, then 2
+    assert messages == [
+        "4x4, hole ratio 0.2: only 2 of 9 puzzles: generator: size 4x4 produced only 2 of 4 "
+        "solvable instances"
+    ]
+
+
 def test_end_to_end_tiny_grid(tiny_model_dir, tmp_path):
     import jax.numpy as jnp
 
