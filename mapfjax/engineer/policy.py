@@ -14,7 +14,8 @@ from flax import nnx
 
 from mapfjax.models import sampler
 from mapfjax.models import tokenizer as tok_lib
-from mapfjax.rl.batch import completion_logprobs, make_batch
+from mapfjax.rl.batch import make_batch
+from mapfjax.rl.logprobs import completion_logprobs
 
 
 def _fit(ids: list[int], budget: int) -> list[int]:

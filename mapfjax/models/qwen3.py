@@ -7,7 +7,7 @@ maps them onto a device mesh.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -23,7 +23,10 @@ Array = jax.Array
 # softmax instead of NaN, which would otherwise leak into gradients through 0 * NaN.
 _MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)
 
-KV_CACHE_AXES = ("layers", "batch", "cache_seq", "kv_heads", "head_dim")
+_ACT = ("batch", "seq", "act_embed")  # logical axes of activations [B, T, H]
+KV_CACHE_AXES = ("layers", "batch", "kv_heads", "cache_seq", "head_dim")
+# One layer's keys or values [B, K, S, D] (the sampler keeps a tuple of these per layer).
+LAYER_KV_AXES = KV_CACHE_AXES[1:]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,10 +166,12 @@ PRESETS: dict[str, Qwen3Config] = {
 
 @struct.dataclass
 class KVCache:
-    """Per-layer keys and values for incremental decoding.
+    """Per-layer keys and values for incremental decoding (`Qwen3.hidden_states` with a cache).
 
-    k, v: [L, B, S, num_kv_heads, head_dim] (cache dtype); valid: bool [B, S], True where a slot
-    holds a real token; index: int32 [], the next slot to write (shared by all rows).
+    k, v: [L, B, K, S, D] (cache dtype; K = num_kv_heads, S slots, D = head_dim: the heads
+    axis precedes the slots so attention reads each head's keys as one contiguous [S, D]
+    matrix, without a transposed copy); valid: bool [B, S], True where a slot holds a real
+    token; index: int32 [], the next slot to write (shared by all rows).
     """
 
     k: Array
@@ -177,7 +182,7 @@ class KVCache:
     @classmethod
     def init(cls, config: Qwen3Config, batch: int, max_len: int, dtype=jnp.bfloat16) -> KVCache:
         """An empty cache with room for `max_len` tokens per row."""
-        shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
+        shape = (config.num_layers, batch, config.num_kv_heads, max_len, config.head_dim)
         return cls(
             k=jnp.zeros(shape, dtype),
             v=jnp.zeros(shape, dtype),
@@ -189,6 +194,21 @@ class KVCache:
     def logical_axes() -> KVCache:
         """The logical axis names of each field, as a KVCache of tuples."""
         return KVCache(k=KV_CACHE_AXES, v=KV_CACHE_AXES, valid=("batch", "cache_seq"), index=())
+
+
+@struct.dataclass
+class Prefix:
+    """Keys and values of prompts that several completions share (one prompt per group).
+
+    k, v: [L, B, K, P, D] per layer (B prompts of P slots, left-padded); valid: bool [B, P];
+    lengths: int32 [B], real tokens per prompt (a completion's first position).
+    Built by `Qwen3.prefix`; read by `Qwen3.extend` and the sampler's decode steps.
+    """
+
+    k: Array
+    v: Array
+    valid: Array
+    lengths: Array
 
 
 def _param(rngs: nnx.Rngs, shape, axes, dtype, std=0.02) -> nnx.Param:
@@ -220,30 +240,103 @@ def rope(x: Array, positions: Array, theta: float) -> Array:
     return out.astype(x.dtype)
 
 
-def _attend(q, k, v, allowed, scale):
-    """q: [B, C, K, G, D]; k, v: [B, S, K, D]; allowed: bool [B, C, S] -> [B, C, K, G, D]."""
-    scores = jnp.einsum("bckgd,bskd->bkgcs", q, k, preferred_element_type=jnp.float32) * scale
-    scores = jnp.where(allowed[:, None, None], scores, _MASKED)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    return jnp.einsum("bkgcs,bskd->bckgd", probs, v)
+@struct.dataclass
+class Keys:
+    """One segment of keys and values a query attends to.
+
+    k, v: [B, G, K, S, D] (one set per row) or, when `shared`, [B, K, S, D] (one set per group
+    of G rows: a prompt its completions share, never copied per row); allowed: bool,
+    broadcastable to [B, G, C, S] for C queries.
+    """
+
+    k: Array
+    v: Array
+    allowed: Array
+    shared: bool = struct.field(pytree_node=False, default=False)
+
+
+def _attend(q: Array, segments: Sequence[Keys], scale: float) -> Array:
+    """Softmax attention of q [B, G, C, K, Q, D] (B groups of G rows, C queries, Q query heads
+    per KV head) over the concatenated key segments -> [B, G, C, K, Q, D]. Scores and softmax
+    are float32; a shared segment's gradient sums over the G rows."""
+    scores = []
+    for seg in segments:
+        spec = "bjckqd,bksd->bjkqcs" if seg.shared else "bjckqd,bjksd->bjkqcs"
+        s = jnp.einsum(spec, q, seg.k, preferred_element_type=jnp.float32) * scale
+        allowed = seg.allowed
+        if seg.shared and allowed.ndim == 2:  # [B, S] validity of a shared prefix
+            allowed = allowed[:, None, None, :]
+        allowed = jnp.broadcast_to(allowed, s.shape[:2] + s.shape[-2:])[:, :, None, None]
+        scores.append(jnp.where(allowed, s, _MASKED))
+    probs = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1)
+    out, start = 0, 0
+    for seg in segments:
+        n = seg.k.shape[-2]
+        p = probs[..., start : start + n].astype(seg.v.dtype)
+        spec = "bjkqcs,bksd->bjckqd" if seg.shared else "bjkqcs,bjksd->bjckqd"
+        out = out + jnp.einsum(spec, p, seg.v)
+        start += n
+    return out
+
+
+def _attend_remat(q, segments, scale):
+    return _attend(q, segments, scale)
 
 
 # Long inputs attend in query chunks, each rematerialised in the backward pass, so the scores
-# held at once are [B, K, G, chunk, S] rather than [B, K, G, T, S].
-_attend_chunk = jax.checkpoint(_attend)
+# held at once are [B, G, K, Q, chunk, S] rather than [..., C, S].
+_attend_chunk = jax.checkpoint(_attend_remat, static_argnums=(2,))
 
 
-def attention(q, k, v, allowed, chunk: int):
-    """Softmax attention, query-chunked when T > chunk and chunk divides T; see `_attend`."""
-    b, t = q.shape[:2]
+def attention(q: Array, segments: Sequence[Keys], chunk: int) -> Array:
+    """`_attend`, query-chunked when C > chunk and chunk divides C: q [B, G, C, K, Q, D]
+    -> [B, G, C, K, Q, D]. A segment's `allowed` must then be [.., C, S] or [.., 1, S]."""
+    c = q.shape[2]
     scale = q.shape[-1] ** -0.5
-    if t <= chunk or t % chunk:
-        return _attend(q, k, v, allowed, scale)
-    n = t // chunk
-    qc = q.reshape(b, n, chunk, *q.shape[2:]).swapaxes(0, 1)  # [n, B, C, K, G, D]
-    ac = allowed.reshape(b, n, chunk, -1).swapaxes(0, 1)  # [n, B, C, S]
-    out = lax.map(lambda xs: _attend_chunk(xs[0], k, v, xs[1], scale), (qc, ac))
-    return out.swapaxes(0, 1).reshape(q.shape)
+    if c <= chunk or c % chunk:
+        return _attend(q, segments, scale)
+    n = c // chunk
+
+    def split(x):  # [B, G, C, ...] -> [n, B, G, chunk, ...]
+        return jnp.moveaxis(x.reshape(*x.shape[:2], n, chunk, *x.shape[3:]), 2, 0)
+
+    def split_allowed(a):
+        if a.ndim < 4 or a.shape[2] == 1:
+            return jnp.broadcast_to(a[None], (n, *a.shape))
+        return split(a)
+
+    allowed = [split_allowed(seg.allowed) for seg in segments]
+
+    def one(xs):
+        qc, masks = xs
+        segs = [seg.replace(allowed=a) for seg, a in zip(segments, masks)]
+        return _attend_chunk(qc, segs, scale)
+
+    out = lax.map(one, (split(q), allowed))
+    return jnp.moveaxis(out, 0, 2).reshape(q.shape)
+
+
+def _decode_attend(q: Array, prefix, own, allowed: Array) -> Array:
+    """One query per row: q [B, G, K, Q, D]; prefix (kp, vp [B, K, P, D], valid bool [B, P])
+    shared by a group's G rows; own (k, v [B, G, K, W, D]) each row's cache, of which slots
+    where `allowed` [W] is True are read. Returns [B, G, K, Q, D]."""
+    kp, vp, valid = prefix
+    k, v = own
+    scale = q.shape[-1] ** -0.5
+    f32 = jnp.float32
+    sp = jnp.einsum("bjkqd,bkpd->bjkqp", q, kp.astype(q.dtype), preferred_element_type=f32)
+    so = jnp.einsum("bjkqd,bjkwd->bjkqw", q, k.astype(q.dtype), preferred_element_type=f32)
+    sp = jnp.where(valid[:, None, None, None, :], sp * scale, _MASKED)
+    so = jnp.where(allowed, so * scale, _MASKED)
+    probs = jax.nn.softmax(jnp.concatenate([sp, so], axis=-1), axis=-1).astype(q.dtype)
+    p = kp.shape[2]
+    out = jnp.einsum("bjkqp,bkpd->bjkqd", probs[..., :p], vp.astype(q.dtype))
+    return out + jnp.einsum("bjkqw,bjkwd->bjkqd", probs[..., p:], v.astype(q.dtype))
+
+
+def _heads_first(x: Array) -> Array:
+    """[B, T, K, D] -> [B, K, T, D], the cache layout."""
+    return jnp.swapaxes(x, 1, 2)
 
 
 class Attention(nnx.Module):
@@ -259,13 +352,10 @@ class Attention(nnx.Module):
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps, param_dtype=param_dtype)
         self.cfg, self.dtype, self.chunk = cfg, dtype, chunk
 
-    def __call__(self, x, positions, allowed, kv=None, layer=0, index=None):
-        """x: [B, T, H]; positions: [B, T]; allowed: bool [B, T, S] (which slots each query sees).
-
-        kv: optional (k_all, v_all), each [L, B, S, K, D]; this layer's new keys/values are written
-        at slots [index, index + T) of layer `layer` (int32 [], may be traced) and attention
-        reads all S slots. Without kv, S = T. Returns (out [B, T, H], updated kv or None).
-        """
+    def __call__(self, x, positions, attend):
+        """x: [B, T, H]; positions: [B, T]; attend(q, k, v) -> (out, aux) with q
+        [B, T, K, Q, D] (query head n = kv_head * Q + q, HF's order), this call's keys and
+        values k, v [B, T, K, D] after RoPE, out [B, T, K, Q, D]. Returns ([B, T, H], aux)."""
         cfg, dt = self.cfg, self.dtype
         b, t, _ = x.shape
         x = x.astype(dt)
@@ -274,17 +364,10 @@ class Attention(nnx.Module):
         v = jnp.einsum("bth,hkd->btkd", x, self.v[...].astype(dt))
         q = rope(self.q_norm(q), positions, cfg.rope_theta)
         k = rope(self.k_norm(k), positions, cfg.rope_theta)
-        if kv is not None:
-            k_all, v_all = kv
-            start = (layer, 0, index, 0, 0)
-            k_all = lax.dynamic_update_slice(k_all, k[None].astype(k_all.dtype), start)
-            v_all = lax.dynamic_update_slice(v_all, v[None].astype(v_all.dtype), start)
-            kv = (k_all, v_all)
-            k, v = k_all[layer].astype(dt), v_all[layer].astype(dt)
-        # Query head n = kv_head * G + g, matching HF's repeat_interleave of KV heads.
         q = q.reshape(b, t, cfg.num_kv_heads, cfg.num_groups, cfg.head_dim)
-        out = attention(q, k, v, allowed, self.chunk).reshape(b, t, cfg.num_heads, -1)
-        return jnp.einsum("btnd,ndh->bth", out, self.o[...].astype(dt)), kv
+        out, aux = attend(q, k, v)
+        out = out.astype(dt).reshape(b, t, cfg.num_heads, cfg.head_dim)
+        return jnp.einsum("btnd,ndh->bth", out, self.o[...].astype(dt)), aux
 
 
 class MLP(nnx.Module):
@@ -316,11 +399,11 @@ class DecoderLayer(nnx.Module):
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=param_dtype)
         self.mlp = MLP(cfg, **kw)
 
-    def __call__(self, x, positions, allowed, kv=None, layer=0, index=None):
-        """x: [B, T, H] -> ([B, T, H], kv); see `Attention.__call__`."""
-        h, kv = self.attn(self.input_norm(x), positions, allowed, kv, layer, index)
+    def __call__(self, x, positions, attend):
+        """x: [B, T, H] -> ([B, T, H], aux); see `Attention.__call__`."""
+        h, aux = self.attn(self.input_norm(x), positions, attend)
         x = x + h
-        return x + self.mlp(self.post_attn_norm(x)), kv
+        return x + self.mlp(self.post_attn_norm(x)), aux
 
 
 def _stacked_layers(config: Qwen3Config, key, **kw) -> DecoderLayer:
@@ -360,6 +443,7 @@ class Qwen3(nnx.Module):
     ):
         rngs = nnx.Rngs(0) if rngs is None else rngs
         self.config, self.dtype, self.remat = config, dtype, remat
+        self.chunk = attention_chunk
         v, h = config.vocab_size, config.hidden_size
         self.embedding = _param(rngs, (v, h), ("vocab", "embed"), param_dtype)
         kw = dict(dtype=dtype, param_dtype=param_dtype, chunk=attention_chunk)
@@ -367,6 +451,29 @@ class Qwen3(nnx.Module):
         self.final_norm = RMSNorm(h, config.rms_norm_eps, param_dtype=param_dtype)
         if not config.tie_word_embeddings:
             self.unembedding = _param(rngs, (h, v), ("embed", "vocab"), param_dtype)
+
+    def _embed(self, tokens: Array) -> Array:
+        x = jnp.take(self.embedding[...], tokens, axis=0).astype(self.dtype)
+        return parallel.constrain(x, _ACT)
+
+    def _scan(self, x, positions, attend, xs=None, extra=None):
+        """Runs the stacked layers with `lax.scan` (one compiled layer; FSDP gathers layer by
+        layer). attend(extra, layer_xs, q, k, v) -> (out, (extra, y)) is the attention of
+        `Attention.__call__` given the carried `extra` and this layer's slice of `xs`.
+        Returns (x [B, T, H] after the final norm, extra, ys stacked over layers)."""
+        graphdef, params = nnx.split(self.layers)
+
+        def body(carry, inputs):
+            x, extra = carry
+            layer_params, layer_xs = inputs
+            layer = nnx.merge(graphdef, layer_params)
+            x, (extra, y) = layer(x, positions, lambda q, k, v: attend(extra, layer_xs, q, k, v))
+            return (parallel.constrain(x, _ACT), extra), y
+
+        # remat: keep only each layer's input for the backward pass, recompute the rest.
+        body = jax.checkpoint(body) if self.remat else body
+        (x, extra), ys = lax.scan(body, (x, extra), (params, xs))
+        return self.final_norm(x), extra, ys
 
     def hidden_states(self, tokens, positions=None, attention_mask=None, cache=None):
         """tokens: int32 [B, T] -> (hidden [B, T, H] after the final norm, cache).
@@ -381,33 +488,139 @@ class Qwen3(nnx.Module):
             seen = 0 if cache is None else jnp.sum(cache.valid, axis=1, keepdims=True)
             positions = jnp.maximum(seen + jnp.cumsum(mask, axis=1) - 1, 0)
         positions = positions.astype(jnp.int32)
-        if cache is None:
-            index, valid, kv = 0, mask, None
-        else:
-            index = cache.index
-            valid = lax.dynamic_update_slice(cache.valid, mask, (0, index))
-            kv = (cache.k, cache.v)
+        index = 0 if cache is None else cache.index
+        valid = mask if cache is None else lax.dynamic_update_slice(cache.valid, mask, (0, index))
         slot_q = index + jnp.arange(t)  # [T]
         slot_k = jnp.arange(valid.shape[1])  # [S]
         allowed = (slot_k[None, :] <= slot_q[:, None])[None] & valid[:, None, :]  # [B, T, S]
+        allowed = allowed[:, None]  # one row per group: [B, 1, T, S]
 
-        act = ("batch", "seq", "act_embed")
-        x = jnp.take(self.embedding[...], tokens, axis=0).astype(self.dtype)
-        x = parallel.constrain(x, act)
-        graphdef, params = nnx.split(self.layers)
+        def attend(kv, _, q, k, v):
+            if kv is None:  # keys are this call's tokens
+                k, v = _heads_first(k), _heads_first(v)
+            else:  # write this call's keys at slots [index, index + T), read every slot
+                k_all, v_all, i = kv
+                start = (i, 0, 0, index, 0)
+                k_all = lax.dynamic_update_slice(
+                    k_all, _heads_first(k)[None].astype(k_all.dtype), start
+                )
+                v_all = lax.dynamic_update_slice(
+                    v_all, _heads_first(v)[None].astype(v_all.dtype), start
+                )
+                kv = (k_all, v_all, i + 1)
+                k, v = k_all[i].astype(q.dtype), v_all[i].astype(q.dtype)
+            out = attention(q[:, None], [Keys(k[:, None], v[:, None], allowed)], self.chunk)
+            return out[:, 0], (kv, None)
 
-        def body(carry, layer_params):
-            x, kv, i = carry
-            x, kv = nnx.merge(graphdef, layer_params)(x, positions, allowed, kv, i, index)
-            return (parallel.constrain(x, act), kv, i + 1), None
-
-        # remat: keep only each layer's input for the backward pass, recompute the rest.
-        body = jax.checkpoint(body) if self.remat else body
-        (x, kv, _), _ = lax.scan(body, (x, kv, jnp.int32(0)), params)
-        x = self.final_norm(x)
+        kv = None if cache is None else (cache.k, cache.v, jnp.int32(0))
+        x, kv, _ = self._scan(self._embed(tokens), positions, attend, extra=kv)
         if cache is not None:
             cache = KVCache(k=kv[0], v=kv[1], valid=valid, index=cache.index + t)
         return x, cache
+
+    def prefix(self, tokens: Array, attention_mask: Array | None = None) -> tuple[Array, Prefix]:
+        """Runs prompts that several completions will share.
+
+        tokens: int32 [B, P] left-padded; attention_mask: bool [B, P] (default all True).
+        Returns (hidden [B, P, H] after the final norm, `Prefix` with each layer's keys and
+        values [L, B, K, P, D]). Positions count each row's real tokens from 0.
+        """
+        b, p = tokens.shape
+        mask = jnp.ones((b, p), bool) if attention_mask is None else attention_mask.astype(bool)
+        positions = jnp.maximum(jnp.cumsum(mask, axis=1, dtype=jnp.int32) - 1, 0)
+        causal = jnp.tril(jnp.ones((p, p), bool))
+        allowed = (causal[None] & mask[:, None, :])[:, None]  # [B, 1, P, P]
+
+        def attend(_, __, q, k, v):
+            k, v = _heads_first(k), _heads_first(v)
+            out = attention(q[:, None], [Keys(k[:, None], v[:, None], allowed)], self.chunk)
+            return out[:, 0], (None, (k, v))
+
+        x, _, (k, v) = self._scan(self._embed(tokens), positions, attend)
+        lengths = jnp.sum(mask, axis=1, dtype=jnp.int32)
+        return x, Prefix(k=k, v=v, valid=mask, lengths=lengths)
+
+    def extend(self, tokens: Array, prefix: Prefix, attention_mask: Array | None = None) -> Array:
+        """Runs G continuations of each shared prefix at once (the GRPO update's layout).
+
+        tokens: int32 [B, G, T], right-padded continuations of prefix row b; attention_mask:
+        bool [B, G, T], True on real tokens (default all True). Token t of a row sits at
+        position prefix.lengths[b] + t and attends to the prefix's valid slots and to the
+        row's own tokens up to t. Returns hidden [B, G, T, H] after the final norm, equal to
+        running each [prompt | continuation] row on its own; gradients reach the prefix's
+        keys and values (summed over the G rows) and through them the prefix pass.
+        """
+        b, g, t = tokens.shape
+        mask = jnp.ones((b, g, t), bool) if attention_mask is None else attention_mask.astype(bool)
+        positions = prefix.lengths[:, None, None] + jnp.cumsum(mask, axis=2, dtype=jnp.int32) - 1
+        positions = jnp.maximum(positions, prefix.lengths[:, None, None]).reshape(b * g, t)
+        causal = jnp.tril(jnp.ones((t, t), bool))
+        allowed = causal[None, None] & mask[:, :, None, :]  # [B, G, T, T]
+
+        def attend(_, layer_prefix, q, k, v):
+            kp, vp = layer_prefix
+            q = q.reshape(b, g, t, *q.shape[2:])
+            k = _heads_first(k).reshape(b, g, *k.shape[2:3], t, k.shape[-1])
+            v = _heads_first(v).reshape(b, g, *v.shape[2:3], t, v.shape[-1])
+            shared = Keys(kp.astype(q.dtype), vp.astype(q.dtype), prefix.valid, shared=True)
+            out = attention(q, [shared, Keys(k, v, allowed)], self.chunk)
+            return out.reshape(b * g, t, *out.shape[3:]), (None, None)
+
+        x = self._embed(tokens.reshape(b * g, t))
+        x, _, _ = self._scan(x, positions, attend, xs=(prefix.k, prefix.v))
+        return x.reshape(b, g, t, -1)
+
+    def decode_step(self, tokens, positions, prefix: Prefix, cache, index, layer_params=None):
+        """One decoding step of G rows per shared prefix, the layers unrolled.
+
+        tokens, positions: int32 [B * G, 1]; prefix: a `Prefix` over the B groups whose k, v
+        are per-layer sequences of [B, K, P, D] arrays (or stacked [L, ...]); cache: (ks, vs),
+        per-layer sequences of [B * G, K, W, D] arrays holding the rows' own earlier tokens in
+        slots [0, index); index: int32 [], the slot this step's token is written to.
+        layer_params: per-layer parameter states (from `split_layers`), or None to slice the
+        stacked parameters here. Returns (logits f32 [B * G, V], new cache).
+
+        Each layer writes its keys and values first and then reads the updated cache (XLA
+        updates a loop-carried cache in place in that order; reading it before the write makes
+        XLA:CPU copy the whole cache at every step).
+        """
+        rows, groups = tokens.shape[0], prefix.valid.shape[0]
+        g = rows // groups
+        graphdef, stacked = nnx.split(self.layers)
+        x = self._embed(tokens)
+        window = cache[0][0].shape[2]
+        allowed = jnp.arange(window) <= index  # [W]
+        ks, vs = list(cache[0]), list(cache[1])
+        for i in range(self.config.num_layers):
+            if layer_params is None:
+                params = jax.tree.map(lambda a, i=i: a[i], stacked)
+            else:
+                params = layer_params[i]
+
+            def attend(q, k, v, i=i):
+                at = (0, 0, index, 0)
+                ks[i] = lax.dynamic_update_slice(ks[i], _heads_first(k).astype(ks[i].dtype), at)
+                vs[i] = lax.dynamic_update_slice(vs[i], _heads_first(v).astype(vs[i].dtype), at)
+                out = _decode_attend(
+                    q[:, 0].reshape(groups, g, *q.shape[2:]),
+                    (prefix.k[i], prefix.v[i], prefix.valid),
+                    (
+                        ks[i].reshape(groups, g, *ks[i].shape[1:]),
+                        vs[i].reshape(groups, g, *vs[i].shape[1:]),
+                    ),
+                    allowed,
+                )
+                return out.reshape(rows, 1, *out.shape[2:]), None
+
+            x, _ = nnx.merge(graphdef, params)(x, positions, attend)
+            x = parallel.constrain(x, _ACT)
+        logits = self.lm_head(self.final_norm(x)[:, 0])
+        return logits, (tuple(ks), tuple(vs))
+
+    def split_layers(self) -> list:
+        """The stacked layer parameters as one state per layer (copies; for `decode_step`)."""
+        _, stacked = nnx.split(self.layers)
+        return [jax.tree.map(lambda a, i=i: a[i], stacked) for i in range(self.config.num_layers)]
 
     def lm_head(self, hidden: Array) -> Array:
         """hidden: [..., H] -> float32 logits [..., V]."""

@@ -17,7 +17,7 @@ import numpy as np
 from flax import nnx
 
 from mapfjax import parallel
-from mapfjax.models.qwen3 import KV_CACHE_AXES, KVCache
+from mapfjax.models.qwen3 import LAYER_KV_AXES, Prefix
 
 # Qwen3's `<|im_end|>` (end of turn) and `<|endoftext|>` (pad); docs/paper.md section 7.
 DEFAULT_STOP_TOKENS = (151645, 151643)
@@ -53,8 +53,16 @@ def _next_pow2(n: int) -> int:
 
 
 # Length buckets: a stream of prompts of varied lengths compiles once per bucket.
+def _pow2_mid(n: int) -> int:
+    """The smallest of 2^k and 3 * 2^(k-1) (1, 2, 3, 4, 6, 8, 12, 16, 24, ...) >= n: at most
+    a third of padding, at twice as many shapes as "pow2"."""
+    p = _next_pow2(n)
+    return 3 * p // 4 if p >= 4 and 3 * p // 4 >= n else p
+
+
 BUCKETS: dict[str, Callable[[int], int]] = {
     "pow2": _next_pow2,
+    "pow2_mid": _pow2_mid,
     "x64": lambda n: 64 * math.ceil(n / 64),
     "exact": lambda n: n,
 }
@@ -116,92 +124,94 @@ def _constrain(x, sharding):
     return x if sharding is None else jax.lax.with_sharding_constraint(x, sharding)
 
 
-def _constrain_cache(cache, shardings):
-    if shardings is None:
-        return cache
-    kv, valid = shardings
-    return cache.replace(
-        k=_constrain(cache.k, kv), v=_constrain(cache.v, kv), valid=_constrain(cache.valid, valid)
-    )
+def _constrain_tree(tree, shardings):
+    """Constrains every leaf of `tree` to the matching leaf of `shardings` (None: no-op)."""
+    return tree if shardings is None else jax.tree.map(_constrain, tree, shardings)
 
 
-@functools.partial(
-    jax.jit, static_argnames=("graphdef", "config", "cache_len", "cache_dtype", "shardings")
-)
-def _prefill(graphdef, state, tokens, mask, *, config, cache_len, cache_dtype, shardings):
-    """tokens int32 [B, P], mask bool [B, P] -> (last logits f32 [B, V], cache with index P)."""
+@flax.struct.dataclass
+class _Shardings:
+    """Where the sampler's arrays live on a mesh (None leaves without one). groups: [Bg, ...]
+    prompt arrays; rows: [B, ...] per-completion arrays; kv: one layer's [B|Bg, K, S, D]."""
+
+    groups: Any
+    group_vec: Any
+    rows: Any
+    row_vec: Any
+    kv: Any
+
+
+def _split_prefix(k, v, valid, lengths) -> Prefix:
+    """Stacked [L, ...] prefix keys/values -> a Prefix of per-layer tuples (read in the
+    unrolled decode step without slicing the stack at every step)."""
+    n = k.shape[0]
+    return Prefix(tuple(k[i] for i in range(n)), tuple(v[i] for i in range(n)), valid, lengths)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "cache_dtype", "shardings"))
+def _prefill(graphdef, state, tokens, mask, *, cache_dtype, shardings):
+    """tokens int32 [Bg, P], mask bool [Bg, P] -> (last-position logits f32 [Bg, V], Prefix
+    with per-layer [Bg, K, P, D] keys/values in `cache_dtype`)."""
     _TRACES["prefill"] += 1
     model = nnx.merge(graphdef, state)
-    batch_sh, cache_sh = shardings if shardings is not None else (None, None)
-    tokens, mask = _constrain(tokens, batch_sh), _constrain(mask, batch_sh)
-    cache = KVCache.init(config, tokens.shape[0], cache_len, dtype=cache_dtype)
-    cache = _constrain_cache(cache, cache_sh)
-    positions = jnp.maximum(jnp.cumsum(mask, axis=-1, dtype=jnp.int32) - 1, 0)
-    hidden, cache = model.hidden_states(
-        tokens, positions=positions, attention_mask=mask, cache=cache
-    )
-    # Only the last prompt slot predicts the first new token: skip the [B, P, V] logits.
+    sh = shardings
+    if sh is not None:
+        tokens, mask = _constrain(tokens, sh.groups), _constrain(mask, sh.groups)
+    hidden, prefix = model.prefix(tokens, mask)
+    # Only the last prompt slot predicts the first new token: skip the [Bg, P, V] logits.
     logits = model.lm_head(hidden[:, -1:])[:, 0].astype(jnp.float32)
-    return logits, _constrain_cache(cache, cache_sh)
+    k, v = prefix.k.astype(cache_dtype), prefix.v.astype(cache_dtype)
+    prefix = _split_prefix(k, v, prefix.valid, prefix.lengths)
+    if sh is not None:
+        prefix = Prefix(
+            k=tuple(_constrain(x, sh.kv) for x in prefix.k),
+            v=tuple(_constrain(x, sh.kv) for x in prefix.v),
+            valid=_constrain(prefix.valid, sh.groups),
+            lengths=_constrain(prefix.lengths, sh.group_vec),
+        )
+    return logits, prefix
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "graphdef",
-        "max_new_tokens",
-        "greedy",
-        "top_k",
-        "use_top_p",
-        "stop_tokens",
-        "pad_id",
-        "shardings",
-    ),
-    donate_argnames=("cache",),
-)
-def _decode(
-    graphdef,
-    state,
-    cache,
-    logits,
-    prompt_lens,
-    done,
-    key,
-    temperature,
-    top_p,
-    *,
-    max_new_tokens,
-    greedy,
-    top_k,
-    use_top_p,
-    stop_tokens,
-    pad_id,
-    shardings,
-):
-    """Sample up to N tokens per row; logits f32 [B, V] from the prefill, prompt_lens [B],
-    done bool [B] (rows to skip). Returns (tokens, lengths, logprobs, logprobs_full,
-    finished, steps) as in `SampleOutput`."""
-    _TRACES["decode"] += 1
-    model = nnx.merge(graphdef, state)
-    batch_sh, cache_sh = shardings if shardings is not None else (None, None)
-    (b, vocab), n = logits.shape, max_new_tokens
-    stops = jnp.asarray(stop_tokens, jnp.int32)
-    pick = functools.partial(_pick, greedy=greedy, top_k=top_k)
-    top_p = top_p if use_top_p else None
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _split_layers(graphdef, state):
+    """Per-layer copies of the stacked layer parameters (once per `generate` call)."""
+    return nnx.merge(graphdef, state).split_layers()
 
-    def record(carry, i, logits):
-        """Sample column i from logits [B, V] and write it into the buffers."""
-        toks, lps, lpfs, lengths, done, finished = carry
-        tok, lp, lpf = pick(logits, jax.random.fold_in(key, i), temperature, top_p)
-        live = ~done
-        tok = jnp.where(live, tok, pad_id)
-        toks = toks.at[:, i].set(tok)
-        lps = lps.at[:, i].set(jnp.where(live, lp, 0.0))
-        lpfs = lpfs.at[:, i].set(jnp.where(live, lpf, 0.0))
-        lengths = lengths + live.astype(jnp.int32)
-        stopped = live & jnp.isin(tok, stops)
-        return toks, lps, lpfs, lengths, done | stopped, finished | stopped
 
+def _record(bufs, i, logits, key, temperature, top_p, *, greedy, top_k, stops, pad_id):
+    """Samples column i of every row from logits f32 [B, V] into the output buffers
+    (tokens, logprobs, logprobs_full, lengths, done, finished); done rows get pad_id."""
+    toks, lps, lpfs, lengths, done, finished = bufs
+    tok, lp, lpf = _pick(
+        logits, jax.random.fold_in(key, i), temperature, top_p, greedy=greedy, top_k=top_k
+    )
+    live = ~done
+    tok = jnp.where(live, tok, pad_id)
+    toks = toks.at[:, i].set(tok)
+    lps = lps.at[:, i].set(jnp.where(live, lp, 0.0))
+    lpfs = lpfs.at[:, i].set(jnp.where(live, lpf, 0.0))
+    lengths = lengths + live.astype(jnp.int32)
+    stopped = live & jnp.isin(tok, stops)
+    return toks, lps, lpfs, lengths, done | stopped, finished | stopped
+
+
+_DECODE_STATIC = (
+    "graphdef", "max_new_tokens", "greedy", "top_k", "use_top_p", "stop_tokens", "pad_id",
+    "shardings",
+)  # fmt: skip
+
+
+@functools.partial(jax.jit, static_argnames=(*_DECODE_STATIC, "group_size"))
+def _first_token(logits, done, key, temperature, top_p, *, group_size, **static):
+    """The output buffers with column 0 sampled from the prefill logits [Bg, V] (each of the
+    G rows of a group draws its own token)."""
+    return _start(logits, done, key, temperature, top_p, group_size=group_size, **static)
+
+
+def _start(logits, done, key, temperature, top_p, *, group_size, max_new_tokens, greedy,
+           top_k, use_top_p, stop_tokens, pad_id, shardings, graphdef=None):  # fmt: skip
+    sh = shardings
+    b, n = done.shape[0], max_new_tokens
     bufs = (
         jnp.full((b, n), pad_id, jnp.int32),
         jnp.zeros((b, n), jnp.float32),
@@ -210,12 +220,38 @@ def _decode(
         done,
         jnp.zeros((b,), bool),
     )
-    bufs = tuple(_constrain(x, batch_sh if x.ndim == 2 else _vector(batch_sh)) for x in bufs)
-    bufs = record(bufs, 0, logits)
+    if sh is not None:
+        bufs = tuple(_constrain(x, sh.rows if x.ndim == 2 else sh.row_vec) for x in bufs)
+    rows = jnp.repeat(logits, group_size, axis=0)
+    top_p = top_p if use_top_p else None
+    stops = jnp.asarray(stop_tokens, jnp.int32)
+    return _record(
+        bufs, 0, rows, key, temperature, top_p,
+        greedy=greedy, top_k=top_k, stops=stops, pad_id=pad_id,
+    )  # fmt: skip
+
+
+@functools.partial(jax.jit, static_argnames=_DECODE_STATIC, donate_argnames=("cache", "bufs"))
+def _decode(
+    graphdef, state, layer_params, prefix, cache, bufs, i, key, temperature, top_p,
+    *, max_new_tokens, greedy, top_k, use_top_p, stop_tokens, pad_id, shardings,
+):  # fmt: skip
+    """Decodes columns i, i + 1, ... until every row is done, column `max_new_tokens` or the
+    end of the cache window W (column W, whose token is fed at slot W - 1). cache: per-layer
+    ([B, K, W, D], ...) keys and values of the rows' own tokens; bufs: see `_record`.
+    Returns (cache, bufs, next column)."""
+    _TRACES["decode"] += 1
+    model = nnx.merge(graphdef, state)
+    window = cache[0][0].shape[2]
+    stop = min(max_new_tokens, window + 1)
+    vocab = model.config.vocab_size
+    top_p = top_p if use_top_p else None
+    stops = jnp.asarray(stop_tokens, jnp.int32)
+    lengths = jnp.repeat(prefix.lengths, bufs[0].shape[0] // prefix.lengths.shape[0])
 
     def cond(carry):
         i, _, bufs = carry
-        return (i < n) & ~jnp.all(bufs[4])
+        return (i < stop) & ~jnp.all(bufs[4])
 
     def body(carry):
         i, cache, bufs = carry
@@ -223,18 +259,40 @@ def _decode(
         # Finished rows feed pad_id, which may lie outside a small vocabulary (an
         # out-of-range embedding lookup gives NaN); their outputs are discarded anyway.
         prev = jnp.clip(prev, 0, vocab - 1)
-        pos = (prompt_lens + i - 1)[:, None]
-        step_logits, cache = model(
-            prev, positions=pos, attention_mask=jnp.ones((b, 1), bool), cache=cache
-        )
-        cache = _constrain_cache(cache, cache_sh)
-        bufs = record(bufs, i, step_logits[:, 0].astype(jnp.float32))
+        pos = (lengths + i - 1)[:, None]
+        logits, cache = model.decode_step(prev, pos, prefix, cache, i - 1, layer_params)
+        if shardings is not None:
+            cache = jax.tree.map(lambda x: _constrain(x, shardings.kv), cache)
+        bufs = _record(
+            bufs, i, logits.astype(jnp.float32), key, temperature, top_p,
+            greedy=greedy, top_k=top_k, stops=stops, pad_id=pad_id,
+        )  # fmt: skip
         return i + 1, cache, bufs
 
-    steps, cache, bufs = jax.lax.while_loop(cond, body, (jnp.int32(1), cache, bufs))
-    toks, lps, lpfs, lengths, _, finished = bufs
-    # Returning the cache lets XLA alias it to the donated input: the loop updates it in place.
-    return (toks, lengths, lps, lpfs, finished, steps), cache
+    i, cache, bufs = jax.lax.while_loop(cond, body, (i, cache, bufs))
+    # Returning the cache and buffers lets XLA alias them to the donated inputs.
+    return cache, bufs, i
+
+
+@functools.partial(jax.jit, static_argnames=("window", "shardings"))
+def _grow(cache, *, window, shardings):
+    """Pads every layer's [B, K, W, D] cache to `window` slots (zeros after the old ones)."""
+
+    def pad(x):
+        x = jnp.pad(x, ((0, 0), (0, 0), (0, window - x.shape[2]), (0, 0)))
+        return x if shardings is None else _constrain(x, shardings.kv)
+
+    return jax.tree.map(pad, cache)
+
+
+def _windows(max_new_tokens: int, first: int) -> list[int]:
+    """Cache window per decode segment: `first`, then doubling, up to the N - 1 slots the
+    fed tokens need (column 0 comes from the prefill, so N columns feed N - 1 tokens)."""
+    need = max(1, max_new_tokens - 1)
+    out = [min(need, first)]
+    while out[-1] < need:
+        out.append(min(need, 2 * out[-1]))
+    return out
 
 
 def _mesh_context(mesh):
@@ -254,14 +312,21 @@ def _resolve_mesh(mesh):
     return mesh
 
 
-def _shardings(mesh, config, batch: int, cache_len: int):
-    """(batch [B, ...] sharding, (cache k/v sharding, cache valid sharding)) on `mesh`."""
+def _shardings(mesh, config, groups: int, rows: int) -> _Shardings:
+    """The sampler's shardings on `mesh` (rows split over data x fsdp, KV heads over tp)."""
     rules = parallel.RULES["sample"]
-    kv_shape = (config.num_layers, batch, cache_len, config.num_kv_heads, config.head_dim)
-    batch_sh = parallel.logical_to_sharding(("batch", None), mesh, rules, (batch, cache_len))
-    kv = parallel.logical_to_sharding(KV_CACHE_AXES, mesh, rules, kv_shape)
-    valid = parallel.logical_to_sharding(("batch", "cache_seq"), mesh, rules, (batch, cache_len))
-    return batch_sh, (kv, valid)
+
+    def sh(axes, shape):
+        return parallel.logical_to_sharding(axes, mesh, rules, shape)
+
+    kv_shape = (rows, config.num_kv_heads, 1, config.head_dim)
+    return _Shardings(
+        groups=sh(("batch", None), (groups, 1)),
+        group_vec=sh(("batch",), (groups,)),
+        rows=sh(("batch", None), (rows, 1)),
+        row_vec=sh(("batch",), (rows,)),
+        kv=sh(LAYER_KV_AXES, kv_shape),
+    )
 
 
 def _batch_shards(mesh) -> int:
@@ -299,11 +364,13 @@ def _default_cache_dtype(model, state):
     return jnp.dtype(floats[0]) if floats else jnp.dtype(jnp.bfloat16)
 
 
-def _check_args(prompts, max_new_tokens, temperature, top_p, top_k, buckets, vocab):
+def _check_args(prompts, max_new_tokens, temperature, top_p, top_k, buckets, vocab, samples):
     if len(prompts) == 0:
         raise ValueError("generate: `prompts` is empty; pass at least one token-id list")
     if max_new_tokens < 1:
         raise ValueError(f"generate: max_new_tokens={max_new_tokens}; it must be >= 1")
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        raise ValueError(f"generate: num_samples={samples!r}; it must be an int >= 1")
     if temperature < 0:
         raise ValueError(f"generate: temperature={temperature}; it must be >= 0 (0 = greedy)")
     if not 0.0 < top_p <= 1.0:
@@ -338,23 +405,38 @@ def generate(
     batch_bucket: str = "pow2",
     max_cache_len: int | None = None,
     mesh: jax.sharding.Mesh | None = None,
+    num_samples: int = 1,
+    window: int = 64,
+    split_layers: bool | None = None,
 ) -> SampleOutput:
-    """Sample up to `max_new_tokens` tokens after each prompt (lists of token ids).
+    """Sample up to `max_new_tokens` tokens after each prompt (lists of token ids),
+    `num_samples` times per prompt: rows i * num_samples ... (i + 1) * num_samples - 1 of the
+    output continue prompt i.
 
-    Prompts are left-padded to a `bucket` length P (and the batch to a `batch_bucket`
-    size); the KV cache holds P + max_new_tokens slots, at most `max_cache_len` (default:
-    the model's max_position_embeddings). temperature == 0 is greedy; otherwise tokens are
-    drawn from softmax(logits / temperature) filtered by `top_k` (0 = off) then `top_p`
-    (1 = off), see `filter_logits`. A row stops after emitting one of `stop_tokens`.
-    `key` (required when temperature > 0) makes sampling deterministic. `cache_dtype`
-    defaults to the model's activation dtype. With a mesh (passed or set by `jax.set_mesh`),
-    batch rows of tokens and cache are sharded as `parallel.RULES["sample"]` says; place the
-    model first with `parallel.shard_model(model, mesh, "sample")`, else weights that are
+    Each prompt is prefilled once and its keys and values are shared by its samples. Prompts
+    are left-padded to a `bucket` length P (and their number to a `batch_bucket` size); the
+    cache holds P + max_new_tokens positions, at most `max_cache_len` (default: the model's
+    max_position_embeddings). Decoding runs in segments whose own-token cache window starts
+    at `window` slots and doubles up to max_new_tokens, so a step attends over the filled
+    part only (one compile per window size); it stops as soon as every row has stopped.
+    temperature == 0 is greedy; otherwise tokens are drawn from softmax(logits / temperature)
+    filtered by `top_k` (0 = off) then `top_p` (1 = off), see `filter_logits`. A row stops
+    after emitting one of `stop_tokens`. `key` (required when temperature > 0) makes sampling
+    deterministic. `cache_dtype` defaults to the model's activation dtype. split_layers: copy
+    the stacked layer weights into per-layer arrays once per call (default: on CPU, where a
+    slice of the stack would otherwise be copied at every step). With a mesh (passed or set
+    by `jax.set_mesh`), rows and caches are sharded as `parallel.RULES["sample"]` says; place
+    the model first with `parallel.shard_model(model, mesh, "sample")`, else weights that are
     not on the mesh are replicated onto it on every call.
     """
     config = model.config
     buckets = {"bucket": bucket, "batch_bucket": batch_bucket}
-    _check_args(prompts, max_new_tokens, temperature, top_p, top_k, buckets, config.vocab_size)
+    _check_args(
+        prompts, max_new_tokens, temperature, top_p, top_k, buckets, config.vocab_size,
+        num_samples,
+    )  # fmt: skip
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"generate: window={window!r}; it must be an int >= 1")
     greedy = temperature == 0.0
     if not greedy and key is None:
         raise ValueError("generate: temperature > 0 needs key=jax.random.key(seed)")
@@ -372,86 +454,100 @@ def generate(
     prompt_len = min(BUCKETS[bucket](max(lens)), room)
 
     mesh = _resolve_mesh(mesh)
-    rows = len(prompts)
-    batch = BUCKETS[batch_bucket](rows)
+    n_prompts, g = len(prompts), num_samples
+    groups = BUCKETS[batch_bucket](n_prompts)
     if mesh is not None:
         shards = _batch_shards(mesh)
-        batch = shards * math.ceil(batch / shards)
-    cache_len = prompt_len + max_new_tokens
-    shardings = _shardings(mesh, config, batch, cache_len) if mesh is not None else None
+        groups = shards * math.ceil(groups / shards)
+    rows = groups * g
+    sh = _shardings(mesh, config, groups, rows) if mesh is not None else None
 
     # Left padding with token 0 (masked out; pad_id may exceed a small test vocabulary).
-    # Padding rows get one visible token (an all-masked row has no key to attend to) and
-    # start out done so they never delay the early exit.
-    tokens = np.zeros((batch, prompt_len), np.int32)
-    mask = np.zeros((batch, prompt_len), bool)
+    # Padding prompts get one visible token (an all-masked row has no key to attend to) and
+    # their rows start out done so they never delay the early exit.
+    tokens = np.zeros((groups, prompt_len), np.int32)
+    mask = np.zeros((groups, prompt_len), bool)
     for i, p in enumerate(prompts):
         tokens[i, prompt_len - len(p) :] = p
         mask[i, prompt_len - len(p) :] = True
-    mask[rows:, -1] = True
-    prompt_lens = np.asarray(lens + [1] * (batch - rows), np.int32)
-    done = np.arange(batch) >= rows
+    mask[n_prompts:, -1] = True
+    done = np.arange(rows) >= n_prompts * g
 
     graphdef, state = nnx.split(model)
     if cache_dtype is None:
         cache_dtype = _default_cache_dtype(model, state)
-    arrays = (tokens, mask, prompt_lens, done)
+    cache_dtype = jnp.dtype(cache_dtype)
     if mesh is not None:
         state = _place_state(state, mesh)
-        arrays = tuple(
-            jax.device_put(x, shardings[0] if x.ndim == 2 else _vector(shardings[0]))
-            for x in arrays
-        )
-    tokens, mask, prompt_lens, done = arrays
+        tokens, mask = (jax.device_put(x, sh.groups) for x in (tokens, mask))
+        done = jax.device_put(done, sh.row_vec)
+    if split_layers is None:
+        split_layers = jax.default_backend() == "cpu"
+    static = dict(
+        max_new_tokens=max_new_tokens,
+        greedy=greedy,
+        top_k=int(top_k),
+        use_top_p=top_p < 1.0,
+        stop_tokens=tuple(int(t) for t in stop_tokens),
+        pad_id=int(pad_id),
+        shardings=sh,
+    )
+    key = jax.random.key(0) if key is None else key
+    temp = jnp.float32(temperature if not greedy else 1.0)
+    top_p_arr = jnp.float32(top_p)
 
     # Under the mesh the model's own activation constraints apply too (no-ops without one).
     with _mesh_context(mesh):
-        logits, cache = _prefill(
-            graphdef,
-            state,
-            tokens,
-            mask,
-            config=config,
-            cache_len=cache_len,
-            cache_dtype=jnp.dtype(cache_dtype),
-            shardings=shardings,
+        logits, prefix = _prefill(
+            graphdef, state, tokens, mask, cache_dtype=cache_dtype, shardings=sh
         )
-        key = jax.random.key(0) if key is None else key
-        out, _ = _decode(
-            graphdef,
-            state,
-            cache,
-            logits,
-            prompt_lens,
-            done,
-            key,
-            jnp.float32(temperature if not greedy else 1.0),
-            jnp.float32(top_p),
-            max_new_tokens=max_new_tokens,
-            greedy=greedy,
-            top_k=int(top_k),
-            use_top_p=top_p < 1.0,
-            stop_tokens=tuple(int(t) for t in stop_tokens),
-            pad_id=int(pad_id),
-            shardings=shardings,
-        )
-    toks, lengths, lps, lpfs, finished, steps = out
-    if batch != rows:
-        toks, lengths, lps, lpfs, finished = (
-            x[:rows] for x in (toks, lengths, lps, lpfs, finished)
-        )
+        bufs = _first_token(logits, done, key, temp, top_p_arr, group_size=g, **static)
+        layer_params = _split_layers(graphdef, state) if split_layers else None
+        i = np.int32(1)
+        cache = None
+        for w in _windows(max_new_tokens, window):
+            if i >= max_new_tokens or bool(jnp.all(bufs[4])):
+                break
+            if cache is None:
+                shape = (rows, config.num_kv_heads, w, config.head_dim)
+                zeros = tuple(jnp.zeros(shape, cache_dtype) for _ in range(config.num_layers))
+                cache = (zeros, tuple(jnp.zeros(shape, cache_dtype) for _ in zeros))
+                if sh is not None:
+                    cache = jax.device_put(cache, sh.kv)
+            else:
+                cache = _grow(cache, window=w, shardings=sh)
+            cache, bufs, i = _decode(
+                graphdef, state, layer_params, prefix, cache, bufs, jnp.int32(i), key, temp,
+                top_p_arr, **static,
+            )  # fmt: skip
+            i = int(i)
+    toks, lps, lpfs, lengths, _, finished = bufs
+    steps = jnp.int32(max(1, min(int(i), max_new_tokens)))
+    n = n_prompts * g
+    if rows != n:
+        toks, lengths, lps, lpfs, finished = (x[:n] for x in (toks, lengths, lps, lpfs, finished))
     return SampleOutput(toks, lengths, lps, lpfs, finished, steps)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "prefill_kw", "decode_kw"))
 def _prefill_and_decode(
-    graphdef, state, tokens, mask, prompt_lens, done, key, temp, top_p, *, prefill_kw, decode_kw
+    graphdef, state, tokens, mask, done, key, temp, top_p, *, prefill_kw, decode_kw
 ):
-    """Both stages in one computation, for ahead-of-time memory analysis only."""
-    logits, cache = _prefill(graphdef, state, tokens, mask, **dict(prefill_kw))
+    """Prefill, first token and one decode segment over the whole window in one
+    computation, for ahead-of-time memory analysis only."""
+    decode_kw = dict(decode_kw)
+    g, window = decode_kw.pop("group_size"), decode_kw.pop("window")
+    logits, prefix = _prefill(graphdef, state, tokens, mask, **dict(prefill_kw))
+    bufs = _start(logits, done, key, temp, top_p, group_size=g, **decode_kw)
+    model = nnx.merge(graphdef, state)
+    cfg = model.config
+    shape = (done.shape[0], cfg.num_kv_heads, window, cfg.head_dim)
+    dtype = dict(prefill_kw)["cache_dtype"]
+    zeros = tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers))
+    cache = (zeros, tuple(jnp.zeros(shape, dtype) for _ in zeros))
     return _decode(
-        graphdef, state, cache, logits, prompt_lens, done, key, temp, top_p, **dict(decode_kw)
-    )[0]
+        graphdef, state, None, prefix, cache, bufs, jnp.int32(1), key, temp, top_p, **decode_kw
+    )[1]
 
 
 def lower_generate(
@@ -465,22 +561,22 @@ def lower_generate(
     cache_dtype: Any = jnp.bfloat16,
     top_k: int = 0,
     top_p: bool = True,
+    num_samples: int = 1,
 ) -> jax.stages.Lowered:
-    """Lowers prefill + decode for `batch` rows of `prompt_len` tokens (sampling with
-    temperature, `top_k`, and top-p when `top_p`) without running it: feed an abstract
-    (ShapeDtypeStruct) `state` to plan memory, e.g. with `parallel.memory_per_device`."""
+    """Lowers prefill + decode for `batch` rows (`batch / num_samples` prompts of
+    `prompt_len` tokens; sampling with temperature, `top_k`, and top-p when `top_p`) without
+    running it: feed an abstract (ShapeDtypeStruct) `state` to plan memory, e.g. with
+    `parallel.memory_per_device`. The decode segment is the last, whole-budget window."""
     config = nnx.merge(graphdef, state).config
-    cache_len = prompt_len + max_new_tokens
-    shardings = _shardings(mesh, config, batch, cache_len) if mesh is not None else None
-    batch_sh = None if shardings is None else shardings[0]
+    if batch % num_samples:
+        raise ValueError(f"lower_generate: batch={batch} not divisible by num_samples")
+    groups = batch // num_samples
+    sh = _shardings(mesh, config, groups, batch) if mesh is not None else None
 
-    def spec(shape, dtype):
-        sharding = batch_sh if len(shape) == 2 else _vector(batch_sh)
+    def spec(shape, dtype, sharding):
         return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
 
-    prefill_kw = dict(
-        config=config, cache_len=cache_len, cache_dtype=jnp.dtype(cache_dtype), shardings=shardings
-    )
+    prefill_kw = dict(cache_dtype=jnp.dtype(cache_dtype), shardings=sh)
     decode_kw = dict(
         max_new_tokens=max_new_tokens,
         greedy=False,
@@ -488,16 +584,17 @@ def lower_generate(
         use_top_p=top_p,
         stop_tokens=DEFAULT_STOP_TOKENS,
         pad_id=DEFAULT_PAD_ID,
-        shardings=shardings,
+        shardings=sh,
+        group_size=num_samples,
+        window=max(1, max_new_tokens - 1),
     )
     with _mesh_context(mesh):
         return _prefill_and_decode.lower(
             graphdef,
             state,
-            spec((batch, prompt_len), jnp.int32),
-            spec((batch, prompt_len), bool),
-            spec((batch,), jnp.int32),
-            spec((batch,), bool),
+            spec((groups, prompt_len), jnp.int32, None if sh is None else sh.groups),
+            spec((groups, prompt_len), bool, None if sh is None else sh.groups),
+            spec((batch,), bool, None if sh is None else sh.row_vec),
             jax.random.key(0),
             jnp.float32(1.0),
             jnp.float32(0.95),

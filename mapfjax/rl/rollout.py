@@ -18,25 +18,31 @@ from mapfjax.env.types import Problem
 from mapfjax.models import sampler
 from mapfjax.models import tokenizer as tok_lib
 from mapfjax.rl import grpo
-from mapfjax.rl.batch import SequenceBatch, make_batch
+from mapfjax.rl.batch import GroupBatch, SequenceBatch, make_batch
 from mapfjax.rl.data import encode_prompts
+from mapfjax.rl.logprobs import completion_logprobs
 
 log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
-    """How completions are drawn. temperature 0 = greedy; it must equal the GRPO loss's
-    temperature so old and new log-probs describe the same distribution. A truncation rate
-    above `warn_truncation` triggers a warning (truncated answers score 0: no signal)."""
+    """How completions are drawn and laid out for training. temperature 0 = greedy; it must
+    equal the GRPO loss's temperature so old and new log-probs describe the same distribution.
+    A truncation rate above `warn_truncation` triggers a warning (truncated answers score 0:
+    no signal). bucket / completion_bucket: length rules (`sampler.BUCKETS`) for prompts and
+    for the training batch's completion width (capped at max_new_tokens). shared_prefix:
+    `make_batch`'s layout choice for the training batch (True, False or "auto")."""
 
     max_new_tokens: int = 64
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
     enable_thinking: bool = False
-    bucket: str = "x64"
+    bucket: str = "pow2_mid"
     warn_truncation: float = 0.2
+    completion_bucket: str = "pow2"
+    shared_prefix: bool | str = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,11 +87,11 @@ def sample(model, tokenizer, problems, repeats, cfg: SamplingConfig, key, mesh=N
     and stop tokens -> (prompt ids, SampleOutput, completion id lists, decoded texts).
     Evaluation uses the same function, so train-time and eval-time prompts never drift."""
     ids = tok_lib.special_ids(tokenizer)
-    prompts = encode_prompts(tokenizer, problems, cfg.enable_thinking)
-    prompts = [p for p in prompts for _ in range(repeats)]
+    distinct = encode_prompts(tokenizer, problems, cfg.enable_thinking)
+    # Each prompt is prefilled once; its `repeats` samples share its keys and values.
     out = sampler.generate(
         model,
-        prompts,
+        distinct,
         cfg.max_new_tokens,
         temperature=cfg.temperature,
         top_p=cfg.top_p,
@@ -95,7 +101,9 @@ def sample(model, tokenizer, problems, repeats, cfg: SamplingConfig, key, mesh=N
         pad_id=ids.pad,
         bucket=cfg.bucket,
         mesh=mesh,
+        num_samples=repeats,
     )
+    prompts = [p for p in distinct for _ in range(repeats)]
     completions = sampler.to_lists(out)
     texts = tokenizer.batch_decode(completions, skip_special_tokens=False)
     return prompts, out, completions, texts
@@ -120,9 +128,7 @@ def _failure_counts(failure: np.ndarray) -> dict[str, int]:
 
 
 @nnx.jit(static_argnames="temperature")
-def _recomputed_logprobs(model, batch: SequenceBatch, temperature: float):
-    from mapfjax.rl.batch import completion_logprobs
-
+def _recomputed_logprobs(model, batch, temperature: float):
     return completion_logprobs(model, batch, temperature)[0]
 
 
@@ -137,11 +143,12 @@ def rollout(
     *,
     grpo_cfg: grpo.GRPOConfig | None = None,
     measure_mismatch: bool = False,
-) -> tuple[SequenceBatch, RolloutStats]:
+) -> tuple[SequenceBatch | GroupBatch, RolloutStats]:
     """One GRPO rollout: `group_size` samples for each problem with the policy's current weights.
 
-    policy: a `Trainer` or an nnx model. Returns a `SequenceBatch` of B = len(problems) *
-    group_size rows (groups consecutive; NumPy leaves) whose loss mask covers each response
+    policy: a `Trainer` or an nnx model. Returns a `GroupBatch` of len(problems) prompts x
+    group_size completions (a `SequenceBatch` of consecutive groups when
+    `sampling.shared_prefix` is False; NumPy leaves) whose loss mask covers each response
     up to and including its end-of-turn token, old_logprobs = the sampler's `logprobs_full`,
     advantages = `grpo.group_advantages` of the rewards (options from `grpo_cfg`), and host
     `RolloutStats`. measure_mismatch runs one extra forward pass to compare the sampler's log-
@@ -166,15 +173,20 @@ def rollout(
         )
     )
     n = len(completions)
-    width = sampling.max_new_tokens
+    # Length-aware shapes: the completion width is the longest completion's bucket (not the
+    # budget), so a batch of short answers trains on short rows; the prompt is run once per
+    # group (`GroupBatch`).
     batch = make_batch(
         prompts,
         completions,
         pad,
         prompt_bucket=sampling.bucket,
-        completion_bucket=width,
+        completion_bucket=sampling.completion_bucket,
         old_logprobs=np.asarray(out.logprobs_full)[:n],
         advantages=adv,
+        group_size=group_size,
+        shared_prefix=sampling.shared_prefix,
+        max_completion_len=sampling.max_new_tokens,
     )
     lengths = np.array([len(c) for c in completions])
     finished = np.asarray(out.finished)[:n]

@@ -8,8 +8,9 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from mapfjax.rl.batch import SequenceBatch, completion_logprobs
+from mapfjax.rl.batch import SequenceBatch
 from mapfjax.rl.grpo import masked_mean
+from mapfjax.rl.logprobs import completion_logprobs
 
 
 @dataclasses.dataclass(frozen=True)

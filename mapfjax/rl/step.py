@@ -18,8 +18,9 @@ from flax import nnx
 from jax import lax
 
 from mapfjax import parallel
-from mapfjax.rl.batch import SequenceBatch, completion_logprobs
+from mapfjax.rl.batch import GroupBatch, SequenceBatch, row_view
 from mapfjax.rl.grpo import GRPOConfig, grpo_loss, masked_mean
+from mapfjax.rl.logprobs import completion_logprobs
 from mapfjax.rl.optim import OptimConfig, lr_schedule, make_optimizer
 from mapfjax.rl.sft import SFTConfig, sft_loss
 
@@ -53,12 +54,13 @@ def grpo_token_loss(model, batch: SequenceBatch, cfg: GRPOConfig):
     first iteration over a batch), full_length_frac (rows whose loss mask fills all T columns:
     the truncation rate when T is the generation budget).
     """
-    mask = jnp.asarray(batch.loss_mask, bool)
+    mask, old, adv, ref = row_view(batch)
+    mask = jnp.asarray(mask, bool)
     logp, entropy = completion_logprobs(model, batch, cfg.temperature)
-    loss, metrics = grpo_loss(
-        logp, batch.old_logprobs, batch.advantages, mask, cfg, batch.ref_logprobs
-    )
-    old = jnp.where(mask, batch.old_logprobs, 0.0)
+    t = mask.shape[-1]
+    logp, entropy = logp.reshape(-1, t), entropy.reshape(-1, t)
+    loss, metrics = grpo_loss(logp, old, adv, mask, cfg, ref)
+    old = jnp.where(mask, old, 0.0)
     rows = jnp.any(mask, axis=1)
     metrics.update(
         entropy=masked_mean(lax.stop_gradient(entropy), mask),
@@ -68,9 +70,9 @@ def grpo_token_loss(model, batch: SequenceBatch, cfg: GRPOConfig):
     return loss, metrics
 
 
-def _grpo_weight(batch: SequenceBatch, cfg: GRPOConfig) -> Array:
+def _grpo_weight(batch: SequenceBatch | GroupBatch, cfg: GRPOConfig) -> Array:
     # The denominator of each aggregation: tokens for token_mean, non-empty rows otherwise.
-    mask = jnp.asarray(batch.loss_mask, bool)
+    mask = jnp.asarray(row_view(batch)[0], bool)
     if cfg.aggregation == "token_mean":
         return jnp.sum(mask).astype(jnp.float32)
     return jnp.sum(jnp.any(mask, axis=1)).astype(jnp.float32)
@@ -110,9 +112,10 @@ def _combine(metrics: dict[str, Array], weights: Array) -> dict[str, Array]:
 # --------------------------------------------------------------------------- the step
 
 
-def _split_micro(batch: SequenceBatch, accum: int) -> SequenceBatch:
-    """[B, ...] leaves -> [accum, B / accum, ...]; micro-batch k holds rows k, k + accum, ...,
-    so a row-sharded batch gives every device an equal share of each micro-batch."""
+def _split_micro(batch, accum: int):
+    """[B, ...] leaves -> [accum, B / accum, ...]; micro-batch k holds rows k, k + accum, ...
+    (groups, for a `GroupBatch`), so a row-sharded batch gives every device an equal share of
+    each micro-batch."""
 
     def split(x):
         x = jnp.asarray(x)
@@ -122,10 +125,8 @@ def _split_micro(batch: SequenceBatch, accum: int) -> SequenceBatch:
     return jax.tree.map(split, batch)
 
 
-def _constrain_rows(batch: SequenceBatch) -> SequenceBatch:
-    return jax.tree.map(
-        lambda x: parallel.constrain(x, ("batch",) + ("seq",) * (x.ndim - 1)), batch
-    )
+def _constrain_rows(batch):
+    return jax.tree.map(lambda x: parallel.constrain(x, ("batch",) + (None,) * (x.ndim - 1)), batch)
 
 
 def train_step(
@@ -304,33 +305,54 @@ def lower_train_step(
     completion_len: int,
     rules="train",
     with_ref_logprobs: bool = False,
+    group_size: int | None = None,
 ):
     """`jax.jit(train_step).lower(...)` on abstract inputs for ahead-of-time memory planning:
-    the model, optimiser state and a [rows, prompt_len + completion_len] batch exist only as
-    ShapeDtypeStructs with their shardings (nothing is allocated)."""
+    the model, optimiser state and a batch of `rows` completions of `completion_len` tokens
+    after `prompt_len`-token prompts exist only as ShapeDtypeStructs with their shardings
+    (nothing is allocated). group_size=None lowers a `SequenceBatch` (every row carries its
+    prompt); an int G lowers a `GroupBatch` of rows / G prompts, each run once."""
     setup = setup_step(nnx.eval_shape(make_model), optim, loss, loss_cfg, mesh, rules)
     state = jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
         setup.abstract,
         setup.shardings,
     )
-    L, T = prompt_len + completion_len, completion_len
+    P, T = prompt_len, completion_len
 
     def spec(shape, dtype):
         axes = ("batch",) + (None,) * (len(shape) - 1)
         sh = parallel.logical_to_sharding(axes, mesh, rules, shape)
         return jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
 
-    batch = SequenceBatch(
-        tokens=spec((rows, L), jnp.int32),
-        attention_mask=spec((rows, L), jnp.bool_),
-        positions=spec((rows, L), jnp.int32),
-        loss_mask=spec((rows, T), jnp.bool_),
-        old_logprobs=spec((rows, T), jnp.float32),
-        advantages=spec((rows,), jnp.float32),
-        ref_logprobs=spec((rows, T), jnp.float32) if with_ref_logprobs else None,
-        prompt_len=prompt_len,
-    )
+    ref = with_ref_logprobs
+    if group_size is None:
+        batch = SequenceBatch(
+            tokens=spec((rows, P + T), jnp.int32),
+            attention_mask=spec((rows, P + T), jnp.bool_),
+            positions=spec((rows, P + T), jnp.int32),
+            loss_mask=spec((rows, T), jnp.bool_),
+            old_logprobs=spec((rows, T), jnp.float32),
+            advantages=spec((rows,), jnp.float32),
+            ref_logprobs=spec((rows, T), jnp.float32) if ref else None,
+            prompt_len=P,
+        )
+    else:
+        if rows % group_size:
+            raise ValueError(
+                f"lower_train_step: rows={rows} not divisible by group_size={group_size}"
+            )
+        g, G = rows // group_size, group_size
+        batch = GroupBatch(
+            prompt_tokens=spec((g, P), jnp.int32),
+            prompt_mask=spec((g, P), jnp.bool_),
+            tokens=spec((g, G, T), jnp.int32),
+            attention_mask=spec((g, G, T), jnp.bool_),
+            loss_mask=spec((g, G, T), jnp.bool_),
+            old_logprobs=spec((g, G, T), jnp.float32),
+            advantages=spec((g, G), jnp.float32),
+            ref_logprobs=spec((g, G, T), jnp.float32) if ref else None,
+        )
     with jax.set_mesh(mesh):
         return setup.step.lower(state, batch, setup.rest)
 

@@ -161,7 +161,7 @@ def test_cache_chunks_equal_full_forward(model, chunks):
         )
         outs.append(np.asarray(out))
         start += n
-    assert int(cache.index) == 9 and cache.k.shape == (2, 3, 12, 2, 16)
+    assert int(cache.index) == 9 and cache.k.shape == (2, 3, 2, 12, 16)
     np.testing.assert_array_equal(
         np.asarray(cache.valid), np.pad(np.asarray(mask), [(0, 0), (0, 3)])
     )

@@ -307,14 +307,14 @@ def test_lower_generate_is_the_sampling_computation(models):
         state,
         tokens,
         mask,
-        np.array([3, 5], np.int32),
         np.zeros(2, bool),
         key,
         np.float32(1.0),
         np.float32(0.95),
     )
-    np.testing.assert_array_equal(got[0], want.tokens)
-    np.testing.assert_allclose(got[2], want.logprobs, atol=1e-6)
+    toks, logprobs = got[0], got[1]  # the output buffers: tokens, logprobs, ...
+    np.testing.assert_array_equal(toks, want.tokens)
+    np.testing.assert_allclose(logprobs, want.logprobs, atol=1e-6)
 
 
 def test_bucket_is_clamped_to_the_cache_limit(models):
@@ -324,3 +324,37 @@ def test_bucket_is_clamped_to_the_cache_limit(models):
     tight = sampler.generate(ours, prompts, 8, stop_tokens=(), max_cache_len=35)
     np.testing.assert_array_equal(tight.tokens, free.tokens)
     np.testing.assert_allclose(tight.logprobs, free.logprobs, atol=1e-5)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_samples_of_a_shared_prompt_equal_repeated_prompts(models, temperature):
+    """num_samples=G prefills each prompt once; rows equal G copies of the prompt sampled
+    with the same key (row r draws the same random numbers in both layouts)."""
+    (ours, _), _ = models
+    key = jax.random.key(3)
+    kw = dict(temperature=temperature, key=key, stop_tokens=(7,), window=8)
+    shared = sampler.generate(ours, PROMPTS, 20, num_samples=3, **kw)
+    repeated = sampler.generate(ours, [p for p in PROMPTS for _ in range(3)], 20, **kw)
+    np.testing.assert_array_equal(np.asarray(shared.tokens), np.asarray(repeated.tokens))
+    np.testing.assert_array_equal(np.asarray(shared.lengths), np.asarray(repeated.lengths))
+    np.testing.assert_allclose(shared.logprobs, repeated.logprobs, atol=1e-5)
+    if temperature:  # the G samples of one prompt differ
+        rows = sampler.to_lists(shared)
+        assert len({tuple(r) for r in rows[:3]}) > 1
+
+
+def test_decode_windows_grow_and_stop_early(models):
+    """The own-token cache starts at `window` slots and doubles; every window size gives the
+    same greedy tokens; all rows stopping ends decoding before the budget."""
+    (ours, _), _ = models
+    assert sampler._windows(64, 8) == [8, 16, 32, 63] and sampler._windows(1, 64) == [1]
+    outs = [sampler.generate(ours, PROMPTS, 40, stop_tokens=(), window=w) for w in (4, 16, 64)]
+    for out in outs[1:]:
+        np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(outs[0].tokens))
+    first = np.asarray(outs[0].tokens)[:, 0]
+    stopped = sampler.generate(ours, PROMPTS, 40, stop_tokens=tuple(int(t) for t in first))
+    assert int(stopped.steps) == 1 and np.asarray(stopped.lengths).tolist() == [1] * len(PROMPTS)
+    with pytest.raises(ValueError, match="num_samples=0"):
+        sampler.generate(ours, PROMPTS, 4, num_samples=0)
+    with pytest.raises(ValueError, match="window=0"):
+        sampler.generate(ours, PROMPTS, 4, window=0)

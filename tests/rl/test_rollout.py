@@ -14,6 +14,7 @@ from mapfjax.env.reward import RewardConfig
 from mapfjax.models import tokenizer as tk
 from mapfjax.models.qwen3 import Qwen3, Qwen3Config
 from mapfjax.rl import grpo, rollout
+from mapfjax.rl.batch import GroupBatch
 from tests.models.test_bpe import random_problems
 from tests.rl.test_data import make_tokenizer
 
@@ -46,10 +47,12 @@ def problems():
     return random_problems(3, seed=11, sizes=(3, 4))
 
 
-@pytest.fixture(scope="module")
-def result(model, tok, problems):
+@pytest.fixture(scope="module", params=[True, False], ids=["shared_prefix", "rows"])
+def result(request, model, tok, problems):
     # warn_truncation=0: any truncated row warns (a random model rarely stops in 24 tokens).
-    sampling = rollout.SamplingConfig(max_new_tokens=24, temperature=1.0, warn_truncation=0.0)
+    sampling = rollout.SamplingConfig(
+        max_new_tokens=24, temperature=1.0, warn_truncation=0.0, shared_prefix=request.param
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         batch, stats = rollout.rollout(
@@ -65,52 +68,76 @@ def result(model, tok, problems):
     return batch, stats, [str(w.message) for w in caught if w.category is RuntimeWarning]
 
 
+def as_rows(batch):
+    """Per completion row, read straight off either layout's arrays: (prompt ids, completion
+    ids incl. padding [T], completion attention mask [T], loss mask [T], old log-probs [T],
+    advantage)."""
+    out = []
+    if isinstance(batch, GroupBatch):
+        for j in range(batch.tokens.shape[0]):
+            prompt = batch.prompt_tokens[j][batch.prompt_mask[j]].tolist()
+            for r in range(batch.tokens.shape[1]):
+                out.append((prompt, batch.tokens[j, r], batch.attention_mask[j, r],
+                            batch.loss_mask[j, r], batch.old_logprobs[j, r],
+                            batch.advantages[j, r]))  # fmt: skip
+        return out
+    P = batch.prompt_len
+    for i in range(batch.tokens.shape[0]):
+        row, mask = batch.tokens[i], batch.attention_mask[i]
+        out.append((row[:P][mask[:P]].tolist(), row[P:], mask[P:], batch.loss_mask[i],
+                    batch.old_logprobs[i], batch.advantages[i]))  # fmt: skip
+    return out
+
+
 def test_batch_layout_and_masks(result, tok, problems):
     batch, stats, _ = result
     ids = tk.special_ids(tok)
     b = len(problems) * G
-    P, T = batch.prompt_len, batch.completion_len
-    assert batch.tokens.shape == (b, P + T) and T == 24 and P % 64 == 0
+    T = batch.completion_len
+    rows = as_rows(batch)
+    assert len(rows) == b
+    if isinstance(batch, GroupBatch):
+        assert batch.tokens.shape == (len(problems), G, T)
+    else:
+        assert batch.tokens.shape == (b, batch.prompt_len + T)
     prompts = tk.encode_chat(tok, [text.render_prompt(p) for p in problems], enable_thinking=False)
-    lengths = batch.loss_mask.sum(1)
-    for i in range(b):
-        row, mask = batch.tokens[i], batch.attention_mask[i]
-        assert row[:P][mask[:P]].tolist() == prompts[i // G]
+    lengths = np.array([r[3].sum() for r in rows])
+    # Length-aware: the width is the longest completion's power-of-two bucket, at most 24.
+    assert T == min(24, 1 << int(lengths.max() - 1).bit_length())
+    for i, (prompt, comp, cmask, loss, _, _) in enumerate(rows):
+        assert prompt == prompts[i // G]
         n = int(lengths[i])
-        assert batch.loss_mask[i].tolist() == [True] * n + [False] * (T - n)
-        assert mask[P : P + n].all() and not mask[P + n :].any()
-        completion = row[P : P + n].tolist()
+        assert loss.tolist() == [True] * n + [False] * (T - n)
+        assert cmask[:n].all() and not cmask[n:].any()
+        completion = comp[:n].tolist()
         stops = [j for j, t in enumerate(completion) if t in (ids.im_end, ids.pad)]
         # The stop token (end of turn) is the last loss token; a row without one ran out.
         assert stops in ([], [n - 1])
-        assert (stops == []) == (n == T)
-    assert stats.truncation_rate == pytest.approx(np.mean(lengths == T))
+        assert (stops == []) == (n == 24)
+    assert stats.truncation_rate == pytest.approx(np.mean(lengths == 24))
     assert stats.response_len_max == lengths.max()
 
 
 def test_old_logprobs_match_a_plain_forward_pass(result, model):
     batch, stats, _ = result
-    logits, _ = model(
-        jnp.asarray(batch.tokens) * batch.attention_mask,
-        batch.positions,
-        jnp.asarray(batch.attention_mask),
-    )
-    P, T = batch.prompt_len, batch.completion_len
-    logp = jax.nn.log_softmax(np.asarray(logits[:, P - 1 : P + T - 1]), axis=-1)
-    ref = np.take_along_axis(np.asarray(logp), batch.tokens[:, P:, None], axis=-1)[..., 0]
-    live = batch.loss_mask
-    np.testing.assert_allclose(batch.old_logprobs[live], ref[live], atol=2e-4)
-    assert not batch.old_logprobs[~live].any()
+    for prompt, comp, _, loss, old, _ in as_rows(batch):
+        n = int(loss.sum())
+        seq = jnp.asarray([prompt + comp[:n].tolist()], jnp.int32)
+        logits, _ = model(seq)
+        logp = jax.nn.log_softmax(np.asarray(logits[0, len(prompt) - 1 : -1]), axis=-1)
+        ref = logp[np.arange(n), comp[:n]]
+        np.testing.assert_allclose(old[:n], ref, atol=2e-4)
+        assert not old[n:].any()
     assert stats.logprob_mismatch is not None and stats.logprob_mismatch < 2e-4
     assert stats.logprob_gap == 0.0  # no top-k / top-p
 
 
 def test_stats_and_advantages_are_consistent(result):
     batch, stats, _ = result
-    b = batch.tokens.shape[0]
+    b = len(as_rows(batch))
     assert sum(stats.failures.values()) == b
     assert stats.valid_rate == pytest.approx(stats.failures["none"] / b)
-    grouped = batch.advantages.reshape(-1, G)
+    grouped = np.asarray(batch.advantages).reshape(-1, G)
     np.testing.assert_allclose(grouped.mean(1), 0.0, atol=1e-5)
     assert set(stats.as_dict()) >= {"reward_mean", "truncation_rate", "fail_parse_error"}
 

@@ -6,7 +6,8 @@ import pytest
 from flax import nnx
 
 from mapfjax.models.qwen3 import PRESETS, Qwen3
-from mapfjax.rl.batch import completion_logprobs, make_batch
+from mapfjax.rl.batch import make_batch
+from mapfjax.rl.logprobs import completion_logprobs
 from mapfjax.rl.sft import SFTConfig, sft_loss
 from mapfjax.rl.trainer import OptimConfig, Trainer
 
