@@ -1,251 +1,214 @@
-"""GRPO train-step throughput (samples/s, completion tokens/s) of `mapfjax.rl.trainer.Trainer`
-on a random small Qwen3 (fp32, CPU), optionally on a fake-device mesh.
+"""One GRPO step (rollout + update) on the shipped tiny model, measured in one run for: mapfjax
+with shared prompts and length-aware shapes (the default), mapfjax with one prompt per row and
+completions padded to the budget (the layout before prefix sharing), and the same step written
+plainly in PyTorch (transformers' sampling `generate` on the 128 rows, then one padded
+forward/backward and AdamW on the same weights and puzzles). Optionally google-tunix's GRPO
+learner on a random model of the same shape and batch (`--tunix`, in its own virtualenv).
 
-    python benchmarks/bench_grpo.py --prompts 4 --group 8 --prompt-len 64 --response-len 256
-    python benchmarks/bench_grpo.py --devices 8 --mesh fsdp4-tp2
-    python benchmarks/bench_grpo.py --tunix --tunix-venv /tmp/tunix-venv   (vs google-tunix)
+    python benchmarks/bench_grpo.py [--prompts 16 --group 8 --new-tokens 64 --steps 3]
+    python benchmarks/bench_grpo.py --tunix --tunix-venv /tmp/tunix-venv
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 import time
 
 ARGS = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-ARGS.add_argument("--prompts", type=int, default=4)
+ARGS.add_argument("--prompts", type=int, default=16)
 ARGS.add_argument("--group", type=int, default=8)
-ARGS.add_argument("--prompt-len", type=int, default=64)
-ARGS.add_argument("--response-len", type=int, default=256)
-ARGS.add_argument("--accum", type=int, default=1)
-ARGS.add_argument("--steps", type=int, default=5, help="timed steps after one warm-up step")
-ARGS.add_argument("--hidden", type=int, default=256)
-ARGS.add_argument("--layers", type=int, default=4)
-ARGS.add_argument("--vocab", type=int, default=4096)
-ARGS.add_argument("--remat", action="store_true")
-ARGS.add_argument("--devices", type=int, default=1, help="fake CPU devices (sets XLA_FLAGS)")
-ARGS.add_argument("--mesh", default="", help="e.g. fsdp4-tp2; empty = one device, no mesh")
-ARGS.add_argument("--tunix", action="store_true", help="also time google-tunix's GRPO loss step")
+ARGS.add_argument("--new-tokens", type=int, default=64)
+ARGS.add_argument("--sizes", default="3-6", help="map sizes of the puzzles, e.g. 3-6")
+ARGS.add_argument("--steps", type=int, default=3, help="timed steps per side after a warm-up")
+ARGS.add_argument("--skip-torch", action="store_true")
+ARGS.add_argument("--tunix", action="store_true", help="also time google-tunix's GRPO step")
 ARGS.add_argument("--tunix-venv", default="~/.cache/mapfjax/tunix-venv")
 
 
-def _setup_devices(n: int):
-    # Must precede the first jax import: the fake device count is read once at start-up.
-    if n > 1:
-        os.environ["XLA_FLAGS"] = (
-            os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={n}"
-        )
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
-
-def random_batch(opts, vocab: int, seed: int = 0):
-    """rows = prompts x group; prompts of varied length, completions of varied length (some
-    truncated at the budget), old log-probs and advantages as a rollout would give them."""
-    import numpy as np
-
-    from mapfjax.rl.batch import make_batch
-
-    rng = np.random.default_rng(seed)
-    rows = opts.prompts * opts.group
-    prompts, comps = [], []
-    for i in range(rows):
-        if i % opts.group == 0:
-            prompt = list(
-                rng.integers(1, vocab, rng.integers(opts.prompt_len // 2, opts.prompt_len + 1))
-            )
-        prompts.append(prompt)
-        comps.append(list(rng.integers(1, vocab, rng.integers(1, opts.response_len + 1))))
-    old = [list(rng.normal(-np.log(vocab), 0.1, len(c))) for c in comps]
-    adv = rng.normal(size=rows)
-    return make_batch(prompts, comps, 0, opts.prompt_len, opts.response_len, old, adv)
-
-
-def bench_ours(opts) -> dict:
+def puzzles(opts):
     import jax
-    import jax.numpy as jnp
+
+    from mapfjax import env
+
+    lo, hi = (int(x) for x in opts.sizes.split("-"))
+    cfg = env.default_config(num_agents=2, sizes=range(lo, hi + 1), hole_ratio=0.2)
+    return list(env.generate(jax.random.key(0), cfg, opts.prompts).problems)
+
+
+def time_mapfjax(opts, model, tok, problems, shared: bool) -> dict:
+    """Seconds per rollout and per update (best of opts.steps after a warm-up step)."""
+    import jax
     import numpy as np
 
-    from mapfjax import parallel
-    from mapfjax.models.qwen3 import Qwen3, Qwen3Config
-    from mapfjax.rl.grpo import GRPOConfig
+    from mapfjax.env import RewardConfig
+    from mapfjax.rl import grpo, rollout
     from mapfjax.rl.trainer import OptimConfig, Trainer
 
-    cfg = Qwen3Config(
-        vocab_size=opts.vocab,
-        hidden_size=opts.hidden,
-        intermediate_size=3 * opts.hidden,
-        num_layers=opts.layers,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=opts.hidden // 4,
-        rope_theta=1e6,
-    )
-    mesh = None
-    if opts.mesh:
-        parts = (re.fullmatch(r"(\D+)(\d+)", p) for p in opts.mesh.split("-"))
-        mesh = parallel.make_mesh({m[1]: int(m[2]) for m in parts})
-    model = Qwen3(cfg, dtype=jnp.float32, param_dtype=jnp.float32)
-    trainer = Trainer(
-        model,
-        OptimConfig(lr=1e-6, accum_steps=opts.accum, remat=opts.remat),
-        "grpo",
-        mesh,
-        loss_cfg=GRPOConfig(group_size=opts.group),
-    )
-    batch = trainer.place_batch(random_batch(opts, cfg.vocab_size))
-    t0 = time.perf_counter()
-    trainer.step(batch)
-    first = time.perf_counter() - t0
-    times = []
-    for _ in range(opts.steps):
-        t0 = time.perf_counter()
-        trainer.step(batch)  # returns host floats: the step has finished
-        times.append(time.perf_counter() - t0)
-    best = min(times)
-    rows = opts.prompts * opts.group
-    tokens = int(np.asarray(batch.loss_mask).sum())
-    jax.clear_caches()
-    return {
-        "first_step_s": first,
-        "best_step_s": best,
-        "samples_per_s": rows / best,
-        "completion_tokens_per_s": tokens / best,
-        "sequence_tokens_per_s": rows * (opts.prompt_len + opts.response_len) / best,
-    }
-
-
-# Runs inside google-tunix's own virtualenv (it pins its own jax/flax): tunix's Qwen3 of the
-# same shape, tunix's registered "grpo" policy loss on the same kind of batch, jitted with the
-# same AdamW update as ours, so both sides time forward + backward + update of one GRPO step.
-_TUNIX_SCRIPT = r"""
-import json, sys, time
-import jax, jax.numpy as jnp, numpy as np, optax
-from flax import nnx
-from tunix.models.qwen3 import model as qm
-from tunix.rl import algo_core, common
-from tunix.rl.grpo.grpo_learner import GRPOConfig
-
-o = json.loads(sys.argv[1])
-cfg = qm.ModelConfig(
-    num_layers=o["layers"], vocab_size=o["vocab"], embed_dim=o["hidden"],
-    hidden_dim=3 * o["hidden"], num_heads=4, head_dim=o["hidden"] // 4, num_kv_heads=2,
-    rope_theta=1_000_000, norm_eps=1e-6, use_tied_embedding=o["tied"],
-)
-model = qm.Qwen3(cfg, rngs=nnx.Rngs(0))
-b = {k: jnp.asarray(np.asarray(v)) for k, v in np.load(o["batch"]).items()}
-example = common.TrainExample(
-    prompt_ids=b["prompt_ids"], prompt_mask=b["prompt_mask"],
-    completion_ids=b["completion_ids"], completion_mask=b["completion_mask"],
-    advantages=b["advantages"], ref_per_token_logps=None,
-    old_per_token_logps=b["old_logps"],
-)
-algo = GRPOConfig(num_generations=o["group"], beta=0.0, loss_agg_mode="token-mean")
-# tunix 0.1.7's loss reads algo_config.temperature, a field its GRPOConfig does not declare.
-algo.temperature = 1.0
-tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-6))
-graphdef, params = nnx.split(model, nnx.Param)
-opt_state = tx.init(params)
-
-@jax.jit
-def step(params, opt_state, example):
-    def loss(p):
-        out = algo_core.grpo_loss_fn(
-            nnx.merge(graphdef, p), example, algo, pad_id=0, eos_id=o["vocab"] - 1
+    g = opts.group
+    loss_cfg = grpo.GRPOConfig(group_size=g)
+    trainer = Trainer(model, OptimConfig(lr=1e-5, total_steps=100), "grpo", loss_cfg=loss_cfg)
+    if shared:
+        sampling = rollout.SamplingConfig(max_new_tokens=opts.new_tokens)
+        repeats, per_row = g, problems
+    else:  # one prompt per row: G copies prefilled, rows padded to the budget
+        sampling = rollout.SamplingConfig(
+            max_new_tokens=opts.new_tokens,
+            bucket="x64",
+            completion_bucket="exact",
+            shared_prefix=False,
         )
-        return out[0]
-    value, grads = jax.value_and_grad(loss)(params)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, value
-
-t0 = time.perf_counter()
-params, opt_state, v = step(params, opt_state, example); float(v)
-first = time.perf_counter() - t0
-times = []
-for _ in range(o["steps"]):
-    t0 = time.perf_counter()
-    params, opt_state, v = step(params, opt_state, example); float(v)
-    times.append(time.perf_counter() - t0)
-print(json.dumps({"first_step_s": first, "best_step_s": min(times), "loss": float(v)}))
-"""
-
-
-def _tunix_python(opts) -> str:
-    """The python of a virtualenv holding google-tunix, created on first use."""
-    import subprocess
-
-    venv = os.path.expanduser(opts.tunix_venv)
-    python = os.path.join(venv, "bin", "python")
-    if not os.path.exists(python):
-        print(f"creating {venv} with google-tunix (one-off)...", flush=True)
-        subprocess.run([sys.executable, "-m", "venv", venv], check=True)
-        subprocess.run([python, "-m", "pip", "install", "-q", "google-tunix"], check=True)
-    return python
+        repeats, per_row = g, problems
+    times = {"rollout": [], "update": []}
+    tokens = 0
+    for step in range(opts.steps + 1):
+        key = jax.random.fold_in(jax.random.key(1), step)
+        t0 = time.perf_counter()
+        if shared:
+            batch, stats = rollout.rollout(
+                trainer, tok, per_row, repeats, sampling, RewardConfig(), key, grpo_cfg=loss_cfg
+            )
+        else:
+            batch, stats = _unshared_rollout(trainer, tok, per_row, repeats, sampling, key)
+        t1 = time.perf_counter()
+        trainer.step(batch)
+        t2 = time.perf_counter()
+        if step:
+            times["rollout"].append(t1 - t0)
+            times["update"].append(t2 - t1)
+        tokens = _tokens_processed(batch)
+    out = {k: min(v) for k, v in times.items()}
+    out.update(tokens=tokens, mean_len=stats.response_len_mean)
+    return out
 
 
-def bench_tunix(opts, batch) -> dict:
-    """Times google-tunix's GRPO loss + AdamW step on the same model shape and batch."""
-    import json
-    import subprocess
-    import tempfile
-
+def _unshared_rollout(trainer, tok, problems, g, sampling, key):
+    """The rollout with every row carrying its own prompt (prefilled G times), the update's
+    completion columns padded to max_new_tokens."""
     import numpy as np
 
-    P = batch.prompt_len
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "batch.npz")
-        np.savez(
-            path,
-            prompt_ids=np.where(batch.attention_mask[:, :P], batch.tokens[:, :P], 0),
-            prompt_mask=batch.attention_mask[:, :P].astype(np.int32),
-            completion_ids=np.where(batch.loss_mask, batch.tokens[:, P:], 0),
-            completion_mask=batch.loss_mask.astype(np.int32),
-            advantages=batch.advantages,
-            old_logps=batch.old_logprobs,
-        )
-        args = dict(
-            layers=opts.layers, vocab=opts.vocab, hidden=opts.hidden, group=opts.group,
-            tied=True, steps=opts.steps, batch=path,
-        )  # fmt: skip
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        out = subprocess.run(
-            [_tunix_python(opts), "-c", _TUNIX_SCRIPT, json.dumps(args)],
-            capture_output=True,
-            text=True,
-            env=env,
-        )
-    if out.returncode:
-        raise RuntimeError(f"tunix benchmark failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    from mapfjax.env import RewardConfig
+    from mapfjax.models import tokenizer as tok_lib
+    from mapfjax.rl import grpo, rollout
+    from mapfjax.rl.batch import make_batch
+
+    model = rollout.policy_model(trainer)
+    rows = [p for p in problems for _ in range(g)]
+    prompts, out, completions, texts = rollout.sample(model, tok, rows, 1, sampling, key)
+    _, rew = rollout.score(rows, 1, texts, RewardConfig())
+    adv = np.asarray(grpo.group_advantages(rew, g))
+    n = len(completions)
+    batch = make_batch(
+        prompts, completions, tok_lib.special_ids(tok).pad, "x64", sampling.max_new_tokens,
+        np.asarray(out.logprobs_full)[:n], adv, shared_prefix=False,
+    )  # fmt: skip
+    lengths = [len(c) for c in completions]
+    return batch, type("S", (), {"response_len_mean": float(np.mean(lengths))})()
+
+
+def _tokens_processed(batch) -> int:
+    """Token positions the update's forward pass runs (padding included)."""
+    import numpy as np
+
+    from mapfjax.rl.batch import GroupBatch
+
+    if isinstance(batch, GroupBatch):
+        return int(np.prod(np.shape(batch.prompt_tokens)) + np.prod(np.shape(batch.tokens)))
+    return int(np.prod(np.shape(batch.tokens)))
+
+
+def time_torch(opts, path, tok, problems) -> dict:
+    """The plain PyTorch step on the same weights: sampled generate for the G x prompts rows
+    (left-padded), then one padded forward/backward of [prompt | completion] and AdamW."""
+    import numpy as np
+    import torch
+    import transformers
+
+    from mapfjax.models import tokenizer as tok_lib
+    from mapfjax.rl.data import encode_prompts
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    ids = tok_lib.special_ids(tok)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    prompts = [p for p in encode_prompts(tok, problems) for _ in range(opts.group)]
+    width = max(map(len, prompts))
+    inp = torch.tensor([[ids.pad] * (width - len(p)) + p for p in prompts])
+    att = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    times = {"rollout": [], "update": []}
+    for step in range(opts.steps + 1):
+        t0 = time.perf_counter()
+        model.eval()
+        with torch.no_grad():
+            out = model.generate(
+                inp, attention_mask=att, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                max_new_tokens=opts.new_tokens, eos_token_id=[ids.im_end, ids.pad],
+                pad_token_id=ids.pad,
+            )  # fmt: skip
+        t1 = time.perf_counter()
+        model.train()
+        comp = out[:, width:]
+        done = (comp == ids.im_end) | (comp == ids.pad)
+        lengths = torch.where(done.any(1), done.int().argmax(1) + 1, comp.shape[1])
+        loss_mask = torch.arange(comp.shape[1])[None] < lengths[:, None]
+        full_mask = torch.cat([att, loss_mask.long()], 1)
+        logits = model(input_ids=out, attention_mask=full_mask).logits[:, width - 1 : -1]
+        logp = torch.log_softmax(logits.float(), -1).gather(-1, comp[..., None])[..., 0]
+        adv = torch.randn(len(prompts))
+        ratio = torch.exp(logp - logp.detach())
+        loss = -(ratio * adv[:, None])[loss_mask].mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        t2 = time.perf_counter()
+        if step:
+            times["rollout"].append(t1 - t0)
+            times["update"].append(t2 - t1)
+    res = {k: min(v) for k, v in times.items()}
+    res.update(tokens=int(out.numel()), mean_len=float(lengths.float().mean()))
+    return res
 
 
 def main(argv=None):
     opts = ARGS.parse_args(argv)
-    _setup_devices(opts.devices)
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax
+    import jax.numpy as jnp
 
+    from mapfjax.models import hf
+    from mapfjax.models import tokenizer as tok_lib
+
+    path = os.path.join(os.path.dirname(__file__), "..", "mapfjax", "assets", "tiny")
+    tok = tok_lib.load_tokenizer(path)
+    problems = puzzles(opts)
+    rows = opts.prompts * opts.group
     print(
-        f"GRPO step: {opts.prompts} prompts x {opts.group} samples, prompt {opts.prompt_len} + "
-        f"response {opts.response_len} tokens, hidden {opts.hidden}, {opts.layers} layers, "
-        f"vocab {opts.vocab}, accum {opts.accum}, mesh {opts.mesh or '-'}, "
-        f"{jax.device_count()} {jax.devices()[0].platform} devices"
+        f"GRPO step on the shipped tiny model: {opts.prompts} puzzles ({opts.sizes}) x "
+        f"{opts.group} samples, {opts.new_tokens} new tokens, fp32, "
+        f"{jax.device_count()} {jax.devices()[0].platform} device(s); best of {opts.steps}"
     )
-    ours = bench_ours(opts)
-    rates = (
-        f"{ours['samples_per_s']:.1f} samples/s, {ours['completion_tokens_per_s']:.0f} "
-        f"completion tokens/s, {ours['sequence_tokens_per_s']:.0f} sequence tokens/s"
-    )
-    first, best = ours["first_step_s"], ours["best_step_s"]
-    print(f"mapfjax: first step {first:.2f} s (compile), best {best:.3f} s: {rates}")
-    if opts.tunix:
-        tunix = bench_tunix(opts, random_batch(opts, opts.vocab))
-        t = tunix["best_step_s"]
-        rows = opts.prompts * opts.group
+    results = {}
+    for name, shared in (("mapfjax", True), ("mapfjax, one prompt per row", False)):
+        model = hf.from_pretrained(path, dtype=jnp.float32)
+        results[name] = time_mapfjax(opts, model, tok, problems, shared)
+    if not opts.skip_torch:
+        results["PyTorch (transformers)"] = time_torch(opts, path, tok, problems)
+    ref = results.get("PyTorch (transformers)")
+    print("| path | rollout s | update s | step s | samples/s | tokens in update | vs PyTorch |")
+    print("|---|---|---|---|---|---|---|")
+    for name, r in results.items():
+        step = r["rollout"] + r["update"]
+        ratio = f"{(ref['rollout'] + ref['update']) / step:.2f}x" if ref else "-"
         print(
-            f"tunix:   first step {tunix['first_step_s']:.2f} s (compile), best {t:.3f} s: "
-            f"{rows / t:.1f} samples/s (step time {t / best:.2f}x ours)"
+            f"| {name} | {r['rollout']:.2f} | {r['update']:.2f} | {step:.2f} | "
+            f"{rows / step:.1f} | {r['tokens']:,} | {ratio} |"
         )
+    if opts.tunix:
+        from benchmarks import tunix_grpo
+
+        ours = results["mapfjax"]
+        tunix_grpo.compare(opts, ours)
 
 
 if __name__ == "__main__":
