@@ -26,7 +26,8 @@ def build_tiny_mapf_model(root: pathlib.Path) -> pathlib.Path:
 
     probs = _problems()
     answers = [oracle.answer_actions(oracle.solve(p)) for p in probs]
-    texts = bpe.corpus(probs, answers) + [text.render_answer(a) for a in answers]
+    rendered = [text.render_answer(a) for a in answers]
+    texts = bpe.corpus([text.render_prompt(p) for p in probs], rendered) + rendered
     tok_dir = bpe.train_tokenizer(texts * 4, 320, root / "tok")
     tok = transformers.AutoTokenizer.from_pretrained(str(tok_dir))
     cfg = Qwen3Config(

@@ -7,16 +7,17 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import re
-import tempfile
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from mapfjax import files
+from mapfjax.checks import is_int
 from mapfjax.env.text import parse_prompt
 from mapfjax.env.types import FROZEN, HOLE_CELL, Problem, ProblemError, check_problem
+from mapfjax.files import atomic_write  # noqa: F401  (old home; import it from mapfjax.files)
 
 
 class JsonlError(ValueError):
@@ -28,39 +29,10 @@ class JsonlError(ValueError):
         super().__init__(where + message)
 
 
-# --- atomic writing --------------------------------------------------------------------------
-
-
-def atomic_write(path, data: str | bytes) -> None:
-    """Write text (UTF-8) or bytes to `path` via a temp file in the same directory and
-    os.replace, so readers never see a half-written file. Creates missing parent directories."""
-    path = Path(path)
-    if path.is_dir():
-        raise IsADirectoryError(f"{path}: is a directory; expected a file name to write")
-    for parent in (path.parent, *path.parent.parents):
-        if parent.exists() and not parent.is_dir():
-            raise NotADirectoryError(f"{path}: cannot write there, {parent} is a file")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = data.encode("utf-8") if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
-        # mkstemp creates 0600 files; keep an existing file's mode, else the usual 0644.
-        os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def save_jsonl(path, rows: Iterable[dict]) -> None:
     """Write one JSON object per line, atomically."""
     lines = [json.dumps(row, ensure_ascii=False, separators=(", ", ": ")) for row in rows]
-    atomic_write(path, "".join(line + "\n" for line in lines))
+    files.atomic_write(path, "".join(line + "\n" for line in lines))
 
 
 # --- reading JSON rows with line numbers -----------------------------------------------------
@@ -142,18 +114,14 @@ def _iter_json_array(path, raw: str) -> Iterator[tuple[int, dict]]:
 # --- instance JSONL --------------------------------------------------------------------------
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def _is_cells(v) -> bool:
     return isinstance(v, list) and all(
-        isinstance(c, list) and len(c) == 2 and all(_is_int(x) for x in c) for c in v
+        isinstance(c, list) and len(c) == 2 and all(is_int(x) for x in c) for c in v
     )
 
 
 def _is_label(v) -> bool:
-    return v is None or (_is_int(v) and v >= 0)
+    return v is None or (is_int(v) and v >= 0)
 
 
 # field -> (required, type check, what is allowed); a registry rather than an if/elif chain.
@@ -322,7 +290,7 @@ def check_answers_match(path, answers: Sequence[Answer], problems: dict[str, Pro
 
 PAPER_FIELDS = {
     "sample_id": (True, lambda v: isinstance(v, str) and v != "", "a non-empty string"),
-    "num_agents": (True, lambda v: _is_int(v) and v >= 1, "a positive integer"),
+    "num_agents": (True, lambda v: is_int(v) and v >= 1, "a positive integer"),
     "text": (True, lambda v: isinstance(v, str), "the prompt string"),
 }
 
@@ -393,13 +361,15 @@ def write_movingai(problem: Problem, map_path, scen_path) -> None:
     check_problem(problem, where=f"problem {problem.id!r}")
     h, w = problem.height, problem.width
     rows = ["".join("@" if ch == HOLE_CELL else "." for ch in row) for row in problem.grid]
-    atomic_write(map_path, f"type octile\nheight {h}\nwidth {w}\nmap\n" + "\n".join(rows) + "\n")
+    files.atomic_write(
+        map_path, f"type octile\nheight {h}\nwidth {w}\nmap\n" + "\n".join(rows) + "\n"
+    )
     lines = ["version 1"]
     for (sr, sc), (gr, gc) in zip(problem.starts, problem.goals):
         d = _bfs_length(problem.grid, (sr, sc), (gr, gc))
         fields = (max(d, 0) // 4, Path(map_path).name, w, h, sc, sr, gc, gr, f"{float(d):.8f}")
         lines.append("\t".join(map(str, fields)))
-    atomic_write(scen_path, "\n".join(lines) + "\n")
+    files.atomic_write(scen_path, "\n".join(lines) + "\n")
 
 
 def _read_map(path) -> tuple[str, ...]:

@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import json
 import pathlib
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
-from mapfjax.env.io import atomic_write
+from mapfjax import files
 from mapfjax.models.tokenizer import (
     EMPTY_THINK,
     END_THINK,
@@ -62,6 +63,7 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int):
 
     vocab_size counts the 256 byte tokens and the 5 special tokens; it must exceed 261.
     """
+    # Imported here: only training needs it (a transformers dependency, not declared by us).
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     if not isinstance(vocab_size, int) or vocab_size <= 256 + len(SPECIAL_TOKENS):
@@ -94,7 +96,7 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int):
 
 def _save_pretrained_atomically(tokenizer, out_dir) -> list[str]:
     """`tokenizer.save_pretrained` into a scratch directory, then each file into `out_dir`
-    through `atomic_write`, so no reader ever sees a half-written tokenizer file. Returns the
+    through `files.atomic_write`, so no reader ever sees a half-written tokenizer file. Returns the
     names written."""
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -102,13 +104,13 @@ def _save_pretrained_atomically(tokenizer, out_dir) -> list[str]:
         tokenizer.save_pretrained(scratch)
         names = sorted(f.name for f in pathlib.Path(scratch).iterdir() if f.is_file())
         for name in names:
-            atomic_write(out / name, (pathlib.Path(scratch) / name).read_bytes())
+            files.atomic_write(out / name, (pathlib.Path(scratch) / name).read_bytes())
     return names
 
 
 def save_tokenizer(out_dir, tok, max_length: int = 4096) -> pathlib.Path:
     """Write the `tokenizers.Tokenizer` `tok` as HF tokenizer files into `out_dir`."""
-    import transformers
+    import transformers  # slow to import (seconds); only writing HF files needs it
 
     fast = transformers.PreTrainedTokenizerFast(
         tokenizer_object=tok,
@@ -132,18 +134,15 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir) -> pathlib.P
     return save_tokenizer(out_dir, build_tokenizer(texts, vocab_size))
 
 
-def corpus(problems, answers) -> list[str]:
-    """Training texts: each problem's prompt and each answer's canonical text.
+def corpus(prompts: Sequence[str], answers: Sequence[str]) -> list[str]:
+    """Training texts: one whole chat turn per (rendered prompt, rendered answer) pair, so the
+    role names and the think block get merged too, plus the empty think block alone.
 
-    problems: `Problem`s; answers: per-problem action lists (as `oracle.answer_actions`).
+    prompts: `env.text.render_prompt` outputs; answers: `env.text.render_answer` outputs.
     """
-    from mapfjax.env import text
-
-    # Whole chat turns, so the role names and the think block get merged too.
     return [
-        builtin_chat_text([{"role": "user", "content": text.render_prompt(p)}], False)
-        + f"{text.render_answer(a)}{IM_END}\n"
-        for p, a in zip(problems, answers, strict=True)
+        builtin_chat_text([{"role": "user", "content": p}], False) + f"{a}{IM_END}\n"
+        for p, a in zip(prompts, answers, strict=True)
     ] + [EMPTY_THINK]
 
 
@@ -151,8 +150,6 @@ def attach_tokenizer(model_dir, tokenizer) -> None:
     """Copy `tokenizer`'s files into an HF model directory and record its special token ids
     (bos/eos/pad) in config.json and generation_config.json, so transformers generation stops
     on `<|im_end|>`."""
-    import json
-
     model_dir = pathlib.Path(model_dir)
     _save_pretrained_atomically(tokenizer, model_dir)
     ids = {
@@ -163,4 +160,4 @@ def attach_tokenizer(model_dir, tokenizer) -> None:
     for name in ("config.json", "generation_config.json"):
         path = model_dir / name
         cfg = json.loads(path.read_text()) if path.is_file() else {}
-        atomic_write(path, json.dumps(cfg | ids, indent=2) + "\n")
+        files.atomic_write(path, json.dumps(cfg | ids, indent=2) + "\n")

@@ -22,12 +22,8 @@ import numpy as np
 from flax import nnx
 
 from mapfjax import parallel
+from mapfjax.files import CheckpointError
 from mapfjax.models.qwen3 import Qwen3, Qwen3Config
-
-
-class CheckpointError(ValueError):
-    """A checkpoint is missing, malformed or does not match the Qwen3 architecture."""
-
 
 # safetensors dtype codes <-> numpy dtypes (bfloat16 via ml_dtypes, which numpy lacks).
 _DTYPES = {
@@ -272,7 +268,7 @@ def _resolve(path_or_hub_id) -> pathlib.Path:
     if not re.fullmatch(r"[\w.-]+/[\w.-]+", text):
         raise CheckpointError(f"{text}: no such checkpoint directory")
     try:
-        import huggingface_hub
+        import huggingface_hub  # only hub ids need it (a transformers dependency, not ours)
 
         local = huggingface_hub.snapshot_download(
             text, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"]
@@ -361,7 +357,7 @@ def from_pretrained(
 
 def _gather(x: jax.Array) -> np.ndarray:
     if jax.process_count() > 1 and not x.is_fully_addressable:
-        from jax.experimental import multihost_utils
+        from jax.experimental import multihost_utils  # multi-host runs only
 
         return np.asarray(multihost_utils.process_allgather(x, tiled=True))
     return np.asarray(jax.device_get(x))

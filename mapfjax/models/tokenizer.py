@@ -13,12 +13,14 @@ from collections.abc import Sequence
 import jax.numpy as jnp
 import numpy as np
 
-# Qwen3's ids (docs/paper.md section 7); `special_ids` prefers the tokenizer's own.
+# Qwen3's ids (docs/paper.md section 7), declared only here; `special_ids` prefers the
+# tokenizer's own.
 PAD_ID = 151643  # <|endoftext|>
 IM_START_ID = 151644  # <|im_start|>
 IM_END_ID = 151645  # <|im_end|>, end of turn
 THINK_ID = 151667  # <think>
 END_THINK_ID = 151668  # </think>
+STOP_IDS = (IM_END_ID, PAD_ID)  # generation ends at the end of turn or at <|endoftext|>
 
 IM_START, IM_END, THINK, END_THINK, ENDOFTEXT = (
     "<|im_start|>",
@@ -44,7 +46,7 @@ class SpecialIds:
 
 def load_tokenizer(path):
     """A transformers tokenizer from a local directory (or hub id, where there is a network)."""
-    import transformers  # heavy; only needed here
+    import transformers  # slow to import (seconds); only loading a tokenizer needs it
 
     try:
         return transformers.AutoTokenizer.from_pretrained(str(pathlib.Path(path).expanduser()))

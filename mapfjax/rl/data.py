@@ -10,10 +10,13 @@ import json
 import pathlib
 from collections.abc import Iterator, Sequence
 
+import jax
 import numpy as np
 
-from mapfjax.env import oracle, text
+from mapfjax import files
+from mapfjax.env import generator, io, oracle, text
 from mapfjax.env.types import Problem
+from mapfjax.models import bpe
 from mapfjax.models import tokenizer as tok_lib
 from mapfjax.rl.batch import SequenceBatch, make_batch
 
@@ -183,10 +186,6 @@ def sft_batches(
 
 def generate_problems(env_cfg, n: int, seed: int, processes: int = 1) -> list[Problem]:
     """`n` labelled instances from the generator config `env_cfg`, deterministic in `seed`."""
-    import jax
-
-    from mapfjax.env import generator
-
     cfg = env_cfg.copy_and_resolve_references()
     cfg.oracle.processes = processes
     return generator.generate(jax.random.key(seed), cfg, n).problems
@@ -194,10 +193,8 @@ def generate_problems(env_cfg, n: int, seed: int, processes: int = 1) -> list[Pr
 
 def save_examples(path, examples: Sequence[Example]) -> None:
     """Write examples as JSON lines (atomically)."""
-    from mapfjax.env.io import atomic_write
-
     lines = (json.dumps(dataclasses.asdict(e)) for e in examples)
-    atomic_write(path, ("\n".join(lines) + "\n").encode())
+    files.atomic_write(path, ("\n".join(lines) + "\n").encode())
 
 
 def load_examples(path) -> list[Example]:
@@ -238,9 +235,6 @@ def prepare(cfg, workdir) -> RunData:
     fields tokenizer.{instances, vocab_size}, sft.{env, instances}, validation.{env,
     per_size}, grpo.{env, steps, problems_per_step}, seed and processes (configs/tiny_model.py).
     Each part has its own seed offset, so changing one size does not change the others."""
-    from mapfjax.env import io
-    from mapfjax.models import bpe
-
     work = pathlib.Path(workdir)
 
     def name(stem: str, ext: str, *parts) -> pathlib.Path:
@@ -253,7 +247,9 @@ def prepare(cfg, workdir) -> RunData:
 
     def tokenizer():
         ps = problems(cfg.sft.env, cfg.tokenizer.instances, 100)
-        return bpe.build_tokenizer(bpe.corpus(ps, oracle_answers(ps)), cfg.tokenizer.vocab_size)
+        prompts = [text.render_prompt(p) for p in ps]
+        answers = [text.render_answer(a) for a in oracle_answers(ps)]
+        return bpe.build_tokenizer(bpe.corpus(prompts, answers), cfg.tokenizer.vocab_size)
 
     tok_dir = name("tokenizer", "", cfg.seed, cfg.sft.env, cfg.tokenizer)
     tok = cached(tok_dir, tokenizer, bpe.save_tokenizer, tok_lib.load_tokenizer)

@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from mapfjax.checks import is_int, is_real
+
 Array = jax.Array
 AggregationFn = Callable[[Array, Array, "GRPOConfig"], Array]
 
@@ -70,38 +72,30 @@ class GRPOConfig:
             value = getattr(self, name)
             return ValueError(f"GRPOConfig.{name}={value!r} is invalid: allowed {allowed}")
 
-        if not _is_int(self.group_size) or self.group_size < 2:
+        if not is_int(self.group_size) or self.group_size < 2:
             raise bad("group_size", "an integer >= 2 (a group needs responses to compare)")
         for name in ("clip_low", "clip_high"):
-            if not _is_real(getattr(self, name)) or getattr(self, name) <= 0:
+            if not is_real(getattr(self, name)) or getattr(self, name) <= 0:
                 raise bad(name, "a number > 0")
         if self.clip_low >= 1:
             raise bad("clip_low", "a number in (0, 1) so that 1 - clip_low > 0")
-        if not _is_real(self.kl_coef) or self.kl_coef < 0:
+        if not is_real(self.kl_coef) or self.kl_coef < 0:
             raise bad("kl_coef", "a number >= 0 (0 disables the KL term)")
         if self.aggregation not in AGGREGATIONS:
             raise bad("aggregation", f"one of {sorted(AGGREGATIONS)}")
         if not isinstance(self.scale_by_std, bool):
             raise bad("scale_by_std", "True or False")
-        if not _is_real(self.std_eps) or self.std_eps <= 0:
+        if not is_real(self.std_eps) or self.std_eps <= 0:
             raise bad("std_eps", "a number > 0 (it keeps constant groups finite)")
-        if not _is_int(self.std_ddof) or not 0 <= self.std_ddof < self.group_size:
+        if not is_int(self.std_ddof) or not 0 <= self.std_ddof < self.group_size:
             raise bad("std_ddof", f"0 or 1 (an integer in [0, group_size={self.group_size}))")
         if self.max_response_tokens is not None and (
-            not _is_int(self.max_response_tokens) or self.max_response_tokens < 1
+            not is_int(self.max_response_tokens) or self.max_response_tokens < 1
         ):
             raise bad("max_response_tokens", "None or an integer >= 1")
-        if not _is_real(self.temperature) or self.temperature <= 0:
+        if not is_real(self.temperature) or self.temperature <= 0:
             raise bad("temperature", "a number > 0")
         return self
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_real(x) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool)
 
 
 # --------------------------------------------------------------------------- advantages
@@ -121,7 +115,7 @@ def group_advantages(
     `scale_by_std`. Groups whose rewards are all equal get exactly 0 (never NaN).
     """
     rewards = jnp.asarray(rewards, jnp.float32)
-    if not _is_int(group_size) or group_size < 1:
+    if not is_int(group_size) or group_size < 1:
         raise ValueError(f"group_size={group_size!r} is invalid: allowed an integer >= 1")
     if rewards.ndim not in (1, 2) or rewards.size % group_size:
         raise ValueError(

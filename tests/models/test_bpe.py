@@ -38,10 +38,16 @@ def corpus_and_answers(n: int = 60, seed: int = 0):
     return problems, answers
 
 
+def corpus(problems, answers) -> list[str]:
+    """`bpe.corpus` of the problems' rendered prompts and answers."""
+    prompts = [text.render_prompt(p) for p in problems]
+    return bpe.corpus(prompts, [text.render_answer(a) for a in answers])
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     problems, answers = corpus_and_answers()
-    out = bpe.train_tokenizer(bpe.corpus(problems, answers), 1024, tmp_path_factory.mktemp("bpe"))
+    out = bpe.train_tokenizer(corpus(problems, answers), 1024, tmp_path_factory.mktemp("bpe"))
     return out, problems, answers
 
 

@@ -9,13 +9,13 @@ from mapfjax.env import dynamics, text, types
 from mapfjax.models import bpe
 from mapfjax.models import tokenizer as tk
 from mapfjax.rl import data
-from tests.models.test_bpe import corpus_and_answers, random_problems
+from tests.models.test_bpe import corpus, corpus_and_answers, random_problems
 
 
 def make_tokenizer(path, n: int = 40, seed: int = 0):
     """A small MAPF BPE tokenizer trained on `n` random labelled problems."""
     problems, answers = corpus_and_answers(n, seed)
-    return tk.load_tokenizer(bpe.train_tokenizer(bpe.corpus(problems, answers), 800, path))
+    return tk.load_tokenizer(bpe.train_tokenizer(corpus(problems, answers), 800, path))
 
 
 @pytest.fixture(scope="module")
