@@ -38,6 +38,13 @@ def test_wilson_and_proportion_match_the_formula(k, n):
     assert all(math.isnan(x) for x in stats.wilson(0.0, 0))
 
 
+def test_wilson_known_values_and_edges():
+    assert stats.wilson(0.5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
+    lo, hi = stats.wilson(0.0, 20)
+    assert lo == 0.0 and hi == pytest.approx(0.1611, abs=1e-4)  # never a zero-width interval
+    assert stats.wilson(1.0, 20)[1] == 1.0
+
+
 def test_bounded_mean_is_wilson_of_the_scaled_mean():
     e = stats.bounded_mean([0.0, 0.25, 0.25, 0.1], upper=0.25)
     lo, hi = wilson_ref(0.6 * 4, 4)  # mean 0.15 = 0.6 of the bound, over 4 items

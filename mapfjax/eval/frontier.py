@@ -9,68 +9,25 @@ import dataclasses
 import io as std_io
 import json
 import logging
-import math
 import pathlib
 import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
+from PIL import Image
+from tqdm.auto import tqdm
 
+from mapfjax import files, stats
 from mapfjax.env import config as env_config
-from mapfjax.env import io
 from mapfjax.env.types import Problem
+from mapfjax.stats import Estimate, bounded_mean, proportion
 
 log = logging.getLogger(__name__)
 
-Z95 = 1.959963984540054  # two-sided 95 % normal quantile
 SPLITS = ("no-wait", "needs-wait", "all")  # the needs_wait label's halves, then both pooled
 
 
-# --------------------------------------------------------------------------- statistics
-
-
-@dataclasses.dataclass(frozen=True)
-class Estimate:
-    """A rate (or mean) over n puzzles with a 95 % interval; value, low, high are nan at n=0."""
-
-    value: float
-    low: float
-    high: float
-    n: int
-
-    def as_dict(self) -> dict:
-        nan = lambda x: None if math.isnan(x) else round(x, 5)
-        return {"value": nan(self.value), "low": nan(self.low), "high": nan(self.high), "n": self.n}
-
-
-def wilson(value: float, n: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson score interval of a proportion `value` observed over n trials; (nan, nan) at n=0."""
-    if n == 0:
-        return math.nan, math.nan
-    denom = 1.0 + z * z / n
-    center = (value + z * z / (2 * n)) / denom
-    half = z / denom * math.sqrt(max(value * (1 - value), 0.0) / n + z * z / (4 * n * n))
-    return max(0.0, center - half), min(1.0, center + half)
-
-
-def proportion(hits) -> Estimate:
-    """Share of True in `hits` bool [P] with its Wilson interval."""
-    hits = np.asarray(hits, bool)
-    n = int(hits.size)
-    value = float(hits.mean()) if n else math.nan
-    return Estimate(value, *wilson(value, n), n)
-
-
-def bounded_mean(values, upper: float = 1.0) -> Estimate:
-    """Mean of per-puzzle values in [0, upper] ([P]) with the Wilson interval of
-    mean/upper over n = P. Conservative: a [0, 1] variable with mean m has variance at most
-    m(1-m), the binomial variance Wilson assumes; unlike a normal interval it never shrinks to
-    a point when every puzzle gives the same value."""
-    values = np.asarray(values, np.float64)
-    n = int(values.size)
-    value = float(values.mean()) if n else math.nan
-    low, high = wilson(value / upper, n) if n else (math.nan, math.nan)
-    return Estimate(value, low * upper, high * upper, n)
+# --------------------------------------------------------------------------- metrics
 
 
 @dataclasses.dataclass(frozen=True)
@@ -299,6 +256,7 @@ def generate_grid(cfg: FrontierConfig, progress: bool = True):
     """Labelled puzzles for every (size, hole ratio) cell, each cell from its own key ->
     (problems ordered by cell, [(size, hole ratio)] per problem, messages naming every cell
     that got no puzzle and why)."""
+    # Model-side imports stay local: the statistics, outputs and `from_json` need no JAX.
     import jax
 
     from mapfjax import env
@@ -352,6 +310,7 @@ def answer_grid(
     """Greedy and K sampled answers for every problem, in sampler calls of at most
     `cfg.batch_rows` sequences -> (greedy bool [P], samples bool [P, K], truncation shares).
     The bar counts finished cells; problems must be ordered by cell (`generate_grid` does)."""
+    # Model-side imports stay local: the statistics, outputs and `from_json` need no JAX.
     import jax
 
     from mapfjax.env import RewardConfig
@@ -453,8 +412,6 @@ def run(model, tokenizer, cfg: FrontierConfig, label: str, mesh=None, progress=T
 
 
 def _bar(total: int, desc: str, enabled: bool):
-    from tqdm.auto import tqdm
-
     return tqdm(total=total, desc=desc, unit="cell", disable=not enabled)
 
 
@@ -472,14 +429,14 @@ def _fmt(e: Estimate, metric: Metric) -> str:
 def markdown_table(rows: Sequence[CellRow], k: int) -> str:
     """size | hole ratio | split | n | each metric as value [95 % interval] (rates in %);
     k (the sample count) names the @k columns."""
-    head = "| size | hole ratio | wait | n | " + " | ".join(m.title(k) for m in METRICS.values())
-    lines = [head + " |", "|---" * (4 + len(METRICS)) + "|"]
+    header = ["size", "hole ratio", "wait", "n", *(m.title(k) for m in METRICS.values())]
+    lines = []
     for r in rows:
         size = f"{r.size}x{r.size}" if r.size is not None else "all"
         hole = f"{r.hole_ratio:g}" if r.hole_ratio is not None else "all"
-        cells = " | ".join(_fmt(r.stats[k], m) for k, m in METRICS.items())
-        lines.append(f"| {size} | {hole} | {r.split} | {r.n} | {cells} |")
-    return "\n".join(lines)
+        cells = [_fmt(r.stats[name], m) for name, m in METRICS.items()]
+        lines.append([size, hole, r.split, r.n, *cells])
+    return stats.markdown_table(header, lines)
 
 
 def markdown(f: Frontier, images: Sequence[str] = ()) -> str:
@@ -599,6 +556,7 @@ _LABEL_BOX = {"facecolor": "white", "edgecolor": "none", "pad": 1.0}
 def heatmap_png(f: Frontier, metric: str) -> bytes:
     """PNG bytes: size (rows) x hole ratio (columns) heatmaps of one metric, one panel per
     split; each cell shows the value and n, n=0 cells are grey and hatched."""
+    # Local: matplotlib takes seconds to import, and Agg must be chosen before pyplot loads.
     import matplotlib
 
     matplotlib.use("Agg")
@@ -639,8 +597,6 @@ def heatmap_png(f: Frontier, metric: str) -> bytes:
     fig.savefig(buf, format="png", dpi=100)
     plt.close(fig)
     # A 256-colour palette keeps the file about 3x smaller with no visible change.
-    from PIL import Image
-
     buf.seek(0)
     out = std_io.BytesIO()
     Image.open(buf).convert("RGB").quantize(256).save(out, format="PNG", optimize=True)
@@ -655,10 +611,10 @@ def write(f: Frontier, out_dir) -> dict[str, pathlib.Path]:
     paths = {}
     for metric in METRICS:
         paths[metric] = out / f"frontier_{metric}.png"
-        io.atomic_write(paths[metric], heatmap_png(f, metric))
+        files.atomic_write(paths[metric], heatmap_png(f, metric))
     images = [paths[m].name for m in METRICS]
     paths |= {ext: out / f"frontier.{ext}" for ext in ("md", "csv", "json")}
-    io.atomic_write(paths["csv"], csv_text(f.rows))
-    io.atomic_write(paths["json"], json_text(to_json(f)))
-    io.atomic_write(paths["md"], markdown(f, images))
+    files.atomic_write(paths["csv"], csv_text(f.rows))
+    files.atomic_write(paths["json"], json_text(to_json(f)))
+    files.atomic_write(paths["md"], markdown(f, images))
     return paths

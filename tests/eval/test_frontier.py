@@ -84,15 +84,6 @@ def test_statistics_hand_case():
     assert s["flip"].value == 0.25
 
 
-def test_wilson_known_values_and_edges():
-    lo, hi = frontier.wilson(0.5, 10)
-    assert (lo, hi) == pytest.approx((0.2366, 0.7634), abs=1e-4)
-    lo, hi = frontier.wilson(0.0, 20)
-    assert lo == 0.0 and hi == pytest.approx(0.1611, abs=1e-4)  # never a zero-width interval
-    assert frontier.wilson(1.0, 20)[1] == 1.0
-    assert all(math.isnan(x) for x in frontier.wilson(0.0, 0))
-
-
 def test_empty_cell_gives_n0_without_warnings():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "mean of empty slice", no division by zero
