@@ -6,9 +6,16 @@ Functions (generate_fn, score_fn) are injected by the training loop, never confi
 import ml_collections
 
 ENGINEERS = {
+    # The round-0 config throughout.
     "fixed": {},
-    "random": {"num_edits": 1, "steps": (0.05, 0.1)},
-    "rule": {"low": 0.3, "high": 0.8, "step": 0.05, "shift": 0.25, "min_rows": 1},
+    # Domain randomisation: data ~ Dirichlet(alpha), holes ~ U[0, 0.5], waits ~ U[0, 1].
+    "random": {"alpha": 1.0},
+    # Reasoning Gym's ladder: valid rate > high -> harder (else less data), < low -> easier.
+    "rule": {"low": 0.3, "high": 0.7, "step": 0.05, "shift": 0.25, "min_rows": 1},
+    # Sampling for learnability: data ~ p(1-p) with a floor per size; holes push p to target.
+    "learnability": {"floor": 0.03, "target": 0.5, "band": 0.15, "hole_step": 0.05, "min_rows": 1},
+    # Self-Evolving Curriculum: TD(0) values of mean |A| per size, data = softmax(Q / T).
+    "bandit": {"step": 0.5, "temperature": 0.25, "initial": 0.0, "min_rows": 1},
     # base_url / model / api_key: empty = $OPENAI_BASE_URL / $OPENAI_MODEL / $OPENAI_API_KEY.
     "api": {
         "base_url": "",

@@ -22,6 +22,15 @@ ROW_KEYS = ("size", "valid", "optimal", "failure")  # required in every validati
 T_DETAILS = ("bookkeeping", "full")
 # Training keys the "bookkeeping" T module shows; everything else is an RL detail.
 BOOKKEEPING_KEYS = ("round", "rounds", "epoch", "epochs")
+# Per-size training-rollout statistics of a round (RoundRecord.rollouts["sizes"][<size>]).
+ROLLOUT_KEYS = (
+    "groups",
+    "samples",
+    "valid_rate",
+    "mixed_groups",
+    "learnability",
+    "mean_abs_advantage",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +42,11 @@ class RoundRecord:
     validation: `failure_breakdown(rows)` of the validation after training on C_n.
     summary: the engineer's rationale for choosing C_n (empty for round 0).
     training: training facts, e.g. {"round": 1, "epoch": 2, "lr": 1e-6, "group_size": 8}.
+    rollouts: the round's training-rollout statistics per map size, {"sizes": {"3": {"groups",
+        "samples", "valid_rate", "mixed_groups", "learnability", "mean_abs_advantage"}}}
+        (ROLLOUT_KEYS): learnability = mean over the size's groups of p(1 - p), p the group's
+        share of valid samples; mixed_groups = share of groups with unequal rewards;
+        mean_abs_advantage = mean |A| over the size's samples. Empty for older records.
     """
 
     round: int
@@ -40,6 +54,7 @@ class RoundRecord:
     validation: dict[str, Any]
     summary: str = ""
     training: dict[str, Any] = dataclasses.field(default_factory=dict)
+    rollouts: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(dataclasses.asdict(self)))
@@ -59,6 +74,7 @@ class RoundRecord:
             validation=dict(d["validation"]),
             summary=str(d.get("summary", "")),
             training=dict(d.get("training", {})),
+            rollouts=dict(d.get("rollouts", {})),
         )
 
     def to_json(self) -> str:
@@ -114,6 +130,67 @@ def failure_breakdown(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, 
             e["tokens"] += int(row["response_tokens"])
             e["tokens_n"] += 1
     return {size_key(s): out[s] for s in sorted(out)}
+
+
+# ----------------------------------------------------------------------------- signals
+
+
+@dataclasses.dataclass(frozen=True)
+class SizeSignal:
+    """What one round says about one map size, for the curriculum engineers.
+
+    valid_rate: share of valid answers p. learnability: mean over groups of p(1 - p)
+    (rollouts) or p(1 - p) of the validation rate. mean_abs_advantage: mean |A| (rollouts) or
+    2 sqrt(p(1 - p)), the mean |A| of a std-scaled group of binary rewards with success share
+    p (validation). n: rollout samples or validation rows. source: 'rollouts' or 'validation'.
+    """
+
+    valid_rate: float
+    learnability: float
+    mean_abs_advantage: float
+    n: int
+    source: str
+
+
+def rollout_stats(record: RoundRecord) -> dict[str, dict[str, float]]:
+    """record.rollouts per config size key ('s3'), sorted by size; {} when there are none.
+
+    Size keys may be written '3', 's3' or '3x3'; a size without samples, or whose statistics
+    lack a ROLLOUT_KEYS entry or hold a non-number, is left out.
+    """
+    sizes = record.rollouts.get("sizes", {}) if isinstance(record.rollouts, Mapping) else {}
+    out = {}
+    for key, stats in sizes.items() if isinstance(sizes, Mapping) else ():
+        try:
+            values = {k: float(stats[k]) for k in ROLLOUT_KEYS}
+            n = key_size(key)
+        except (KeyError, TypeError, ValueError):
+            continue
+        if values["samples"] > 0 and all(math.isfinite(v) for v in values.values()):
+            out[size_key(n)] = values
+    return {k: out[k] for k in sorted(out, key=key_size)}
+
+
+def size_signals(record: RoundRecord) -> dict[str, SizeSignal]:
+    """Per config size key: the record's rollouts when it has any, else its validation."""
+    stats = rollout_stats(record)
+    if stats:
+        return {
+            k: SizeSignal(
+                e["valid_rate"],
+                e["learnability"],
+                e["mean_abs_advantage"],
+                int(e["samples"]),
+                "rollouts",
+            )
+            for k, e in stats.items()
+        }
+    out = {}
+    for k, e in record.validation.items():
+        if e.get("n", 0) > 0:
+            p = e["valid"] / e["n"]
+            out[k] = SizeSignal(p, p * (1 - p), 2 * math.sqrt(p * (1 - p)), e["n"], "validation")
+    return out
 
 
 # ----------------------------------------------------------------------------- rendering
@@ -201,11 +278,37 @@ def _main_failure(e: Mapping[str, Any]) -> str:
 # ----------------------------------------------------------------------------- modules
 
 
+def render_rollouts(stats: Mapping[str, Mapping[str, float]]) -> str:
+    """`rollout_stats` as a markdown table, one row per size."""
+    rows = [
+        [
+            _size_label(k),
+            f"{e['groups']:.0f}",
+            f"{e['samples']:.0f}",
+            f"{100 * e['valid_rate']:.1f}",
+            f"{100 * e['mixed_groups']:.0f}",
+            f"{e['learnability']:.3f}",
+            f"{e['mean_abs_advantage']:.3f}",
+        ]
+        for k, e in stats.items()
+    ]
+    header = ["size", "groups", "samples", "valid %", "mixed groups %", "p(1-p)", "mean |A|"]
+    return _table(header, rows)
+
+
 def _module_f(records: Sequence[RoundRecord], current, opts) -> str:
     if not records:
         return "No validation results yet."
     last = records[-1]
-    return f"Validation after round {last.round}:\n\n" + render_breakdown(last.validation)
+    text = f"Validation after round {last.round}:\n\n" + render_breakdown(last.validation)
+    stats = rollout_stats(last)
+    if stats:
+        text += (
+            f"\n\nTraining rollouts of round {last.round} (p(1-p): mean over groups of the "
+            "valid share times its complement; mixed groups: groups whose rewards differ, the "
+            "only ones that teach):\n\n" + render_rollouts(stats)
+        )
+    return text
 
 
 def _module_g(records, current, opts) -> str:

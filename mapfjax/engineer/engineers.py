@@ -1,7 +1,8 @@
 """Engineers: `propose(context, current, rng, records=()) -> Decision`, in the registry ENGINEERS.
 
-fixed, random and rule are baselines; api asks an OpenAI-compatible endpoint; policy/base ask a
-checkpoint through injected sampling (free text) or scoring (a choice among local edits).
+fixed, random, rule, learnability and bandit are curriculum baselines (docs/paper.md section 9);
+api asks an OpenAI-compatible endpoint; policy/base ask a checkpoint through injected sampling
+(free text) or scoring (a choice among candidate edits).
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ import ml_collections
 import numpy as np
 
 from mapfjax import api_chat
-from mapfjax.engineer.context import RoundRecord
+from mapfjax.engineer.context import RoundRecord, SizeSignal, size_signals
 from mapfjax.engineer.prompt import build_prompt
 from mapfjax.engineer.proposal import (
     MAX_EDITS,
     Decision,
+    Diff,
+    Edit,
     Proposal,
     apply_proposal,
     format_diff,
@@ -32,6 +35,7 @@ from mapfjax.env.config import MAX_HOLE_RATIO, key_size
 
 GenerateFn = Callable[[list[str], int], list[str]]  # (prompts, n) -> n samples per prompt
 ScoreFn = Callable[[str, list[str]], list[float]]  # (prompt, continuations) -> total log-lik
+DEFAULT_FLOOR = 0.03  # least data share of a size under learnability-proportional sampling
 
 
 class Engineer(Protocol):
@@ -46,19 +50,7 @@ class Engineer(Protocol):
     ) -> Decision: ...
 
 
-# ----------------------------------------------------------------------------- local edits
-
-
-@dataclasses.dataclass(frozen=True)
-class Candidate:
-    """One local edit: a diff and the sentence that explains it."""
-
-    diff: dict[str, float]
-    description: str
-
-    def text(self) -> str:
-        """The edit written in the engineer's answer format."""
-        return format_diff(self.diff, self.description)
+# ----------------------------------------------------------------------------- helpers
 
 
 def _label(size_key: str) -> str:
@@ -66,7 +58,112 @@ def _label(size_key: str) -> str:
     return f"{n}x{n}"
 
 
-def candidate_edits(
+def _labels(keys: Sequence[str]) -> str:
+    return " and ".join(_label(k) for k in keys)
+
+
+def _sizes(current: ml_collections.ConfigDict) -> list[str]:
+    return sorted(current.sizes, key=key_size)
+
+
+def _check(engineer: str, key: str, value: Any, ok: bool, allowed: str) -> None:
+    if not ok:
+        raise ValueError(f"engineer ({engineer}).{key} = {value!r}; allowed: {allowed}")
+
+
+def _signals(records: Sequence[RoundRecord], current, min_rows: int) -> dict[str, SizeSignal]:
+    """The last record's per-size signals for the current sizes with at least min_rows."""
+    if not records:
+        return {}
+    found = size_signals(records[-1])
+    return {k: v for k, v in found.items() if k in current.sizes and v.n >= min_rows}
+
+
+def _ratio(current, key: str, field: str, value: float) -> Diff:
+    """One hole/wait edit (rounded to 4 decimals), or () when it changes nothing."""
+    value = round(float(value), 4)
+    if math.isclose(value, float(current.sizes[key][field]), abs_tol=1e-9):
+        return ()
+    return (Edit(key_size(key), field, value),)
+
+
+def _shift(current, key: str, fields: Sequence[str], delta: float) -> Diff:
+    """hole/wait ratios of one size moved by `delta`, clipped to their legal ranges; () when
+    nothing moves."""
+    out: Diff = ()
+    for field in fields:
+        hi = MAX_HOLE_RATIO if field == "hole_ratio" else 1.0
+        out += _ratio(current, key, field, min(max(current.sizes[key][field] + delta, 0.0), hi))
+    return out
+
+
+def data_vector(
+    current: ml_collections.ConfigDict, shares: Mapping[str, float], digits: int | None = None
+) -> Diff:
+    """A whole new data distribution (every current size's data_ratio, one edit by the
+    MAX_EDITS rule), or () when it equals the current one. `digits` rounds for short text."""
+    sizes = _sizes(current)
+    total = sum(max(float(shares.get(s, 0.0)), 0.0) for s in sizes)
+    new = {s: max(float(shares.get(s, 0.0)), 0.0) / total for s in sizes} if total > 0 else {}
+    if digits is not None:
+        new = {s: round(v, digits) for s, v in new.items()}
+    if not new or all(
+        math.isclose(new[s], current.sizes[s].data_ratio, abs_tol=1e-9) for s in sizes
+    ):
+        return ()
+    return tuple(Edit(key_size(s), "data_ratio", new[s]) for s in sizes)
+
+
+def learnability_shares(
+    sizes: Sequence[str], scores: Mapping[str, float], floor: float = DEFAULT_FLOOR
+) -> dict[str, float]:
+    """Data shares floor + (1 - K floor) x score / sum(scores) over the K sizes.
+
+    Every size keeps at least `floor` (exploration: no size starves); a size without a score
+    gets the highest measured one (optimism for the unmeasured). Uniform when no score is
+    positive or K x floor >= 1.
+    """
+    top = max(scores.values(), default=0.0)
+    raw = {s: max(float(scores.get(s, top)), 0.0) for s in sizes}
+    free = 1.0 - len(sizes) * floor
+    total = sum(raw.values())
+    if free <= 0 or total <= 0:
+        return {s: 1.0 / len(sizes) for s in sizes}
+    return {s: floor + free * raw[s] / total for s in sizes}
+
+
+def softmax_shares(values: Mapping[str, float], temperature: float) -> dict[str, float]:
+    """Boltzmann shares exp(v / temperature) / sum, computed stably."""
+    top = max(values.values())
+    w = {k: math.exp((v - top) / temperature) for k, v in values.items()}
+    total = sum(w.values())
+    return {k: x / total for k, x in w.items()}
+
+
+def _decide(name: str, diff: Diff, notes: Sequence[str], current, **extra) -> Decision:
+    """A baseline's edits as a Decision through the same projection as any answer."""
+    summary = "; ".join(notes) + "." if notes else ""
+    error = "" if diff else f"no rule changes the config ({summary or 'no evidence'})"
+    proposal = Proposal(format_diff(diff, summary), diff, (), summary, name, error)
+    return apply_proposal(proposal, current, name, **extra)
+
+
+# ----------------------------------------------------------------------------- candidates
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One candidate edit: a diff and the sentence that explains it."""
+
+    diff: Diff
+    description: str
+
+    def text(self) -> str:
+        """The edit written in the engineer's answer format."""
+        return format_diff(self.diff, self.description)
+
+
+def local_edits(
     current: ml_collections.ConfigDict, steps: Sequence[float] = (0.05, 0.1)
 ) -> list[Candidate]:
     """Every local edit of `current`, in a fixed order (size, then field, then step).
@@ -75,25 +172,22 @@ def candidate_edits(
     no-ops dropped); between neighbouring sizes: move `step` of data share either way (only
     when the source has that much). Values are rounded to 4 decimals so their text is short.
     """
-    sizes = sorted(current.sizes, key=key_size)
+    sizes = _sizes(current)
     out: list[Candidate] = []
-    seen: set[tuple] = set()
+    seen: set[Diff] = set()
     for s in sizes:
-        for field, hi in (("hole_ratio", MAX_HOLE_RATIO), ("wait_ratio", 1.0)):
+        for field in ("hole_ratio", "wait_ratio"):
             cur = float(current.sizes[s][field])
             for step in steps:
                 for sign in (1, -1):
-                    new = round(min(max(cur + sign * step, 0.0), hi), 4)
-                    key = f"sizes.{s}.{field}"
-                    if math.isclose(new, cur, abs_tol=1e-9) or (key, new) in seen:
+                    diff = _shift(current, s, (field,), sign * step)
+                    if not diff or diff in seen:
                         continue
-                    seen.add((key, new))
+                    seen.add(diff)
+                    new = diff[0].value
                     verb = "raise" if new > cur else "lower"
-                    out.append(
-                        Candidate(
-                            {key: new}, f"{verb} {field} of {_label(s)} from {cur:.3g} to {new:.3g}"
-                        )
-                    )
+                    text = f"{verb} {field} of {_label(s)} from {cur:.3g} to {new:.3g}"
+                    out.append(Candidate(diff, text))
     for a, b in zip(sizes, sizes[1:]):
         for step in steps:
             for src, dst in ((a, b), (b, a)):
@@ -101,13 +195,72 @@ def candidate_edits(
                 get = float(current.sizes[dst].data_ratio)
                 if have + 1e-9 < step:
                     continue
-                diff = {
-                    f"sizes.{src}.data_ratio": round(max(have - step, 0.0), 4),
-                    f"sizes.{dst}.data_ratio": round(get + step, 4),
-                }
+                diff = (
+                    Edit(key_size(src), "data_ratio", round(max(have - step, 0.0), 4)),
+                    Edit(key_size(dst), "data_ratio", round(get + step, 4)),
+                )
                 text = f"move {step:g} of the data share from {_label(src)} to {_label(dst)}"
                 out.append(Candidate(diff, text))
     return out
+
+
+def _doubled(cur: Mapping[str, float], chosen: Sequence[str]) -> dict[str, float]:
+    """`chosen` sizes get twice their share, the others what is left in proportion."""
+    w = sum(cur[s] for s in chosen)
+    rest = 1.0 - w
+    scale = max(1.0 - 2 * w, 0.0) / rest if rest > 0 else 0.0
+    return {s: 2 * cur[s] if s in chosen else cur[s] * scale for s in cur}
+
+
+def large_moves(
+    current: ml_collections.ConfigDict,
+    records: Sequence[RoundRecord] = (),
+    floor: float = DEFAULT_FLOOR,
+) -> list[Candidate]:
+    """Wholesale moves of the data distribution (each one edit), no-ops and repeats dropped.
+
+    Uniform data over all sizes; and, from the last record's rollouts (or its validation
+    rates when it has none): shift half of the data to the two sizes of highest learnability
+    p(1 - p); double the share of the two sizes with the lowest valid rate; data
+    proportional to learnability with at least `floor` per size.
+    """
+    sizes = _sizes(current)
+    cur = {s: float(current.sizes[s].data_ratio) for s in sizes}
+    moves = [("uniform data over all sizes", dict.fromkeys(sizes, 1.0))]
+    signals = _signals(records, current, 1)
+    if signals:
+        learn = {k: v.learnability for k, v in signals.items()}
+        top = sorted(signals, key=lambda k: (-learn[k], key_size(k)))[:2]
+        half = {s: cur[s] / 2 + (0.5 / len(top) if s in top else 0.0) for s in sizes}
+        worst = sorted(signals, key=lambda k: (signals[k].valid_rate, key_size(k)))[:2]
+        moves += [
+            (f"shift half of the data to {_labels(top)}, the highest learnability p(1-p)", half),
+            (
+                f"double the data share of {_labels(worst)}, the lowest valid rates",
+                _doubled(cur, worst),
+            ),
+            (
+                f"data proportional to learnability p(1-p), at least {floor:g} per size",
+                learnability_shares(sizes, learn, floor),
+            ),
+        ]
+    out, seen = [], set()
+    for text, shares in moves:
+        diff = data_vector(current, shares, digits=4)
+        if diff and diff not in seen:
+            seen.add(diff)
+            out.append(Candidate(diff, text))
+    return out
+
+
+def candidate_edits(
+    current: ml_collections.ConfigDict,
+    steps: Sequence[float] = (0.05, 0.1),
+    records: Sequence[RoundRecord] = (),
+    floor: float = DEFAULT_FLOOR,
+) -> list[Candidate]:
+    """What a small model chooses among: `local_edits`, then `large_moves`."""
+    return local_edits(current, steps) + large_moves(current, records, floor)
 
 
 def choose_by_likelihood(
@@ -133,7 +286,7 @@ def choose_by_likelihood(
 
 @dataclasses.dataclass
 class FixedEngineer:
-    """Never changes the config: the fixed-environment baseline."""
+    """Never changes the config: every round trains on the round-0 config."""
 
     name: str = "fixed"
 
@@ -143,92 +296,184 @@ class FixedEngineer:
 
 @dataclasses.dataclass
 class RandomEngineer:
-    """`num_edits` local edits drawn uniformly from `candidate_edits` with the given rng.
+    """Domain randomisation: a fresh legal config over the current sizes every round.
 
-    Edits touching a key already chosen are skipped, so every key is set once.
+    data ratios ~ Dirichlet(alpha, ..., alpha), hole_ratio ~ U[0, 0.5], wait_ratio ~ U[0, 1]
+    per size (hole and wait rounded to 4 decimals), all drawn from `rng` (a seed or a numpy
+    Generator): the same rng gives the same config. Reads nothing else.
     """
 
-    num_edits: int = 1
-    steps: tuple[float, ...] = (0.05, 0.1)
+    alpha: float = 1.0
     name: str = "random"
+
+    def __post_init__(self):
+        _check(self.name, "alpha", self.alpha, self.alpha > 0, "a number > 0")
 
     def propose(self, context, current, rng, records=()) -> Decision:
         rng = np.random.default_rng(rng)
-        candidates = candidate_edits(current, self.steps)
-        diff: dict[str, float] = {}
-        words = []
-        for i in rng.permutation(len(candidates)):
-            if len(words) == self.num_edits:
-                break
-            c = candidates[int(i)]
-            if set(c.diff) & set(diff):
-                continue
-            diff.update(c.diff)
-            words.append(c.description)
-        text = format_diff(diff, "Random local edits: " + "; ".join(words) + ".")
-        return apply_proposal(parse_proposal(text, max_edits=len(diff)), current, self.name)
+        sizes = _sizes(current)
+        data = rng.dirichlet([self.alpha] * len(sizes))
+        holes = rng.uniform(0.0, MAX_HOLE_RATIO, len(sizes))
+        waits = rng.uniform(0.0, 1.0, len(sizes))
+        diff = data_vector(current, dict(zip(sizes, data.tolist())))
+        for s, h, w in zip(sizes, holes, waits):
+            diff += _ratio(current, s, "hole_ratio", h) + _ratio(current, s, "wait_ratio", w)
+        note = f"domain randomisation: data ~ Dirichlet({self.alpha:g}), holes ~ U[0, "
+        note += f"{MAX_HOLE_RATIO:g}], waits ~ U[0, 1]"
+        return _decide(self.name, diff, [note], current)
 
 
 @dataclasses.dataclass
 class RuleEngineer:
-    """A threshold curriculum on each size's latest valid rate v (records[-1].validation).
+    """A per-size ladder on the last round's valid rate v (Reasoning Gym's rule).
 
-    v < low (collapsed): hole_ratio and wait_ratio down by `step`, data weight x (1 - shift).
-    low <= v <= high (learnable): data weight x (1 + shift).
-    v > high (mastered): wait_ratio up by `step`, data weight x (1 - shift).
-    Sizes with fewer than `min_rows` validation rows keep their weight; the weights are then
-    renormalised into data_ratio. Values are clipped to the legal ranges.
+    v is the size's training-rollout valid rate, or its validation rate for records without
+    rollouts. v > high (mastered): one rung harder, hole_ratio and wait_ratio up by `step`
+    (clipped); a size already at the hardest rung gets data weight x (1 - shift) instead.
+    v < low (collapsed): one rung easier, both down by `step`; a size already at the easiest
+    rung gets data weight x (1 + shift) instead. Otherwise, or with fewer than `min_rows`
+    samples, the size is left alone. Weights are renormalised into data_ratio.
     """
 
     low: float = 0.3
-    high: float = 0.8
+    high: float = 0.7
     step: float = 0.05
     shift: float = 0.25
     min_rows: int = 1
     name: str = "rule"
 
+    def __post_init__(self):
+        ok = 0 <= self.low <= self.high <= 1
+        _check(self.name, "low", self.low, ok, f"0 <= low <= high={self.high!r} <= 1")
+        _check(self.name, "step", self.step, self.step >= 0, "a number >= 0")
+        _check(self.name, "shift", self.shift, 0 <= self.shift < 1, "a number in [0, 1)")
+
     def propose(self, context, current, rng, records=()) -> Decision:
-        if not records or not records[-1].validation:
-            return keep_current(current, self.name, "no validation results to act on")
-        val = records[-1].validation
-        sizes = sorted(current.sizes, key=key_size)
-        weights = {s: float(current.sizes[s].data_ratio) for s in sizes}
-        diff: dict[str, float] = {}
+        signals = _signals(records, current, self.min_rows)
+        if not signals:
+            return keep_current(current, self.name, "no rollouts or validation results to act on")
+        weights = {s: float(current.sizes[s].data_ratio) for s in _sizes(current)}
+        diff: Diff = ()
         notes = []
-        for s in sizes:
-            e = val.get(s)
-            if not e or e["n"] < self.min_rows:
-                continue
-            v = e["valid"] / e["n"]
-            cfg = current.sizes[s]
-            if v < self.low:
-                diff[f"sizes.{s}.hole_ratio"] = max(cfg.hole_ratio - self.step, 0.0)
-                diff[f"sizes.{s}.wait_ratio"] = max(cfg.wait_ratio - self.step, 0.0)
-                weights[s] *= 1 - self.shift
-                notes.append(f"{_label(s)} valid {v:.0%} < {self.low:.0%}: easier, less data")
-            elif v <= self.high:
-                weights[s] *= 1 + self.shift
-                notes.append(f"{_label(s)} valid {v:.0%} is learnable: more data")
+        for s, sig in signals.items():
+            if sig.valid_rate > self.high:
+                sign, factor, words = (
+                    1,
+                    1 - self.shift,
+                    ("harder", "at the hardest rung: less data"),
+                )
+            elif sig.valid_rate < self.low:
+                sign, factor, words = (
+                    -1,
+                    1 + self.shift,
+                    ("easier", "at the easiest rung: more data"),
+                )
             else:
-                diff[f"sizes.{s}.wait_ratio"] = min(cfg.wait_ratio + self.step, 1.0)
-                weights[s] *= 1 - self.shift
-                notes.append(f"{_label(s)} valid {v:.0%} > {self.high:.0%}: more waits, less data")
-        total = sum(weights.values())
-        for s in sizes:
-            share = weights[s] / total if total > 0 else 1.0 / len(sizes)
-            if not math.isclose(share, current.sizes[s].data_ratio, rel_tol=1e-12):
-                diff[f"sizes.{s}.data_ratio"] = share
-        diff = {
-            k: v
-            for k, v in diff.items()
-            if not math.isclose(v, current.sizes[k.split(".")[1]][k.split(".")[2]], abs_tol=1e-12)
-        }
-        summary = "; ".join(notes) + "." if notes else "No size has validation rows."
-        error = "" if diff else f"no rule changes the config ({summary})"
-        proposal = Proposal(
-            raw=format_diff(diff, summary), diff=diff, summary=summary, source="rule", error=error
-        )
-        return apply_proposal(proposal, current, self.name)
+                continue
+            rung = _shift(current, s, ("hole_ratio", "wait_ratio"), sign * self.step)
+            if not rung:
+                weights[s] *= factor
+            diff += rung
+            notes.append(
+                f"{_label(s)} valid {sig.valid_rate:.0%} ({sig.source}): {words[not rung]}"
+            )
+        diff = data_vector(current, weights) + diff
+        return _decide(self.name, diff, notes, current)
+
+
+@dataclasses.dataclass
+class LearnabilityEngineer:
+    """Sampling for learnability: data where the policy sometimes succeeds.
+
+    Reads the last record's rollouts (else its validation rates). data_ratio is proportional
+    to each size's learnability p(1 - p), with at least `floor` per size
+    (`learnability_shares`); a size whose valid rate p is above target + band gets
+    hole_ratio + hole_step, below target - band hole_ratio - hole_step, so pass rates drift
+    towards `target`. Sizes with fewer than `min_rows` samples count as unmeasured.
+    """
+
+    floor: float = DEFAULT_FLOOR
+    target: float = 0.5
+    band: float = 0.15
+    hole_step: float = 0.05
+    min_rows: int = 1
+    name: str = "learnability"
+
+    def __post_init__(self):
+        _check(self.name, "floor", self.floor, 0 <= self.floor < 1, "a number in [0, 1)")
+        _check(self.name, "target", self.target, 0 < self.target < 1, "a number in (0, 1)")
+        _check(self.name, "band", self.band, self.band >= 0, "a number >= 0")
+        _check(self.name, "hole_step", self.hole_step, self.hole_step >= 0, "a number >= 0")
+
+    def propose(self, context, current, rng, records=()) -> Decision:
+        signals = _signals(records, current, self.min_rows)
+        if not signals:
+            return keep_current(current, self.name, "no rollouts or validation results to act on")
+        scores = {k: v.learnability for k, v in signals.items()}
+        diff = data_vector(current, learnability_shares(_sizes(current), scores, self.floor))
+        notes = [
+            "data proportional to p(1-p) ("
+            + ", ".join(f"{_label(k)} {v:.3f}" for k, v in scores.items())
+            + f"; {next(iter(signals.values())).source}), at least {self.floor:g} per size"
+        ]
+        for s, sig in signals.items():
+            off = sig.valid_rate - self.target
+            if abs(off) > self.band:
+                nudge = _shift(current, s, ("hole_ratio",), math.copysign(self.hole_step, off))
+                diff += nudge
+                if nudge:
+                    more = "more" if off > 0 else "fewer"
+                    notes.append(f"{_label(s)} valid {sig.valid_rate:.0%}: {more} holes")
+        return _decide(self.name, diff, notes, current, learnability=scores)
+
+
+def bandit_values(
+    records: Sequence[RoundRecord],
+    sizes: Sequence[str],
+    step: float,
+    initial: float = 0.0,
+    min_rows: int = 1,
+) -> dict[str, float]:
+    """Arm values after TD(0) over the records in order: Q <- Q + step (r - Q), r = the size's
+    mean |A| in that round (`SizeSignal.mean_abs_advantage`); an arm without a signal that
+    round keeps its value. A pure function of the records, so a resumed run recovers it."""
+    q = dict.fromkeys(sizes, float(initial))
+    for record in records:
+        for k, sig in size_signals(record).items():
+            if k in q and sig.n >= min_rows:
+                q[k] += step * (sig.mean_abs_advantage - q[k])
+    return q
+
+
+@dataclasses.dataclass
+class BanditEngineer:
+    """Self-Evolving Curriculum: one arm per size, data_ratio = softmax(Q / temperature).
+
+    Q is `bandit_values` of all records (rollouts' mean |A|, else 2 sqrt(p(1 - p)) from the
+    validation rate); rebuilt from the records on every call, so the engineer holds no state.
+    Changes only data_ratio.
+    """
+
+    step: float = 0.5
+    temperature: float = 0.25
+    initial: float = 0.0
+    min_rows: int = 1
+    name: str = "bandit"
+
+    def __post_init__(self):
+        _check(self.name, "step", self.step, 0 < self.step <= 1, "a number in (0, 1]")
+        ok = self.temperature > 0
+        _check(self.name, "temperature", self.temperature, ok, "a number > 0")
+
+    def propose(self, context, current, rng, records=()) -> Decision:
+        if not records:
+            return keep_current(current, self.name, "no rollouts or validation results to act on")
+        sizes = _sizes(current)
+        q = bandit_values(records, sizes, self.step, self.initial, self.min_rows)
+        diff = data_vector(current, softmax_shares(q, self.temperature))
+        values = ", ".join(f"{_label(k)} {v:.3f}" for k, v in q.items())
+        note = f"data = softmax(Q / {self.temperature:g}) over the arm values Q ({values})"
+        return _decide(self.name, diff, [note], current, values=q)
 
 
 # ----------------------------------------------------------------------------- api
@@ -259,9 +504,10 @@ class ApiEngineer(api_chat.Endpoint):
             text, errors = self.chat(self.client(), prompt)
         except api_chat.ChatError as e:
             extra["errors"] = e.errors
-            return keep_current(current, self.name, str(e), extra=extra)
+            return keep_current(current, self.name, str(e), extra=extra, prompt=prompt)
         extra.update(errors=errors, attempts=len(errors) + 1)
-        return apply_proposal(parse_proposal(text, self.max_edits), current, self.name, **extra)
+        proposal = parse_proposal(text, self.max_edits)
+        return apply_proposal(proposal, current, self.name, prompt=prompt, **extra)
 
 
 # ----------------------------------------------------------------------------- policy
@@ -274,8 +520,10 @@ class PolicyEngineer:
     mode "free": `generate_fn([prompt], num_samples)` samples answers; the choice rule takes the
     first sample, in sampling order, whose diff parses and changes the config.
     mode "constrained": `score_fn(prompt, texts)` scores every `candidate_edits` answer text
-    by total log-likelihood; the most likely one wins (ties: earliest), always well-formed.
+    (local edits and wholesale data moves from the records) by total log-likelihood; the most
+    likely one wins (ties: earliest), always well-formed.
     mode "free_then_constrained": free, and constrained when no sample changes the config.
+    Every Decision carries the prompt (`Decision.prompt`).
     """
 
     generate_fn: GenerateFn | None = None
@@ -297,13 +545,13 @@ class PolicyEngineer:
         reasons = []
         decision = None
         for step in MODES[self.mode]:
-            decision = step(self, prompt, current)
+            decision = step(self, prompt, current, records)
             if not decision.kept_current:
-                return decision
+                return dataclasses.replace(decision, prompt=prompt)
             reasons.append(decision.reason)
-        return dataclasses.replace(decision, reason=" | ".join(reasons))
+        return dataclasses.replace(decision, reason=" | ".join(reasons), prompt=prompt)
 
-    def _free(self, prompt: str, current) -> Decision:
+    def _free(self, prompt: str, current, records) -> Decision:
         if self.generate_fn is None:
             return keep_current(current, self.name, "free mode needs a generate_fn")
         try:
@@ -329,12 +577,12 @@ class PolicyEngineer:
             extra={"mode": "free", "chosen": None, "samples": samples},
         )
 
-    def _constrained(self, prompt: str, current) -> Decision:
+    def _constrained(self, prompt: str, current, records) -> Decision:
         if self.score_fn is None:
             return keep_current(current, self.name, "constrained mode needs a score_fn")
-        candidates = candidate_edits(current, self.steps)
+        candidates = candidate_edits(current, self.steps, records)
         if not candidates:
-            return keep_current(current, self.name, "no local edit is possible")
+            return keep_current(current, self.name, "no candidate edit is possible")
         try:
             best, scores = choose_by_likelihood(self.score_fn, prompt, candidates)
         except Exception as e:  # a scoring failure keeps the config, says why
@@ -360,6 +608,8 @@ ENGINEERS: dict[str, Callable[..., Engineer]] = {
     "fixed": FixedEngineer,
     "random": RandomEngineer,
     "rule": RuleEngineer,
+    "learnability": LearnabilityEngineer,
+    "bandit": BanditEngineer,
     "api": ApiEngineer,
     "policy": PolicyEngineer,
     "base": functools.partial(PolicyEngineer, name="base"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from mapfjax.engineer.proposal import MAX_EDITS, format_diff
+from mapfjax.engineer.proposal import MAX_EDITS, Edit, format_diff
 from mapfjax.env.config import MAX_HOLE_RATIO, key_size
 
 ROLE = (
@@ -24,11 +24,13 @@ def allowed_keys_text(current: ml_collections.ConfigDict, max_edits: int = MAX_E
             f"- Keys: `sizes.s<N>.<field>`; current sizes: {', '.join(sizes)}; "
             f"N may be any map size from {low} to {current.max_size}.",
             "- `data_ratio` >= 0: share of the round's puzzles at that size. Values you set "
-            "are kept; the sizes you do not mention are scaled so that all shares sum to 1.",
+            "are kept; the sizes you do not mention are scaled so that all shares sum to 1. "
+            "You may move the data wholesale: all data_ratio lines together count as one edit.",
             f"- `hole_ratio` in [0, {MAX_HOLE_RATIO}]: share of the map's cells that are holes.",
             "- `wait_ratio` in [0, 1]: share of that size's puzzles in which some agent must "
             "wait (the agents' shortest paths conflict).",
-            f"- Values must be plain numbers. At most {max_edits} keys: small local edits. "
+            f"- Values must be plain numbers. At most {max_edits} edits (each hole_ratio or "
+            "wait_ratio line is one): small local edits. "
             "Out-of-range values are clipped. Only the puzzle distribution can change: not the "
             "reward, the validation set or the number of agents.",
         ]
@@ -40,7 +42,7 @@ def build_prompt(
 ) -> str:
     """The whole engineer prompt around a context from `build_context`."""
     example = format_diff(
-        {"sizes.s6.data_ratio": 0.15, "sizes.s6.wait_ratio": 0.4},
+        (Edit(6, "data_ratio", 0.15), Edit(6, "wait_ratio", 0.4)),
         "6x6 has a learnable valid rate, so give it more data and a few more waits.",
     )
     return "\n\n".join(

@@ -1,6 +1,6 @@
-"""Engineer answers -> config diffs: a strict parser (never eval, never import) and its projection.
-
-`parse_proposal` and `apply_proposal` never raise on any text; what they drop is recorded with why.
+"""Engineer answers -> typed config diffs (`Edit`s): a strict parser (never eval, never import)
+and its projection. `parse_proposal` and `apply_proposal` never raise on any text; what they
+drop is recorded with why.
 """
 
 from __future__ import annotations
@@ -9,14 +9,24 @@ import dataclasses
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import ml_collections
 
-from mapfjax.env.config import RATIO_FIELDS, ConfigError, key_size, project, size_key, validate
+from mapfjax.env.config import (
+    RATIO_FIELDS,
+    ConfigError,
+    key_size,
+    project_edits,
+    ratio_key,
+    size_key,
+    validate,
+)
 
-MAX_EDITS = 6  # more edits than this is a rewrite, not a local edit (docs/paper.md section 4)
+# More edits than this is a rewrite, not a local edit (docs/paper.md section 4); all data_ratio
+# values of one diff together count as one edit (a new data distribution), see `count_edits`.
+MAX_EDITS = 6
 MAX_CHARS = 200_000  # longer answers are cut here (endless generations)
 MAX_SUMMARY_CHARS = 1_000
 
@@ -42,17 +52,58 @@ class _Scalar(str):
 
 
 @dataclasses.dataclass(frozen=True)
+class Edit:
+    """One typed config edit: set `sizes.s<size>.<field>` to `value` (field in RATIO_FIELDS).
+
+    Parsed once from text (`parse_key`, `edits_from_dict`); ranges are the projection's job.
+    """
+
+    size: int
+    field: str
+    value: float
+
+    @property
+    def key(self) -> str:
+        """The dotted key the engineer writes, e.g. 'sizes.s7.data_ratio'."""
+        return f"sizes.{size_key(self.size)}.{self.field}"
+
+    def text(self) -> str:
+        """One `key: value` line of the answer format."""
+        return f"{self.key}: {float(self.value)!r}"
+
+
+Diff = tuple[Edit, ...]
+
+
+def diff_dict(diff: Iterable[Edit]) -> dict[str, float]:
+    """The diff as {dotted key: value}, the form decision.json stores."""
+    return {e.key: e.value for e in diff}
+
+
+def edits_from_dict(mapping: Mapping[str, Any]) -> Diff:
+    """Inverse of `diff_dict`; ValueError names a bad key or value and what is allowed."""
+    return tuple(Edit(*parse_key(k), _number(v)) for k, v in mapping.items())
+
+
+def count_edits(diff: Iterable[Edit]) -> int:
+    """Edits as the MAX_EDITS rule counts them: each hole_ratio or wait_ratio value is one;
+    all data_ratio values together are one (a wholesale new data distribution)."""
+    fields = [e.field for e in diff]
+    return sum(f != "data_ratio" for f in fields) + ("data_ratio" in fields)
+
+
+@dataclasses.dataclass(frozen=True)
 class Proposal:
     """A parsed engineer answer.
 
-    raw: the answer text. diff: canonical key ('sizes.s7.data_ratio') -> float, syntax-checked
-    only (ranges are the projection's job). rejected: (item, reason) pairs that were dropped.
+    raw: the answer text. diff: the edits in answer order, one per key, syntax-checked only
+    (ranges are the projection's job). rejected: (item, reason) pairs that were dropped.
     summary: the `Summary:` paragraph. source: where the diff came from ('json block',
     'yaml block', 'bare lines' or 'none'). error: why nothing usable was found ('' if usable).
     """
 
     raw: str
-    diff: dict[str, float]
+    diff: Diff
     rejected: tuple[tuple[str, str], ...] = ()
     summary: str = ""
     source: str = "none"
@@ -63,14 +114,15 @@ class Proposal:
 class Decision:
     """The outcome of one engineer step (everything the run directory records).
 
-    config: the next round's config (validated). changes: what the projection did.
-    kept_current: True when the config did not change; `reason` then says why.
+    diff: the accepted edits. config: the next round's config (validated). changes: what the
+    projection did. kept_current: True when the config did not change; `reason` then says why.
     extra: engineer-specific facts (samples, scores, retries), JSON-serialisable.
+    prompt: the exact prompt the engineer sent ('' for engineers that send none).
     """
 
     engineer: str
     raw: str
-    diff: dict[str, float]
+    diff: Diff
     rejected: tuple[tuple[str, str], ...]
     changes: tuple[str, ...]
     config: ml_collections.ConfigDict
@@ -78,9 +130,12 @@ class Decision:
     reason: str = ""
     summary: str = ""
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+    prompt: str = ""
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready; the diff as {dotted key: value} (decision.json)."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["diff"] = diff_dict(self.diff)
         d["config"] = self.config.to_dict()
         d["rejected"] = [list(r) for r in self.rejected]
         d["changes"] = list(self.changes)
@@ -88,10 +143,11 @@ class Decision:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Decision:
+        """Inverse of `to_dict`; files written before `prompt` existed load with prompt ''."""
         return cls(
             engineer=d["engineer"],
             raw=d["raw"],
-            diff={k: float(v) for k, v in d["diff"].items()},
+            diff=edits_from_dict(d["diff"]),
             rejected=tuple((str(a), str(b)) for a, b in d["rejected"]),
             changes=tuple(d["changes"]),
             config=ml_collections.ConfigDict(d["config"]),
@@ -99,30 +155,30 @@ class Decision:
             reason=d.get("reason", ""),
             summary=d.get("summary", ""),
             extra=dict(d.get("extra", {})),
+            prompt=str(d.get("prompt", "")),
         )
 
 
-def format_diff(diff: Mapping[str, float], summary: str = "") -> str:
+def format_diff(diff: Sequence[Edit], summary: str = "") -> str:
     """The answer format the prompt asks for; `parse_proposal(format_diff(d)).diff == d`."""
-    body = "\n".join(f"{k}: {float(v)!r}" for k, v in diff.items())
+    body = "\n".join(e.text() for e in diff)
     text = f"```yaml\n{body}\n```" if body else "```yaml\n```"
     return f"{text}\nSummary: {summary.strip()}" if summary.strip() else text
 
 
-def canonical_key(key: str) -> str:
-    """'env.sizes.7x7.data_ratio' -> 'sizes.s7.data_ratio'; ValueError says what is allowed."""
-    k = key.strip().strip("`'\"").strip()
+def parse_key(key: str) -> tuple[int, str]:
+    """'env.sizes.7x7.data_ratio' -> (7, 'data_ratio'); ValueError says what is allowed."""
+    k = str(key).strip().strip("`'\"").strip()
     if k.startswith("env."):
         k = k[4:]
-    parts = k.split(".")
-    allowed = f"sizes.s<N>.<field> with field in {list(RATIO_FIELDS)}"
-    if len(parts) != 3 or parts[0] != "sizes" or parts[2] not in RATIO_FIELDS:
-        raise ValueError(f"unknown key {key!r}; allowed: {allowed}")
     try:
-        n = key_size(parts[1])
+        parsed = ratio_key(k)
     except ConfigError as e:
         raise ValueError(str(e)) from None
-    return f"sizes.{size_key(n)}.{parts[2]}"
+    if parsed is None:
+        allowed = f"sizes.s<N>.<field> with field in {list(RATIO_FIELDS)}"
+        raise ValueError(f"unknown key {key!r}; allowed: {allowed}")
+    return parsed
 
 
 def _number(value: Any) -> float:
@@ -130,7 +186,10 @@ def _number(value: Any) -> float:
     if isinstance(value, bool) or value is None:
         raise ValueError(f"{value!r} is not a number")
     if isinstance(value, int | float):
-        v = float(value)
+        try:
+            v = float(value)
+        except OverflowError:
+            raise ValueError(f"{str(value)[:40]!r} does not fit a float") from None
     elif isinstance(value, _Scalar) and _NUMBER.fullmatch(value.strip()):
         v = float(value.strip())
     else:
@@ -219,18 +278,19 @@ def parse_proposal(text: Any, max_edits: int = MAX_EDITS) -> Proposal:
     (also `- `, backticks, `=`) outside fenced blocks, so prose around them is ignored.
     Keys may carry an `env.` prefix and write the size as s7, 7 or 7x7. Values must be
     numbers. Dropped with a reason: unknown keys, non-numbers, keys given twice with different
-    values. More than `max_edits` distinct keys rejects the whole diff (a rewrite).
+    values. More than `max_edits` edits (as `count_edits` counts them: all data_ratio values
+    together are one) rejects the whole diff (a rewrite).
     """
     try:
         return _parse(text, max_edits)
     except Exception as e:  # the contract is "never raises": record what happened instead
         raw = text if isinstance(text, str) else repr(text)[:MAX_CHARS]
-        return Proposal(raw=raw, diff={}, error=f"unparseable answer ({type(e).__name__}: {e})")
+        return Proposal(raw=raw, diff=(), error=f"unparseable answer ({type(e).__name__}: {e})")
 
 
 def _parse(text: Any, max_edits: int) -> Proposal:
     if not isinstance(text, str):
-        return Proposal(raw=repr(text)[:MAX_CHARS], diff={}, error="the answer is not text")
+        return Proposal(raw=repr(text)[:MAX_CHARS], diff=(), error="the answer is not text")
     raw = text
     rejected: list[tuple[str, str]] = []
     if len(text) > MAX_CHARS:
@@ -239,7 +299,7 @@ def _parse(text: Any, max_edits: int) -> Proposal:
     answer, error = _strip_thinking(text)
     summary = _summary(answer)
     if error:
-        return Proposal(raw=raw, diff={}, rejected=tuple(rejected), summary=summary, error=error)
+        return Proposal(raw=raw, diff=(), rejected=tuple(rejected), summary=summary, error=error)
     blocks = [(m.group(1).lower(), m.group(2)) for m in _FENCE.finditer(answer)]
     usable = [(lang, body) for lang, body in blocks if lang in _BLOCK_LANGS]
     for lang, _ in blocks:
@@ -264,28 +324,32 @@ def _parse(text: Any, max_edits: int) -> Proposal:
         items = [(m.group(1), _Scalar(m.group(2))) for m in _BARE.finditer(outside)]
         if not items:
             source = "none"
-    diff, conflicts = {}, set()
+    values: dict[tuple[int, str], float] = {}
+    conflicts = set()
     for key, value in items:
         try:
-            k, v = canonical_key(str(key)), _number(value)
+            k, v = parse_key(str(key)), _number(value)
         except ValueError as e:
             rejected.append((f"{key}: {str(value)[:40]}", str(e)))
             continue
-        if k in diff and diff[k] != v:
+        if k in values and values[k] != v:
             conflicts.add(k)
-        diff.setdefault(k, v)
+        values.setdefault(k, v)
     for k in sorted(conflicts):
-        del diff[k]
-        rejected.append((k, "given twice with different values"))
-    if len(diff) > max_edits:
-        rejected.append(("<diff>", f"{len(diff)} edits; allowed: at most {max_edits}"))
+        del values[k]
+        rejected.append((Edit(*k, 0.0).key, "given twice with different values"))
+    diff = tuple(Edit(n, field, v) for (n, field), v in values.items())
+    count = count_edits(diff)
+    if count > max_edits:
+        why = f"{count} edits; allowed: at most {max_edits} (all data_ratio values count as one)"
+        rejected.append(("<diff>", why))
         return Proposal(
             raw=raw,
-            diff={},
+            diff=(),
             rejected=tuple(rejected),
             summary=summary,
             source=source,
-            error=f"too many edits ({len(diff)} > {max_edits}): make a few local edits",
+            error=f"too many edits ({count} > {max_edits}): make a few local edits",
         )
     error = "" if diff else _why_empty(source, rejected)
     return Proposal(raw, diff, tuple(rejected), summary, source, error)
@@ -302,34 +366,34 @@ def _why_empty(source: str, rejected: list) -> str:
 # ----------------------------------------------------------------------------- apply
 
 
-def complete_data_ratios(
-    diff: Mapping[str, float], current: ml_collections.ConfigDict
-) -> tuple[dict[str, float], list[str]]:
+def complete_data_ratios(diff: Diff, current: ml_collections.ConfigDict) -> tuple[Diff, list[str]]:
     """Keep the data_ratio values the engineer set; scale the sizes it did not mention.
 
     When the edited data_ratio values sum to s <= 1 and other sizes exist, those sizes are
     scaled by (1 - s) / (their current sum), so `sizes.s7.data_ratio: 0.3` really gives 7x7
     30% of the data. With s > 1 (or nothing left to scale) the projection renormalises all.
     """
-    edited = {k.split(".")[1]: v for k, v in diff.items() if k.endswith(".data_ratio")}
+    edited = {size_key(e.size): e.value for e in diff if e.field == "data_ratio"}
     rest = [s for s in current.sizes if s not in edited]
     used = sum(max(v, 0.0) for v in edited.values())
     rest_sum = sum(current.sizes[s].data_ratio for s in rest)
     if not edited or not rest or used > 1.0 or rest_sum <= 0:
-        return dict(diff), []
+        return tuple(diff), []
     scale = (1.0 - used) / rest_sum
     if math.isclose(scale, 1.0, rel_tol=1e-9):
-        return dict(diff), []
-    out = dict(diff)
-    for s in rest:
-        out[f"sizes.{s}.data_ratio"] = current.sizes[s].data_ratio * scale
+        return tuple(diff), []
+    scaled = [Edit(key_size(s), "data_ratio", current.sizes[s].data_ratio * scale) for s in rest]
     note = f"data_ratio: sizes not in the diff scaled by {scale:.6g} so the total stays 1"
-    return out, [note]
+    return (*diff, *scaled), [note]
 
 
 def _why(e: Exception) -> str:
     """The projection's message; other exceptions also name their type."""
     return str(e) if isinstance(e, ConfigError) else f"{type(e).__name__}: {e}"
+
+
+def _project(diff: Diff, current: ml_collections.ConfigDict):
+    return project_edits([(e.size, e.field, e.value) for e in diff], current)
 
 
 def keep_current(
@@ -339,7 +403,7 @@ def keep_current(
     return Decision(
         engineer=engineer,
         raw=raw,
-        diff=kw.pop("diff", {}),
+        diff=tuple(kw.pop("diff", ())),
         rejected=kw.pop("rejected", ()),
         changes=(),
         config=ml_collections.ConfigDict(current.to_dict()),
@@ -350,43 +414,48 @@ def keep_current(
 
 
 def apply_proposal(
-    proposal: Proposal, current: ml_collections.ConfigDict, engineer: str = "", **extra
+    proposal: Proposal,
+    current: ml_collections.ConfigDict,
+    engineer: str = "",
+    prompt: str = "",
+    **extra,
 ) -> Decision:
     """Project the proposal's diff onto the legal space around `current`.
 
-    Each edit is first checked alone with `project` (an illegal size, e.g. too small for the
-    agents, is dropped with the projection's message); the rest go through
-    `complete_data_ratios` and then one `project` call, whose config and changes are recorded.
-    A diff that cannot be projected as a whole keeps the current config and says why. Raises
-    only if `current` itself is invalid (ConfigError).
+    Each edit is first checked alone with the projection (an illegal size, e.g. too small for
+    the agents, is dropped with the projection's message); the rest go through
+    `complete_data_ratios` and then one `project_edits` call, whose config and changes are
+    recorded. A diff that cannot be projected as a whole keeps the current config and says
+    why. `prompt` (what the engineer sent) and `extra` are recorded as they are. Raises only if
+    `current` itself is invalid (ConfigError).
     """
     validate(current)
     rejected = list(proposal.rejected)
-    accepted: dict[str, float] = {}
-    for k, v in proposal.diff.items():
+    accepted: list[Edit] = []
+    for e in proposal.diff:
         try:
-            project({k: v}, current)
-        except Exception as e:  # any edit the projection cannot take is dropped
-            rejected.append((f"{k}: {v!r:.60}", _why(e)))
+            _project((e,), current)
+        except Exception as err:  # any edit the projection cannot take is dropped
+            rejected.append((f"{e.key}: {e.value!r:.60}", _why(err)))
             continue
-        accepted[k] = v
-    common = dict(engineer=engineer, raw=proposal.raw, summary=proposal.summary, extra=extra)
-    if not accepted:
+        accepted.append(e)
+    common = dict(
+        engineer=engineer, raw=proposal.raw, summary=proposal.summary, extra=extra, prompt=prompt
+    )
+    diff = tuple(accepted)
+    if not diff:
         reason = proposal.error or "; ".join(r for _, r in rejected[-3:]) or "empty diff"
-        rejected_t = tuple(rejected)
-        return keep_current(current, reason=reason, diff=accepted, rejected=rejected_t, **common)
+        return keep_current(current, reason=reason, diff=diff, rejected=tuple(rejected), **common)
     try:
-        full, notes = complete_data_ratios(accepted, current)
-        config, changes = project(full, current)
-    except Exception as e:  # e.g. edits legal alone but not together
-        reason = f"the diff cannot be projected onto the legal space: {_why(e)}"
+        full, notes = complete_data_ratios(diff, current)
+        config, changes = _project(full, current)
+    except Exception as err:  # e.g. edits legal alone but not together
+        reason = f"the diff cannot be projected onto the legal space: {_why(err)}"
         rejected.append(("<diff>", reason))
-        return keep_current(
-            current, reason=reason, diff=accepted, rejected=tuple(rejected), **common
-        )
+        return keep_current(current, reason=reason, diff=diff, rejected=tuple(rejected), **common)
     same = config.to_dict() == current.to_dict()
     return Decision(
-        diff=accepted,
+        diff=diff,
         rejected=tuple(rejected),
         changes=tuple(notes + changes),
         config=config,

@@ -173,6 +173,18 @@ def flatten(d: Mapping, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def ratio_key(path: str) -> tuple[int, str] | None:
+    """'sizes.s7.hole_ratio' -> (7, 'hole_ratio'); None for a key that is not a per-size ratio.
+
+    The one place a dotted ratio key is split. A size part that is not a map size ('sizes.big.
+    hole_ratio') raises ConfigError.
+    """
+    parts = str(path).split(".")
+    if len(parts) != 3 or parts[0] != "sizes" or parts[2] not in RATIO_FIELDS:
+        return None
+    return key_size(parts[1]), parts[2]
+
+
 def project(
     proposal: Mapping[str, Any] | ml_collections.ConfigDict,
     current: ml_collections.ConfigDict,
@@ -181,29 +193,46 @@ def project(
 
     `proposal` is either a whole config or a flat/nested mapping of the keys to change
     (`{"sizes.s7.hole_ratio": 0.6}` or `{"sizes": {"s7": {...}}}`); anything not proposed
-    keeps its current value. Rules: hole_ratio is clipped to [0, 0.5], wait_ratio to [0, 1],
-    data_ratio to >= 0 and then renormalised to sum 1 (all-zero -> uniform over the
-    proposed sizes; huge values are scaled down first, so nothing overflows); sizes outside
-    [MIN_SIZE, max_size] (as in `validate`), values that are not finite numbers (also an int
-    too large for a float) and any key that is not a per-size ratio are rejected with
-    ConfigError. Only the task distribution may change: seeds, agents and
-    budgets are not the engineer's to set.
+    keeps its current value. Keys that are not per-size ratios are rejected with ConfigError
+    (unless a whole config repeats their current value); the rest is `project_edits`.
     """
     validate(current)
     flat = flatten(proposal if isinstance(proposal, Mapping) else proposal.to_dict())
     current_flat = flatten(current)
-    new = copy.deepcopy(current.to_dict())
-    changes: list[str] = []
+    edits = []
     for path, value in flat.items():
-        parts = path.split(".")
-        if len(parts) != 3 or parts[0] != "sizes" or parts[2] not in RATIO_FIELDS:
+        parsed = ratio_key(path)
+        if parsed is None:
             if path in current_flat and current_flat[path] == value:
                 continue  # an unchanged non-ratio key (a whole config was proposed)
             raise ConfigError(
                 f"key {path!r} cannot be changed; allowed: sizes.s<N>.<field> with field in "
                 f"{list(RATIO_FIELDS)}"
             )
-        n = key_size(parts[1])
+        edits.append((*parsed, value))
+    return project_edits(edits, current)
+
+
+def project_edits(
+    edits: Iterable[tuple[int, str, Any]], current: ml_collections.ConfigDict
+) -> tuple[ml_collections.ConfigDict, list[str]]:
+    """`project` for edits already parsed into (size, field, value) triples, applied in order.
+
+    Rules: hole_ratio is clipped to [0, 0.5], wait_ratio to [0, 1], data_ratio to >= 0 and
+    then renormalised to sum 1 (all-zero -> uniform over the sizes; huge values are scaled
+    down first, so nothing overflows); sizes outside [MIN_SIZE, max_size] (as in `validate`)
+    or too small for the agents, fields that are not ratios and values that are not finite
+    numbers (also an int too large for a float) are rejected with ConfigError. Only the task
+    distribution may change: seeds, agents and budgets are not the engineer's to set.
+    """
+    validate(current)
+    new = copy.deepcopy(current.to_dict())
+    changes: list[str] = []
+    for n, field, value in edits:
+        sk = size_key(n)
+        path = f"sizes.{sk}.{field}"
+        if field not in RATIO_FIELDS:
+            raise ConfigError(f"key {path!r}: field {field!r}; allowed: {list(RATIO_FIELDS)}")
         if not MIN_SIZE <= n <= current.max_size:
             raise ConfigError(
                 f"key {path!r}: map size {n} outside [{MIN_SIZE}, max_size={current.max_size}]"
@@ -219,13 +248,10 @@ def project(
             raise ConfigError(
                 f"key {path!r} = {_show(value)}; allowed: a finite number that fits a float"
             )
-        field, sk = parts[2], size_key(n)
         hi = MAX_HOLE_RATIO if field == "hole_ratio" else 1.0 if field == "wait_ratio" else math.inf
         clipped = min(max(float(value), 0.0), hi)
         if clipped != value:
-            changes.append(
-                f"sizes.{sk}.{field}: {value!r} clipped to {clipped:g} (range [0, {hi}])"
-            )
+            changes.append(f"{path}: {value!r} clipped to {clipped:g} (range [0, {hi}])")
         entry = new["sizes"].setdefault(
             sk, {"data_ratio": 0.0, "hole_ratio": 0.0, "wait_ratio": 0.0}
         )

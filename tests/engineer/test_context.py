@@ -1,5 +1,6 @@
 """Context modules: failure breakdown counts, round records, variant contents, determinism."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -8,7 +9,7 @@ import pytest
 from mapfjax import configfile
 from mapfjax.engineer import context as C
 from mapfjax.engineer.prompt import build_prompt
-from mapfjax.engineer.proposal import parse_proposal
+from mapfjax.engineer.proposal import Edit, parse_proposal
 from mapfjax.env.config import default_config
 
 VARIANTS_FILE = Path(__file__).parents[2] / "configs" / "engineer" / "variants.py"
@@ -171,6 +172,50 @@ def test_summary_training_and_failures_sections():
     assert s6["Guideline"].strip() == guideline
 
 
+ROLLOUTS = {
+    "sizes": {
+        "3": {
+            "groups": 4,
+            "samples": 32,
+            "valid_rate": 0.75,
+            "mixed_groups": 0.5,
+            "learnability": 0.125,
+            "mean_abs_advantage": 0.4,
+        },
+        "5x5": {
+            "groups": 2,
+            "samples": 16,
+            "valid_rate": 0.0625,
+            "mixed_groups": 0.5,
+            "learnability": 0.0586,
+            "mean_abs_advantage": 0.25,
+        },
+        "6": {"groups": 0, "samples": 0},  # incomplete: left out
+    }
+}
+
+
+def test_rollouts_are_stored_read_and_shown_in_module_f():
+    r = dataclasses.replace(record(1), rollouts=ROLLOUTS)
+    assert C.RoundRecord.from_json(r.to_json()) == r
+    old = {k: v for k, v in r.to_dict().items() if k != "rollouts"}  # an older record
+    assert C.RoundRecord.from_dict(old).rollouts == {}
+    assert list(C.rollout_stats(r)) == ["s3", "s5"]
+    sig = C.size_signals(r)
+    assert sig["s3"] == C.SizeSignal(0.75, 0.125, 0.4, 32, "rollouts") and "s4" not in sig
+    # Without rollouts: the validation rate p, p(1-p) and 2 sqrt(p(1-p)).
+    fallback = C.size_signals(record(1))["s3"]
+    assert fallback == C.SizeSignal(0.5, 0.25, 1.0, 4, "validation")
+    f = sections(C.build_context([r], default_config(sizes=(3, 4, 5)), {"F": True}))
+    text = f["Failure breakdown"]
+    assert "Validation after round 1" in text and "Training rollouts of round 1" in text
+    assert "| size | groups | samples | valid % | mixed groups % | p(1-p) | mean |A| |" in text
+    assert "| s3 (3x3) | 4 | 32 | 75.0 | 50 | 0.125 | 0.400 |" in text
+    assert "| s5 (5x5) | 2 | 16 | 6.2 | 50 | 0.059 | 0.250 |" in text
+    plain = sections(C.build_context([record(1)], default_config(sizes=(3, 4, 5)), {"F": True}))
+    assert "Training rollouts" not in plain["Failure breakdown"]
+
+
 def test_empty_records_and_determinism():
     cur = default_config(sizes=(3, 4))
     text = C.build_context([], cur, load_variant("V6").modules)
@@ -202,9 +247,9 @@ def test_prompt_has_rules_context_schema_and_a_parseable_example():
     ctx = C.build_context(records3(), cur, load_variant("V6").modules)
     p = build_prompt(ctx, cur, max_edits=4)
     assert ctx.strip() in p
-    assert "sizes.s<N>.<field>" in p and "[0, 0.5]" in p and "At most 4 keys" in p
+    assert "sizes.s<N>.<field>" in p and "[0, 0.5]" in p and "At most 4 edits" in p
     assert "current sizes: s3, s4, s5" in p and "Summary:" in p
     example = p.split("# Answer format", 1)[1]
     parsed = parse_proposal(example)
-    assert parsed.diff == {"sizes.s6.data_ratio": 0.15, "sizes.s6.wait_ratio": 0.4}
+    assert parsed.diff == (Edit(6, "data_ratio", 0.15), Edit(6, "wait_ratio", 0.4))
     assert parsed.summary.startswith("6x6 has a learnable")

@@ -1,4 +1,5 @@
-"""Engineers: baselines, the rule curriculum, an API engineer against a local server, policy."""
+"""Engineers: the curriculum baselines on synthetic round records, candidate edits, an API
+engineer against a local server, policy."""
 
 import json
 import math
@@ -7,13 +8,15 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from mapfjax import configfile
 from mapfjax.engineer import engineers as E
 from mapfjax.engineer.context import RoundRecord, failure_breakdown
-from mapfjax.engineer.proposal import parse_proposal
-from mapfjax.env.config import default_config
+from mapfjax.engineer.prompt import build_prompt
+from mapfjax.engineer.proposal import Edit, count_edits, parse_proposal
+from mapfjax.env.config import default_config, validate
 
 CUR = default_config(sizes=(3, 4, 5))
 ENGINEERS_FILE = Path(__file__).parents[2] / "configs" / "engineer" / "engineers.py"
@@ -47,31 +50,48 @@ def records(*per_size):
     return [RoundRecord(0, CUR.to_dict(), failure_breakdown(rs), "", {"round": 0})]
 
 
-def changed_keys(a, b):
-    out = set()
-    for s in set(a.sizes) | set(b.sizes):
-        for f in ("data_ratio", "hole_ratio", "wait_ratio"):
-            if not math.isclose(a.sizes[s][f], b.sizes[s][f], abs_tol=1e-9):
-                out.add(f"sizes.{s}.{f}")
-    return out
-
-
 def test_fixed_never_changes():
     d = E.FixedEngineer().propose(CONTEXT, CUR, 0, records((3, 0, 4)))
     assert d.kept_current and "never" in d.reason and d.config.to_dict() == CUR.to_dict()
 
 
+def rollout_record(round_, config, per_size, validation=()):
+    """A round record with training-rollout statistics: per_size {size: (valid_rate,
+    learnability, mean_abs_advantage)} over 8 groups of 8 samples."""
+    stats = {
+        str(n): {
+            "groups": 8,
+            "samples": 64,
+            "valid_rate": v,
+            "mixed_groups": 0.5,
+            "learnability": lp,
+            "mean_abs_advantage": a,
+        }
+        for n, (v, lp, a) in per_size.items()
+    }
+    val = failure_breakdown([r for size, ok, n in validation for r in rows(size, ok, n)])
+    cfg = config.to_dict() if hasattr(config, "to_dict") else config
+    return RoundRecord(round_, cfg, val, "", {"round": round_}, {"sizes": stats})
+
+
+ROLLOUTS = [rollout_record(0, CUR, {3: (0.9, 0.05, 0.3), 4: (0.5, 0.2, 0.8), 5: (0.1, 0.04, 0.2)})]
+
+
+def shares(config):
+    return {k: config.sizes[k].data_ratio for k in sorted(config.sizes)}
+
+
 def test_candidate_edits_are_local_and_well_formed():
     cur = default_config()  # 8 sizes, hole 0.2, wait 0.3, data 0.125
     cands = E.candidate_edits(cur)
-    # 8 sizes x 2 fields x 4 steps (+-0.05, +-0.1), plus 7 neighbour pairs x 2 ways x 2 steps.
+    # 8 sizes x 2 fields x 4 steps (+-0.05, +-0.1), plus 7 neighbour pairs x 2 ways x 2 steps;
+    # no large move: the data is already uniform and there are no records.
     assert len(cands) == 8 * 2 * 4 + 7 * 2 * 2
     for c in cands:
         assert parse_proposal(c.text()).diff == c.diff
         assert len(c.diff) in (1, 2)
-        for k, v in c.diff.items():
-            s, f = k.split(".")[1:]
-            assert abs(v - cur.sizes[s][f]) <= 0.1 + 1e-9
+        for e in c.diff:
+            assert abs(e.value - cur.sizes[f"s{e.size}"][e.field]) <= 0.1 + 1e-9
     edge = default_config(sizes=(3, 4), hole_ratio=0.5, wait_ratio=0.0)
     texts = [c.description for c in E.candidate_edits(edge)]
     assert not any("raise hole_ratio" in t or "lower wait_ratio" in t for t in texts)
@@ -79,44 +99,175 @@ def test_candidate_edits_are_local_and_well_formed():
     assert sum("move" in t for t in texts) == 4
 
 
-def test_random_is_seeded_and_local():
-    eng = E.RandomEngineer(num_edits=2)
-    a, b = eng.propose(CONTEXT, CUR, 7), eng.propose(CONTEXT, CUR, 7)
-    assert a.to_dict() == b.to_dict()
-    outcomes = {json.dumps(eng.propose(CONTEXT, CUR, s).diff, sort_keys=True) for s in range(20)}
-    assert len(outcomes) > 5
-    for seed in range(20):
-        d = eng.propose(CONTEXT, CUR, seed)
-        assert not d.kept_current and 2 <= len(d.diff) <= 4
-        assert changed_keys(CUR, d.config) <= set(d.diff) | {
-            f"sizes.{s}.data_ratio" for s in CUR.sizes
-        }
+def test_large_moves_are_candidates_and_one_edit_each():
+    cur = E.apply_proposal(
+        parse_proposal("sizes.s3.data_ratio: 0.6\nsizes.s4.data_ratio: 0.3"), CUR, "t"
+    ).config
+    moves = E.large_moves(cur, ROLLOUTS)
+    assert E.candidate_edits(cur, records=ROLLOUTS)[-len(moves) :] == moves
+    by_text = {c.description.split(",")[0].split(" to ")[0]: c for c in moves}
+    assert len(moves) == 4, [c.description for c in moves]
+    for c in moves:
+        # A whole data_ratio vector: every size, one edit by the MAX_EDITS rule.
+        assert [e.size for e in c.diff] == [3, 4, 5] and count_edits(c.diff) == 1
+        assert parse_proposal(c.text(), max_edits=1).diff == c.diff
+    got = lambda c: {e.size: e.value for e in c.diff}  # noqa: E731
+    assert got(by_text["uniform data over all sizes"]) == {3: 0.3333, 4: 0.3333, 5: 0.3333}
+    # Half of the data to 4x4 and 3x3 (learnability 0.2 and 0.05), a quarter each.
+    half = next(c for c in moves if c.description.startswith("shift half"))
+    assert "4x4 and 3x3" in half.description
+    assert got(half) == {3: 0.3 + 0.25, 4: 0.15 + 0.25, 5: 0.05}
+    # 5x5 (10 % valid) and 4x4 (50 %) are the worst: 0.1 -> 0.2 and 0.3 -> 0.6, 3x3 keeps 0.2.
+    double = next(c for c in moves if c.description.startswith("double"))
+    assert got(double) == {3: 0.2, 4: 0.6, 5: 0.2}
+    # Without rollouts the validation rates decide, and the uniform move stays.
+    old = E.large_moves(cur, records((3, 10, 10), (4, 5, 10), (5, 0, 10)))
+    assert len(old) == 4 and "5x5 and 4x4, the lowest valid rates" in old[2].description
+    assert [c.description for c in E.large_moves(cur)] == ["uniform data over all sizes"]
 
 
-def test_rule_engineer_follows_its_documented_rules():
-    # 3x3 mastered (10/10), 4x4 learnable (5/10), 5x5 collapsed (0/10); band [0.3, 0.8].
-    d = E.RuleEngineer(low=0.3, high=0.8, step=0.05, shift=0.25).propose(
+def test_policy_falls_back_to_a_large_move_when_the_model_prefers_it():
+    def score(prompt, texts):
+        return [1.0 if "uniform data" in t else 0.0 for t in texts]
+
+    eng = E.PolicyEngineer(generate_fn=lambda p, n: ["no diff"] * n, score_fn=score)
+    cur = E.apply_proposal(parse_proposal("sizes.s3.data_ratio: 0.6"), CUR, "t").config
+    d = eng.propose(CONTEXT, cur, 0, ROLLOUTS)
+    assert not d.kept_current and d.extra["candidates"][d.extra["chosen"]].startswith("uniform")
+    assert all(math.isclose(v, 1 / 3, abs_tol=1e-3) for v in shares(d.config).values())
+    assert d.prompt == build_prompt(CONTEXT, cur, eng.max_edits)
+
+
+def test_random_is_seeded_domain_randomisation():
+    eng = E.RandomEngineer()
+    a, b = eng.propose(CONTEXT, CUR, 7), eng.propose(CONTEXT, CUR, np.random.default_rng(7))
+    assert a.to_dict() == b.to_dict() and a.prompt == ""
+    configs = [eng.propose(CONTEXT, CUR, seed).config for seed in range(30)]
+    for c in configs:
+        validate(c)
+        assert sorted(c.sizes) == sorted(CUR.sizes)
+    # A fresh config each round: every ratio of every size is redrawn over its whole range.
+    for field, hi in (("hole_ratio", 0.5), ("wait_ratio", 1.0), ("data_ratio", 1.0)):
+        values = [c.sizes[s][field] for c in configs for s in c.sizes]
+        assert len(set(values)) > 80 and min(values) < 0.2 * hi < 0.8 * hi < max(values)
+    with pytest.raises(ValueError, match=r"random\)\.alpha = 0.*> 0"):
+        E.RandomEngineer(alpha=0)
+
+
+def test_rule_engineer_climbs_its_ladder():
+    # 3x3 mastered (10/10), 4x4 learnable (5/10), 5x5 collapsed (0/10); band [0.3, 0.7].
+    d = E.RuleEngineer(low=0.3, high=0.7, step=0.05, shift=0.25).propose(
         CONTEXT, CUR, 0, records((3, 10, 10), (4, 5, 10), (5, 0, 10))
     )
     s = d.config.sizes
-    assert math.isclose(s.s3.wait_ratio, 0.35) and math.isclose(s.s3.hole_ratio, 0.2)
+    assert math.isclose(s.s3.wait_ratio, 0.35) and math.isclose(s.s3.hole_ratio, 0.25)
     assert math.isclose(s.s4.wait_ratio, 0.3) and math.isclose(s.s4.hole_ratio, 0.2)
     assert math.isclose(s.s5.hole_ratio, 0.15) and math.isclose(s.s5.wait_ratio, 0.25)
-    # Weights 1/3 x (0.75, 1.25, 0.75) -> shares 3/11, 5/11, 3/11.
-    for k, share in (("s3", 3 / 11), ("s4", 5 / 11), ("s5", 3 / 11)):
-        assert math.isclose(s[k].data_ratio, share)
-    assert "5x5 valid 0% < 30%" in d.summary and "4x4 valid 50% is learnable" in d.summary
-    assert parse_proposal(d.raw).diff == d.diff
+    assert all(math.isclose(v, 1 / 3) for v in shares(d.config).values())
+    assert "5x5 valid 0% (validation): easier" in d.summary and "3x3 valid 100%" in d.summary
+    assert parse_proposal(d.raw, max_edits=len(d.diff)).diff == d.diff
+    # Rollouts, when the record has them, decide instead of the validation.
+    r = E.RuleEngineer().propose(CONTEXT, CUR, 0, ROLLOUTS)
+    assert r.config.sizes.s3.hole_ratio == 0.25 and r.config.sizes.s5.hole_ratio == 0.15
+    assert "(rollouts)" in r.summary
 
 
-def test_rule_engineer_clips_and_keeps_when_nothing_fires():
+def test_rule_engineer_moves_data_at_the_ends_of_the_ladder():
+    top = default_config(sizes=(3, 4), hole_ratio=0.5, wait_ratio=1.0)
+    d = E.RuleEngineer(shift=0.5).propose(CONTEXT, top, 0, records((3, 10, 10), (4, 5, 10)))
+    assert shares(d.config) == {"s3": 0.25 / 0.75, "s4": 0.5 / 0.75}
+    assert "hardest rung: less data" in d.summary
     low = default_config(sizes=(3, 4), hole_ratio=0.02, wait_ratio=0.0)
-    d = E.RuleEngineer().propose(CONTEXT, low, 0, records((3, 0, 4), (4, 0, 4)))
+    d = E.RuleEngineer().propose(CONTEXT, low, 0, records((3, 0, 4), (4, 5, 10)))
     assert d.config.sizes.s3.hole_ratio == 0.0 and d.config.sizes.s3.wait_ratio == 0.0
+    bottom = E.RuleEngineer(shift=0.5).propose(CONTEXT, d.config, 0, records((3, 0, 4)))
+    assert shares(bottom.config) == {"s3": 0.75 / 1.25, "s4": 0.5 / 1.25}
     band = E.RuleEngineer().propose(CONTEXT, CUR, 0, records((3, 5, 10), (4, 5, 10), (5, 5, 10)))
     assert band.kept_current and "no rule changes" in band.reason
     none = E.RuleEngineer().propose(CONTEXT, CUR, 0, [])
-    assert none.kept_current and "no validation" in none.reason
+    assert none.kept_current and "no rollouts or validation" in none.reason
+    with pytest.raises(ValueError, match=r"rule\)\.low = 0.9; allowed"):
+        E.RuleEngineer(low=0.9, high=0.7)
+
+
+def test_learnability_follows_p_one_minus_p_with_a_floor():
+    d = E.LearnabilityEngineer(floor=0.03).propose(CONTEXT, CUR, 0, ROLLOUTS)
+    lp = {"s3": 0.05, "s4": 0.2, "s5": 0.04}
+    free = 1 - 3 * 0.03
+    for k, v in shares(d.config).items():
+        assert math.isclose(v, 0.03 + free * lp[k] / sum(lp.values()))
+    # 3x3 passes 90 % (> 0.5 + 0.15): more holes; 5x5 10 %: fewer; 4x4 at 50 %: unchanged.
+    s = d.config.sizes
+    assert (s.s3.hole_ratio, s.s4.hole_ratio, s.s5.hole_ratio) == (0.25, 0.2, 0.15)
+    assert all(s[k].wait_ratio == 0.3 for k in s)
+    # A size with no learnability keeps the floor; a size without samples counts as the best.
+    flat = [rollout_record(0, CUR, {3: (1.0, 0.0, 0.0), 4: (0.5, 0.25, 1.0)})]
+    d = E.LearnabilityEngineer(floor=0.1).propose(CONTEXT, CUR, 0, flat)
+    assert shares(d.config) == pytest.approx({"s3": 0.1, "s4": 0.45, "s5": 0.45})
+    with pytest.raises(ValueError, match=r"learnability\)\.floor = 1.5; allowed"):
+        E.LearnabilityEngineer(floor=1.5)
+
+
+def test_learnability_falls_back_to_validation_and_keeps_the_floor():
+    d = E.LearnabilityEngineer(floor=0.05).propose(
+        CONTEXT, CUR, 0, records((3, 10, 10), (4, 5, 10), (5, 2, 10))
+    )
+    # p(1-p): 0, 0.25, 0.16 -> 3x3 gets only the floor.
+    got = shares(d.config)
+    assert math.isclose(got["s3"], 0.05)
+    assert math.isclose(got["s4"], 0.05 + 0.85 * 0.25 / 0.41)
+    assert "validation" in d.summary
+    many = default_config(sizes=range(3, 11))
+    tight = E.LearnabilityEngineer(floor=0.2).propose(CONTEXT, many, 0, records((3, 10, 10)))
+    assert all(math.isclose(v, 1 / 8) for v in shares(tight.config).values())  # 8 x 0.2 > 1
+
+
+def test_bandit_values_are_td0_and_data_is_their_softmax():
+    r0 = rollout_record(0, CUR, {3: (0.9, 0.05, 0.4), 4: (0.5, 0.2, 0.8)})
+    r1 = rollout_record(1, CUR, {3: (0.9, 0.05, 0.2), 5: (0.2, 0.1, 0.6)})
+    q = E.bandit_values([r0, r1], ["s3", "s4", "s5"], step=0.5)
+    # s3: 0 -> 0.2 -> 0.2; s4: 0 -> 0.4 (unplayed in round 1); s5: 0 -> 0.3.
+    assert q == pytest.approx({"s3": 0.2, "s4": 0.4, "s5": 0.3})
+    d = E.BanditEngineer(step=0.5, temperature=0.1).propose(CONTEXT, CUR, 0, [r0, r1])
+    w = {k: math.exp(v / 0.1) for k, v in q.items()}
+    assert shares(d.config) == pytest.approx({k: v / sum(w.values()) for k, v in w.items()})
+    assert d.extra["values"] == pytest.approx(q)
+    assert all(d.config.sizes[k].hole_ratio == 0.2 for k in d.config.sizes)
+    # Validation fallback: 2 sqrt(p(1-p)) per size.
+    v = E.bandit_values(records((3, 5, 10), (4, 10, 10)), ["s3", "s4"], step=1.0)
+    assert v == pytest.approx({"s3": 1.0, "s4": 0.0})
+
+
+def test_bandit_state_is_recovered_from_the_records_alone():
+    recs = [
+        rollout_record(n, CUR, {3: (0.8, 0.1, 0.1 * n), 4: (0.4, 0.2, 0.5), 5: (0.1, 0.05, 0.3)})
+        for n in range(3)
+    ]
+    eng = E.BanditEngineer()
+    first = eng.propose(CONTEXT, CUR, 0, recs)
+    eng.propose(CONTEXT, CUR, 1, recs[:1])  # no state carried from call to call
+    reloaded = [RoundRecord.from_json(r.to_json()) for r in recs]
+    again = E.make_engineer(load_engineer_config("bandit")).propose(CONTEXT, CUR, 5, reloaded)
+    assert first.to_dict() == again.to_dict() and not first.kept_current
+
+
+@pytest.mark.parametrize("name", ["fixed", "random", "rule", "learnability", "bandit"])
+def test_baselines_are_deterministic_and_legal(name):
+    eng = E.make_engineer(load_engineer_config(name))
+    cur = CUR
+    history = []
+    for n in range(4):
+        rng = np.random.default_rng([0, n, 7])
+        per = {size: ((n + size) % 4 / 3, (n * size) % 5 / 20, size / 10) for size in (3, 4, 5)}
+        history.append(rollout_record(n, cur, per) if n % 2 else records((3, n, 4))[0])
+        d = eng.propose(CONTEXT, cur, rng, tuple(history))
+        again = eng.propose(CONTEXT, cur, np.random.default_rng([0, n, 7]), tuple(history))
+        assert d.to_dict() == again.to_dict() and d.engineer == name and d.prompt == ""
+        validate(d.config)
+        assert d.kept_current == (d.config.to_dict() == cur.to_dict())
+        cur = d.config
+    if name == "fixed":
+        assert cur.to_dict() == CUR.to_dict()
 
 
 def test_choose_by_likelihood_with_a_fake_scorer():
@@ -171,7 +322,7 @@ def test_policy_falls_back_to_the_models_choice_among_local_edits():
     eng = E.PolicyEngineer(generate_fn=bad, score_fn=score, num_samples=3)
     d = eng.propose(CONTEXT, CUR, 0)
     assert not d.kept_current and d.extra["mode"] == "constrained"
-    assert d.diff == {"sizes.s5.hole_ratio": 0.1} and d.config.sizes.s5.hole_ratio == 0.1
+    assert d.diff == (Edit(5, "hole_ratio", 0.1),) and d.config.sizes.s5.hole_ratio == 0.1
     chosen = d.extra["chosen"]
     assert d.extra["scores"][chosen] == 1.0 and sorted(d.extra["scores"])[-2] == 0.0
     assert d.extra["candidates"][chosen] == "lower hole_ratio of 5x5 from 0.2 to 0.1"
@@ -205,6 +356,8 @@ def test_make_engineer_from_config():
         "fixed",
         "random",
         "rule",
+        "learnability",
+        "bandit",
         "api",
         "policy",
         "base",
@@ -285,6 +438,7 @@ def test_api_success(server):
     ((path, body, auth),) = requests
     assert path == "/v1/chat/completions" and body["model"] == "m" and auth == "Bearer secret-123"
     assert CONTEXT.strip() in body["messages"][0]["content"]
+    assert d.prompt == body["messages"][0]["content"]  # the exact prompt sent
     assert d.extra["attempts"] == 1 and d.engineer == "api"
     assert "secret" not in json.dumps(d.to_dict())
 

@@ -1,5 +1,6 @@
 """Proposal parsing against adversarial text, and projection of the parsed diff."""
 
+import json
 import math
 
 import jax
@@ -49,12 +50,12 @@ CUR = default_config(sizes=(3, 4, 5, 6, 7))
 )
 def test_parses_accepted_forms(text, diff):
     p = P.parse_proposal(text)
-    assert p.diff == diff and p.error == ""
+    assert P.diff_dict(p.diff) == diff and p.error == ""
 
 
 def test_summary_and_source():
     p = P.parse_proposal("```json\n{}\n```\n**Summary:** Make 5x5 easier.\n\nignored")
-    assert p.summary == "Make 5x5 easier." and p.source == "json block" and p.diff == {}
+    assert p.summary == "Make 5x5 easier." and p.source == "json block" and p.diff == ()
     assert P.parse_proposal("Summary: a\nsizes.s3.hole_ratio: 0.1").source == "bare lines"
 
 
@@ -85,7 +86,7 @@ def test_summary_and_source():
 )
 def test_rejects_with_reason(text, item, reason):
     p = P.parse_proposal(text)
-    assert p.diff == {}
+    assert p.diff == ()
     assert p.error
     assert any(item in i and reason in r for i, r in p.rejected), p.rejected
 
@@ -102,7 +103,7 @@ def test_rejects_with_reason(text, item, reason):
 )
 def test_nothing_usable_says_why(text, words):
     p = P.parse_proposal(text)
-    assert p.diff == {} and words in p.error
+    assert p.diff == () and words in p.error
     d = P.apply_proposal(p, CUR, "t")
     assert d.kept_current and words in d.reason and d.config.to_dict() == CUR.to_dict()
 
@@ -112,13 +113,13 @@ def test_too_many_edits_rejects_the_rewrite():
     text = "```yaml\n" + "\n".join(lines + ["sizes.s6.hole_ratio: 0.1"]) + "\n```"
     assert P.parse_proposal(text, max_edits=7).diff
     p = P.parse_proposal(text, max_edits=6)
-    assert p.diff == {} and "too many edits (7 > 6)" in p.error
+    assert p.diff == () and "too many edits (7 > 6)" in p.error
 
 
 def test_not_text_and_endless_text():
     assert "not text" in P.parse_proposal(None).error
     p = P.parse_proposal("sizes.s3.hole_ratio: 0.1\n" + "x" * (P.MAX_CHARS + 10))
-    assert p.diff == {"sizes.s3.hole_ratio": 0.1}
+    assert p.diff == (P.Edit(3, "hole_ratio", 0.1),)
     assert ("<answer>", f"cut at {P.MAX_CHARS} characters") in p.rejected
     assert "unparseable" not in P.parse_proposal("```json\n" + "[" * 50_000 + "\n```").error
 
@@ -143,8 +144,8 @@ FRAGMENTS = st.one_of(
 
 
 def check_decision(p, d):
-    for k, v in p.diff.items():
-        assert P.canonical_key(k) == k and math.isfinite(v)
+    for e in p.diff:
+        assert P.parse_key(e.key) == (e.size, e.field) and math.isfinite(e.value)
     validate(d.config)
     assert d.config.num_agents == CUR.num_agents and d.config.seed == CUR.seed
     assert d.config.oracle.to_dict() == CUR.oracle.to_dict()
@@ -187,14 +188,15 @@ DIFFS = st.dictionaries(
         lambda t: not t.lstrip().startswith(("**", "__"))  # bold closing the `Summary:` label
     ),
 )
-def test_format_parse_round_trip_and_projection(diff, summary):
+def test_format_parse_round_trip_and_projection(mapping, summary):
+    diff = P.edits_from_dict(mapping)
     p = P.parse_proposal(P.format_diff(diff, summary))
-    assert p.diff == diff
+    assert p.diff == diff and P.diff_dict(p.diff) == mapping
     assert p.summary == " ".join(summary.split())
     d = P.apply_proposal(p, CUR, "t")
     if diff:
         full, _ = P.complete_data_ratios(diff, CUR)
-        expected, changes = project(full, CUR)
+        expected, changes = project(P.diff_dict(full), CUR)
         assert d.config.to_dict() == expected.to_dict()
         assert set(changes) <= set(d.changes)
 
@@ -217,7 +219,7 @@ def test_illegal_sizes_are_dropped_others_applied():
         "sizes.s4.hole_ratio: 0.9\n```"
     )
     d = P.apply_proposal(P.parse_proposal(text), CUR, "t")
-    assert d.diff == {"sizes.s4.hole_ratio": 0.9}
+    assert d.diff == (P.Edit(4, "hole_ratio", 0.9),)
     assert d.config.sizes.s4.hole_ratio == 0.5 and "s11" not in d.config.sizes
     reasons = dict(d.rejected)
     assert "outside" in reasons["sizes.s11.hole_ratio: 0.1"]
@@ -250,10 +252,37 @@ def test_generator_achieves_the_projected_config():
 
 
 def test_decision_json_round_trip():
-    d = P.apply_proposal(P.parse_proposal("sizes.s3.hole_ratio: 0.3\nSummary: x"), CUR, "e", k=1)
-    back = P.Decision.from_dict(d.to_dict())
-    assert back.to_dict() == d.to_dict()
-    assert back.config.sizes.s3.hole_ratio == 0.3 and back.extra == {"k": 1}
+    text = "sizes.s3.hole_ratio: 0.3\nenv.sizes.4x4.data_ratio: 0.5\nSummary: x"
+    d = P.apply_proposal(P.parse_proposal(text), CUR, "e", prompt="PROMPT", k=1)
+    assert d.diff == (P.Edit(3, "hole_ratio", 0.3), P.Edit(4, "data_ratio", 0.5))
+    stored = json.loads(json.dumps(d.to_dict()))
+    # decision.json keeps the readable {dotted key: value} form.
+    assert stored["diff"] == {"sizes.s3.hole_ratio": 0.3, "sizes.s4.data_ratio": 0.5}
+    back = P.Decision.from_dict(stored)
+    assert back == d and back.prompt == "PROMPT" and back.extra == {"k": 1}
+    assert back.config.sizes.s3.hole_ratio == 0.3
+    # Text -> Edits -> text -> Edits.
+    assert P.parse_proposal(P.format_diff(d.diff)).diff == d.diff
+    assert P.edits_from_dict(P.diff_dict(d.diff)) == d.diff
+    old = {k: v for k, v in stored.items() if k != "prompt"}  # written before `prompt` existed
+    assert P.Decision.from_dict(old).prompt == ""
+    with pytest.raises(ValueError, match="'seed'.*allowed"):
+        P.edits_from_dict({"seed": 1})
+
+
+def test_a_whole_data_distribution_is_one_edit():
+    data = [f"sizes.s{n}.data_ratio: {0.05 * (n - 2)}" for n in range(3, 11)]  # 8 sizes
+    holes = [f"sizes.s{n}.hole_ratio: 0.1" for n in range(3, 8)]  # 5 sizes
+    p = P.parse_proposal("```yaml\n" + "\n".join(data + holes) + "\n```", max_edits=6)
+    assert p.error == "" and len(p.diff) == 13 and P.count_edits(p.diff) == 6
+    cur = default_config()
+    d = P.apply_proposal(p, cur, "t")
+    assert not d.kept_current
+    total = sum(0.05 * (n - 2) for n in range(3, 11))
+    for n in range(3, 11):
+        assert math.isclose(d.config.sizes[f"s{n}"].data_ratio, 0.05 * (n - 2) / total)
+    one_more = P.parse_proposal("\n".join(data + holes + ["sizes.s9.wait_ratio: 0.5"]))
+    assert one_more.diff == () and "too many edits (7 > 6)" in one_more.error
 
 
 def test_overflowing_data_ratios_are_projected_not_raised():
@@ -269,19 +298,19 @@ def test_huge_integer_is_rejected_with_reason():
     # 10**400 does not fit a float: project raised OverflowError.
     with pytest.raises(ConfigError, match="401 digits"):
         project({"sizes.s7.data_ratio": 10**400}, CUR)
-    d = P.apply_proposal(P.Proposal("raw", {"sizes.s7.data_ratio": 10**400}), CUR, "t")
+    d = P.apply_proposal(P.Proposal("raw", (P.Edit(7, "data_ratio", 10**400),)), CUR, "t")
     assert d.kept_current and "401 digits" in d.reason and d.config.to_dict() == CUR.to_dict()
 
 
 def test_unprojectable_diff_keeps_the_config_and_says_why(monkeypatch):
-    real = P.project
+    real = P.project_edits
 
-    def fails_on_whole_diffs(proposal, current):
-        if len(proposal) > 1:
+    def fails_on_whole_diffs(edits, current):
+        if len(edits) > 1:
             raise ConfigError("sizes.*.data_ratio sums to 0; allowed: a sum of 1")
-        return real(proposal, current)
+        return real(edits, current)
 
-    monkeypatch.setattr(P, "project", fails_on_whole_diffs)
+    monkeypatch.setattr(P, "project_edits", fails_on_whole_diffs)
     text = "sizes.s3.hole_ratio: 0.3\nsizes.s4.data_ratio: 0.5"
     d = P.apply_proposal(P.parse_proposal(text), CUR, "t")
     assert d.kept_current and "cannot be projected" in d.reason and "sums to 0" in d.reason
@@ -307,22 +336,19 @@ EXTREME = st.one_of(
 @settings(max_examples=300, deadline=None)
 @given(
     st.dictionaries(
-        st.builds(
-            lambda n, f: f"sizes.s{n}.{f}",
-            st.integers(0, 12),
-            st.sampled_from(["data_ratio", "hole_ratio", "wait_ratio"]),
-        ),
+        st.tuples(st.integers(0, 12), st.sampled_from(["data_ratio", "hole_ratio", "wait_ratio"])),
         EXTREME,
         max_size=8,
     )
 )
 def test_apply_proposal_never_raises_on_extreme_values(diff):
-    d = P.apply_proposal(P.Proposal("raw", diff), CUR, "t")
+    edits = tuple(P.Edit(n, f, v) for (n, f), v in diff.items())
+    d = P.apply_proposal(P.Proposal("raw", edits), CUR, "t")
     validate(d.config)
     for e in d.config.sizes.values():
         assert 0 <= e.hole_ratio <= MAX_HOLE_RATIO and 0 <= e.wait_ratio <= 1
     assert d.kept_current == (d.config.to_dict() == CUR.to_dict())
     assert d.kept_current == bool(d.reason)
-    finite = {k: float(v) for k, v in diff.items() if isinstance(v, float) and math.isfinite(v)}
+    finite = tuple(e for e in edits if isinstance(e.value, float) and math.isfinite(e.value))
     p = P.parse_proposal(P.format_diff(finite), max_edits=len(finite))  # the same via text
     check_decision(p, P.apply_proposal(p, CUR, "t"))
