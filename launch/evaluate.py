@@ -10,6 +10,7 @@ a hash) are not regenerated. Unlabelled instances get valid rates with optimal u
 labels them first with the exact oracle (or use `python -m mapfjax.env label`).
 """
 
+import dataclasses
 import sys
 
 from absl import app, flags
@@ -33,7 +34,12 @@ flags.mark_flag_as_required("instances")
 
 def main(argv):
     del argv
+    # Imported after flag parsing: --help and flag errors answer without loading JAX.
+    import jax
+
+    from mapfjax import parallel
     from mapfjax.env import io
+    from mapfjax.env.cli import label_summary_line
     from mapfjax.eval import evaluate as ev
     from mapfjax.eval import paper
 
@@ -44,20 +50,13 @@ def main(argv):
         problems = io.load_instances(_INSTANCES.value)
         ev.check_out_dir(_OUT.value)
         if _LABEL.value and any(p.optimal_soc is None for p in problems):
-            from mapfjax.env.cli import label_summary_line
-
             problems, summary = ev.label_unlabelled(problems)
             print(f"{_INSTANCES.value}: {label_summary_line(summary)}", file=sys.stderr)
         if _CKPT.value:
-            import jax
-
-            from mapfjax import parallel
-
             mesh = parallel.make_mesh({"data": -1}) if jax.device_count() > 1 else None
-            gen = ev.GenerationConfig(
-                _MAX_NEW.value, _TEMP.value, enable_thinking=_THINK.value, seed=_SEED.value
-            )
-            solver = ev.CheckpointSolver(_CKPT.value, gen, _DTYPE.value, mesh)
+            new = {"max_new_tokens": _MAX_NEW.value, "temperature": _TEMP.value}
+            sampling = dataclasses.replace(ev.EVAL_SAMPLING, enable_thinking=_THINK.value, **new)
+            solver = ev.CheckpointSolver(_CKPT.value, sampling, _DTYPE.value, mesh, _SEED.value)
             label, family = _CKPT.value, paper.model_family(checkpoint=_CKPT.value)
         else:
             solver = ev.ApiSolver(

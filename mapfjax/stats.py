@@ -108,10 +108,11 @@ def merge(cells: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def rate(counts: Mapping[str, Any], flag: str) -> float:
-    """Share of a cell's rows where `flag` holds; NaN for an empty cell."""
+def rate(counts: Mapping[str, Any], flag: str, scale: float = 1.0) -> float:
+    """Share of a cell's rows where `flag` holds (times `scale`: 100 for a percentage); NaN
+    for an empty cell."""
     n = counts.get("n", 0)
-    return counts.get(flag, 0) / n if n else math.nan
+    return scale * counts.get(flag, 0) / n if n else math.nan
 
 
 def cell_mean(values: Iterable[float]) -> float:

@@ -10,11 +10,14 @@ from there and from the instance's own fields, never from the id.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import zlib
 
 import jax
+from tqdm.auto import tqdm
 
+from mapfjax import stats
 from mapfjax.env import config as env_config
 from mapfjax.env import generator
 from mapfjax.env.types import Problem
@@ -92,8 +95,6 @@ def build(
     cells = spec.cells()
     bar = None
     if progress:
-        from tqdm.auto import tqdm
-
         bar = tqdm(cells, desc="benchmark cells", unit="cell")
     for k, n, w in cells:
         probs, rep = build_cell(spec, k, n, w)
@@ -132,36 +133,43 @@ def summarize(problems, rows) -> dict[int, dict[int, tuple[float, float | None, 
     """Per agents -> size -> (valid %, optimal %, count) from verdict rows (dicts). The optimal
     % is None (unknown) in a cell where some instance has no optimal_soc label (its row's
     "optimal" is None)."""
-    acc: dict[int, dict[int, list]] = {}
-    for p, r in zip(problems, rows, strict=True):
-        cell = acc.setdefault(p.num_agents, {}).setdefault(p.height, [0, 0, 0, 0])
-        cell[0] += bool(r["valid"])
-        cell[1] += bool(r["optimal"])
-        cell[2] += 1
-        cell[3] += r["optimal"] is None
-    return {
-        k: {
-            n: (100.0 * v / c, None if unknown else 100.0 * o / c, c)
-            for n, (v, o, c, unknown) in sorted(sizes.items())
-        }
-        for k, sizes in sorted(acc.items())
-    }
+    cells = stats.tally(
+        (
+            {
+                "agents": p.num_agents,
+                "size": p.height,
+                "valid": r["valid"],
+                "optimal": r["optimal"],
+                "labelled": r["optimal"] is not None,
+            }
+            for p, r in zip(problems, rows, strict=True)
+        ),
+        ("agents", "size"),
+        flags=("valid", "optimal", "labelled"),
+    )
+    out: dict[int, dict[int, tuple[float, float | None, int]]] = {}
+    for (k, n), c in cells.items():
+        optimal = stats.rate(c, "optimal", 100.0) if c["labelled"] == c["n"] else None
+        out.setdefault(k, {})[n] = (stats.rate(c, "valid", 100.0), optimal, c["n"])
+    return out
+
+
+def size_means(cells: dict[int, tuple[float, float | None, int]]) -> tuple[float, float | None]:
+    """(mean valid %, mean optimal %) over the sizes of one agent count's `summarize` cells
+    (the paper's mean); the optimal mean is None when some cell's optimal % is unknown."""
+    optimal = [c[1] for c in cells.values()]
+    mean_optimal = stats.cell_mean(optimal) if None not in optimal else None
+    return stats.cell_mean(c[0] for c in cells.values()), mean_optimal
 
 
 def table(summary: dict, sizes=env_config.PAPER_SIZES) -> str:
     """Markdown table in the paper's layout: one row per agent count, valid/optimal % per size
     and their mean over the sizes present; an unknown optimal % (unlabelled instances) is "?"
     and makes the mean's optimal part "?" too."""
-    head = "| agents | " + " | ".join(f"{n}x{n}" for n in sizes) + " | mean |"
-    sep = "|---" * (len(sizes) + 2) + "|"
-    lines = [head, sep]
-    opt = lambda o: "?" if o is None else f"{o:.1f}"
+    pct = lambda x: "?" if x is None else "-" if math.isnan(x) else f"{x:.1f}"
+    rows = []
     for k, cells in summary.items():
-        vals = [cells.get(n) for n in sizes]
-        present = [v for v in vals if v is not None]
-        mean_v = sum(v[0] for v in present) / max(len(present), 1)
-        known = all(v[1] is not None for v in present)
-        mean_o = sum(v[1] for v in present) / max(len(present), 1) if known else None
-        txt = ["-" if v is None else f"{v[0]:.1f} / {opt(v[1])}" for v in vals]
-        lines.append(f"| {k} | " + " | ".join(txt) + f" | {mean_v:.1f} / {opt(mean_o)} |")
-    return "\n".join(lines)
+        txt = [f"{pct(cells[n][0])} / {pct(cells[n][1])}" if n in cells else "-" for n in sizes]
+        mean_v, mean_o = size_means({n: c for n, c in cells.items() if n in sizes})
+        rows.append([k, *txt, f"{pct(mean_v)} / {pct(mean_o)}"])
+    return stats.markdown_table(["agents", *(f"{n}x{n}" for n in sizes), "mean"], rows)

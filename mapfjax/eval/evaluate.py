@@ -14,15 +14,24 @@ import logging
 import math
 import os
 import pathlib
+import re
 from collections.abc import Callable, Sequence
 
-import numpy as np
+import jax
+import jax.numpy as jnp
+from tqdm.auto import tqdm
 
-from mapfjax import api_chat
+from mapfjax import api_chat, files, stats
+from mapfjax.checks import is_real
 from mapfjax.env import benchmark, dynamics, io, text, types
 from mapfjax.env import config as env_config
+from mapfjax.env.cli import label_problems
 from mapfjax.env.types import Problem
 from mapfjax.eval import paper
+from mapfjax.files import CheckpointError
+from mapfjax.models import hf
+from mapfjax.models import tokenizer as tok_lib
+from mapfjax.rl import rollout
 
 log = logging.getLogger(__name__)
 
@@ -31,32 +40,25 @@ log = logging.getLogger(__name__)
 Solver = Callable[[Sequence[Problem], int], list[str]]
 
 
-@dataclasses.dataclass(frozen=True)
-class GenerationConfig:
-    """Decoding settings; temperature 0 is greedy (the default for evaluation)."""
-
-    max_new_tokens: int = 512
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    enable_thinking: bool = False
-    seed: int = 0
-    bucket: str = "x64"
+# Evaluation decodes greedily (temperature 0) with a longer budget than training; change
+# fields with dataclasses.replace(EVAL_SAMPLING, max_new_tokens=..., temperature=...).
+EVAL_SAMPLING = rollout.SamplingConfig(max_new_tokens=512, temperature=0.0, bucket="x64")
 
 
 class CheckpointSolver:
     """A Hugging Face Qwen3 checkpoint through our sampler, with the trainer's exact prompt
-    (`rl.data.encode_prompts`: chat template, thinking on or off) and stop tokens."""
+    (`rl.data.encode_prompts`: chat template, thinking on or off) and stop tokens, via
+    `rollout.sample`. seed: the sampling key's seed when `sampling.temperature` > 0."""
 
     def __init__(
-        self, path, gen: GenerationConfig = GenerationConfig(), dtype="float32", mesh=None
+        self,
+        path,
+        sampling: rollout.SamplingConfig = EVAL_SAMPLING,
+        dtype="float32",
+        mesh=None,
+        seed: int = 0,
     ):
-        import jax.numpy as jnp
-
-        from mapfjax.models import hf
-        from mapfjax.models import tokenizer as tok_lib
-
-        self.gen, self.mesh = gen, mesh
+        self.sampling, self.mesh, self.seed = sampling, mesh, seed
         check_checkpoint_dir(path)
         dt = jnp.dtype(dtype)
         kw = {"mesh": mesh, "rules": "sample"} if mesh is not None else {}
@@ -65,20 +67,8 @@ class CheckpointSolver:
         self.tokenizer = tok_lib.load_tokenizer(path)
 
     def __call__(self, problems: Sequence[Problem], start: int) -> list[str]:
-        import jax
-
-        from mapfjax.rl import rollout
-
-        g = self.gen
-        cfg = rollout.SamplingConfig(
-            max_new_tokens=g.max_new_tokens,
-            temperature=g.temperature,
-            top_p=g.top_p,
-            top_k=g.top_k,
-            enable_thinking=g.enable_thinking,
-            bucket=g.bucket,
-        )
-        key = None if g.temperature == 0 else jax.random.fold_in(jax.random.key(g.seed), start)
+        cfg = self.sampling
+        key = None if cfg.temperature == 0 else jax.random.fold_in(jax.random.key(self.seed), start)
         _, _, _, texts = rollout.sample(
             self.model, self.tokenizer, problems, 1, cfg, key, mesh=self.mesh
         )
@@ -92,10 +82,6 @@ def check_checkpoint_dir(path) -> None:
     """Refuse a local path that cannot hold a checkpoint, naming what is missing (CheckpointError,
     a ValueError). A path that does not exist is left to `hf.from_pretrained` only when it looks
     like a hub id ('org/name')."""
-    import re
-
-    from mapfjax.models.hf import CheckpointError
-
     p = pathlib.Path(path).expanduser()
     if not p.exists():
         if re.fullmatch(r"[\w-][\w.-]*/[\w.-]+", str(path)) and not str(path).startswith("."):
@@ -201,7 +187,7 @@ def read_answers(path) -> dict[str, io.Answer]:
             tail[:60],
             len(tail),
         )
-        io.atomic_write(path, raw[:start])
+        files.atomic_write(path, raw[:start])
     out: dict[str, io.Answer] = {}
     for a in io.read_answer_lines(path):
         out.setdefault(a.id, a)
@@ -263,8 +249,6 @@ def generate_answers(
     todo = [p for p in problems if p.id not in answers]
     bar = None
     if progress:
-        from tqdm.auto import tqdm
-
         bar = tqdm(total=len(problems), initial=len(problems) - len(todo), desc="answers")
     for start in range(0, len(todo), batch_size):
         chunk = todo[start : start + batch_size]
@@ -306,8 +290,7 @@ def wait_subset(p: Problem) -> float | None:
     """The wait-ratio subset the instance was drawn for, from its `meta` (written by the
     benchmark builder); None when it has none. Never read from the id."""
     w = (p.meta or {}).get("wait_ratio")
-    is_number = isinstance(w, int | float) and not isinstance(w, bool) and math.isfinite(w)
-    return float(w) if is_number else None
+    return float(w) if is_real(w) and math.isfinite(w) else None
 
 
 def label_errors(problems: Sequence[Problem], rows: Sequence[dict]) -> list[tuple[str, int, int]]:
@@ -336,21 +319,12 @@ def summaries(problems: Sequence[Problem], rows: Sequence[dict]) -> dict[str, di
 def _means(summary: dict) -> dict[int, tuple[float, float | None]]:
     """agents -> (mean valid %, mean optimal %) over the sizes present (the paper's mean); the
     optimal mean is None when a cell's optimal % is unknown (unlabelled instances)."""
-    out = {}
-    for k, s in summary.items():
-        opt = [c[1] for c in s.values()]
-        known = all(o is not None for o in opt)
-        out[k] = (
-            float(np.mean([c[0] for c in s.values()])),
-            float(np.mean(opt)) if known else None,
-        )
-    return out
+    return {k: benchmark.size_means(s) for k, s in summary.items()}
 
 
 def _aggregate_valid(summary: dict) -> float:
     """Mean valid % over (agents, size) cells: what the paper's ablation table aggregates."""
-    cells = [c[0] for s in summary.values() for c in s.values()]
-    return float(np.mean(cells)) if cells else math.nan
+    return stats.cell_mean(c[0] for s in summary.values() for c in s.values())
 
 
 def _fmt(v: float | None, o: float | None) -> str:
@@ -360,30 +334,24 @@ def _fmt(v: float | None, o: float | None) -> str:
 def comparison_table(ours: dict[int, tuple[float, float]], label: str, family) -> str:
     """Our means per agent count beside the paper's rows for the same model family."""
     agents = (3, 4, 5)
-    lines = [
-        "| source | " + " | ".join(f"{k} agents" for k in agents) + " |",
-        "|---" * (len(agents) + 1) + "|",
-        f"| ours: {label} | " + " | ".join(_fmt(*ours.get(k, (None, None))) for k in agents) + " |",
-    ]
+    lines = [[f"ours: {label}", *(_fmt(*ours.get(k, (None, None))) for k in agents)]]
     by_model: dict[str, dict[int, paper.PaperRow]] = {}
     for r in paper.comparable_rows(family):
         by_model.setdefault(r.model, {})[r.agents] = r
     for model, rows in by_model.items():
         cells = [_fmt(rows[k].valid, rows[k].optimal) if k in rows else "-" for k in agents]
-        lines.append(f"| paper: {model} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        lines.append([f"paper: {model}", *cells])
+    return stats.markdown_table(["source", *(f"{k} agents" for k in agents)], lines)
 
 
 def _per_size_paper_row(summary: dict) -> str:
     sizes = env_config.PAPER_SIZES
     ours = summary.get(3, {})
-    head = "| 3 agents | " + " | ".join(f"{n}x{n}" for n in sizes) + " |"
     opt = lambda o: "?" if o is None else f"{o:.1f}"
-    mine = " | ".join(f"{ours[n][0]:.1f} / {opt(ours[n][1])}" if n in ours else "-" for n in sizes)
-    theirs = " | ".join("{:.1f} / {:.1f}".format(*paper.PER_SIZE_3AG[n]) for n in sizes)
-    return "\n".join(
-        [head, "|---" * (len(sizes) + 1) + "|", f"| ours | {mine} |", f"| paper (V6) | {theirs} |"]
-    )
+    mine = [f"{ours[n][0]:.1f} / {opt(ours[n][1])}" if n in ours else "-" for n in sizes]
+    theirs = ["{:.1f} / {:.1f}".format(*paper.PER_SIZE_3AG[n]) for n in sizes]
+    header = ["3 agents", *(f"{n}x{n}" for n in sizes)]
+    return stats.markdown_table(header, [["ours", *mine], ["paper (V6)", *theirs]])
 
 
 def _sizes(summary: dict) -> tuple[int, ...]:
@@ -458,6 +426,7 @@ def results_csv(sums: dict) -> str:
 def results_plot(sums: dict, path, family=None) -> None:
     """valid % and optimal % per map size, one line per agent count (all instances); the
     paper's 3-agent row dashed for Qwen3-4B."""
+    # Local: matplotlib takes seconds to import, and Agg must be chosen before pyplot loads.
     import matplotlib
 
     matplotlib.use("Agg")
@@ -482,7 +451,7 @@ def results_plot(sums: dict, path, family=None) -> None:
     buf = std_io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
-    io.atomic_write(path, buf.getvalue())
+    files.atomic_write(path, buf.getvalue())
 
 
 def write_results(
@@ -500,8 +469,8 @@ def write_results(
     full = paper.full_benchmark(cells, waits)
     paths = {ext: out / f"results.{ext}" for ext in ("md", "csv", "png", "json")}
     md = results_markdown(sums, label, family, full, api_errors, unlabelled, wrong)
-    io.atomic_write(paths["md"], md)
-    io.atomic_write(paths["csv"], results_csv(sums))
+    files.atomic_write(paths["md"], md)
+    files.atomic_write(paths["csv"], results_csv(sums))
     results_plot(sums, paths["png"], family)
     summary = {
         "label": label,
@@ -518,7 +487,7 @@ def write_results(
             for g, s in sums.items()
         },
     }
-    io.atomic_write(paths["json"], json.dumps(summary, indent=1) + "\n")
+    files.atomic_write(paths["json"], json.dumps(summary, indent=1) + "\n")
     paths["verdicts"] = out / "verdicts.jsonl"
     io.save_jsonl(paths["verdicts"], rows)
     return paths
@@ -537,8 +506,6 @@ def label_unlabelled(
 ) -> tuple[list[Problem], dict]:
     """Label the problems without optimal_soc with the exact oracle (`env.cli.label_problems`);
     the others are kept as they are. Returns (problems, the oracle's summary)."""
-    from mapfjax.env.cli import label_problems
-
     todo = [i for i, p in enumerate(problems) if p.optimal_soc is None]
     labelled, summary = label_problems(
         [problems[i] for i in todo], max_nodes, time_limit, processes

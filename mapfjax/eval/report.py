@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import io as std_io
 import json
+import math
 import pathlib
 
+from mapfjax import files, stats
 from mapfjax.engineer.context import RoundRecord
-from mapfjax.env import io
 
 
 def _rounds(workdir: pathlib.Path) -> list[tuple[int, pathlib.Path]]:
@@ -24,60 +25,52 @@ def _sizes(records: list[RoundRecord]) -> list[str]:
     return sorted(keys, key=lambda k: int(k.lstrip("s")))
 
 
-def _rate(entry: dict, field: str) -> float:
-    return 100.0 * entry[field] / entry["n"] if entry.get("n") else float("nan")
+def _both(valid: float, optimal: float) -> str:
+    return "-" if math.isnan(valid) else f"{valid:.1f} / {optimal:.1f}"
 
 
 def validation_table(records: list[RoundRecord]) -> str:
-    """Rows: rounds; columns: map sizes; cells: valid % / optimal %; last column: the mean."""
+    """Rows: rounds; columns: map sizes; cells: valid % / optimal %; last column: the mean
+    over the sizes present."""
     sizes = _sizes(records)
-    head = "| round | " + " | ".join(f"{s[1:]}x{s[1:]}" for s in sizes) + " | mean |"
-    lines = [head, "|---" * (len(sizes) + 2) + "|"]
+    rows = []
     for r in records:
-        cells, vs, os_ = [], [], []
-        for s in sizes:
-            e = r.validation.get(s)
-            if not e:
-                cells.append("-")
-                continue
-            v, o = _rate(e, "valid"), _rate(e, "optimal")
-            vs.append(v)
-            os_.append(o)
-            cells.append(f"{v:.1f} / {o:.1f}")
-        mean = f"{sum(vs) / len(vs):.1f} / {sum(os_) / len(os_):.1f}" if vs else "-"
-        lines.append(f"| R{r.round} | " + " | ".join(cells) + f" | {mean} |")
-    return "\n".join(lines)
+        entries = [r.validation.get(s) or {} for s in sizes]
+        valid = [stats.rate(e, "valid", 100.0) for e in entries]
+        optimal = [stats.rate(e, "optimal", 100.0) for e in entries]
+        cells = [_both(v, o) for v, o in zip(valid, optimal, strict=True)]
+        rows.append(
+            [f"R{r.round}", *cells, _both(stats.cell_mean(valid), stats.cell_mean(optimal))]
+        )
+    return stats.markdown_table(["round", *(f"{s[1:]}x{s[1:]}" for s in sizes), "mean"], rows)
 
 
 def config_table(records: list[RoundRecord]) -> str:
     """The generator config of each round: data / hole / wait ratio per size."""
     sizes = sorted({k for r in records for k in r.config["sizes"]}, key=lambda k: int(k[1:]))
-    head = "| round | " + " | ".join(f"{s[1:]}x{s[1:]}" for s in sizes) + " |"
-    lines = [head, "|---" * (len(sizes) + 1) + "|"]
-    for r in records:
-        cells = []
-        for s in sizes:
-            e = r.config["sizes"].get(s)
-            cells.append(
-                "-"
-                if e is None
-                else f"{e['data_ratio']:.2f} / {e['hole_ratio']:.2f} / {e['wait_ratio']:.2f}"
-            )
-        lines.append(f"| R{r.round} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    ratios = lambda e: f"{e['data_ratio']:.2f} / {e['hole_ratio']:.2f} / {e['wait_ratio']:.2f}"
+    rows = [
+        [
+            f"R{r.round}",
+            *("-" if s not in r.config["sizes"] else ratios(r.config["sizes"][s]) for s in sizes),
+        ]
+        for r in records
+    ]
+    return stats.markdown_table(["round", *(f"{s[1:]}x{s[1:]}" for s in sizes)], rows)
 
 
 def _save_png(fig, path: pathlib.Path) -> None:
     """Render the figure to memory and write it atomically (readers never see half a PNG)."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # loaded by `_plots` (after choosing Agg) before this runs
 
     buf = std_io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
-    io.atomic_write(path, buf.getvalue())
+    files.atomic_write(path, buf.getvalue())
 
 
 def _plots(records: list[RoundRecord], workdir: pathlib.Path) -> list[str]:
+    # Local: matplotlib takes seconds to import, and Agg must be chosen before pyplot loads.
     import matplotlib
 
     matplotlib.use("Agg")
@@ -88,9 +81,7 @@ def _plots(records: list[RoundRecord], workdir: pathlib.Path) -> list[str]:
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
     for ax, field in zip(axes, ("valid", "optimal"), strict=True):
         for r in records:
-            ys = [
-                _rate(r.validation[s], field) if s in r.validation else float("nan") for s in sizes
-            ]
+            ys = [stats.rate(r.validation.get(s, {}), field, 100.0) for s in sizes]
             ax.plot(xs, ys, marker="o", label=f"R{r.round}")
         ax.set_title(f"{field} rate per map size (validation)")
         ax.set_xlabel("map size N (NxN)")
@@ -169,5 +160,5 @@ def write_report(workdir) -> pathlib.Path:
                 parts.append("\n~~~text\n" + raw[:1500] + "\n~~~")
             parts.append("")
     out = workdir / "report.md"
-    io.atomic_write(out, "\n".join(parts).encode())
+    files.atomic_write(out, "\n".join(parts).encode())
     return out

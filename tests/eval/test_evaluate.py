@@ -2,6 +2,7 @@
 answers file, resume, tables against the `mapfjax.env verify` CLI, the paper's numbers."""
 
 import csv
+import dataclasses
 import http.server
 import json
 import os
@@ -69,8 +70,8 @@ def _csv_rows(path) -> dict[tuple[str, int, int], tuple[int, float, float]]:
 
 def test_checkpoint_answers_tables_and_resume(tiny_model_dir, bench, tmp_path):
     inst_path, problems = bench
-    gen = ev.GenerationConfig(max_new_tokens=24)
-    solver = CountingSolver(ev.CheckpointSolver(tiny_model_dir, gen))
+    sampling = dataclasses.replace(ev.EVAL_SAMPLING, max_new_tokens=24)
+    solver = CountingSolver(ev.CheckpointSolver(tiny_model_dir, sampling))
     answers = tmp_path / "answers.jsonl"
     out = tmp_path / "eval"
     paths = ev.evaluate(solver, problems, out, "tiny", None, answers, batch_size=3, progress=False)
