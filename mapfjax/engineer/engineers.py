@@ -105,10 +105,12 @@ def data_vector(
     sizes = _sizes(current)
     total = sum(max(float(shares.get(s, 0.0)), 0.0) for s in sizes)
     new = {s: max(float(shares.get(s, 0.0)), 0.0) / total for s in sizes} if total > 0 else {}
+    tol = 1e-9
     if digits is not None:
         new = {s: round(v, digits) for s, v in new.items()}
+        tol = 0.5 * 10.0**-digits  # a rounded copy of the current share is no change
     if not new or all(
-        math.isclose(new[s], current.sizes[s].data_ratio, abs_tol=1e-9) for s in sizes
+        math.isclose(new[s], current.sizes[s].data_ratio, abs_tol=tol) for s in sizes
     ):
         return ()
     return tuple(Edit(key_size(s), "data_ratio", new[s]) for s in sizes)

@@ -124,6 +124,7 @@ def test_large_moves_are_candidates_and_one_edit_each():
     old = E.large_moves(cur, records((3, 10, 10), (4, 5, 10), (5, 0, 10)))
     assert len(old) == 4 and "5x5 and 4x4, the lowest valid rates" in old[2].description
     assert [c.description for c in E.large_moves(cur)] == ["uniform data over all sizes"]
+    assert E.large_moves(CUR) == []  # thirds are uniform, even when rounded to 0.3333
 
 
 def test_policy_falls_back_to_a_large_move_when_the_model_prefers_it():
