@@ -14,14 +14,16 @@ structural change `--config.*` overrides cannot make); variant, T detail and see
 import ml_collections
 
 from mapfjax import configfile
+from mapfjax.presets import engineers
 
 VARIANTS = ("V1", "V2", "V3", "V4", "V5", "V6")
 
 
 def train_config(engineer: str, base: str, base_arg: str) -> ml_collections.ConfigDict:
-    """The base training config with `engineer`'s settings (configs/engineer/engineers.py)."""
+    """The base training config with `engineer`'s settings (configs/engineer/engineers.py, which
+    the package ships as mapfjax.presets.engineers)."""
     c = configfile.get_config(base, base_arg)
-    c.engineer.settings = configfile.get_config("configs/engineer/engineers.py", engineer)
+    c.engineer.settings = engineers.get_config(engineer)
     return c
 
 

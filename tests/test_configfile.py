@@ -25,3 +25,18 @@ def test_missing_file_and_missing_get_config_name_the_file(tmp_path):
     (tmp_path / "empty.py").write_text("X = 1\n")
     with pytest.raises(AttributeError, match="empty.py.*get_config"):
         configfile.get_config(tmp_path / "empty.py")
+
+
+def test_relative_path_missing_under_the_root_is_looked_up_in_the_cwd(tmp_path, monkeypatch):
+    # What a wheel install needs: configs/ lives in the checkout the command runs from.
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "mine.py").write_text("def get_config(a):\n    return a * 2\n")
+    monkeypatch.chdir(tmp_path)
+    assert configfile.resolve("configs/mine.py") == tmp_path / "configs" / "mine.py"
+    assert configfile.get_config("configs/mine.py", 3) == 6
+    assert (
+        configfile.resolve("configs/engineer/variants.py").parent.parent
+        == configfile.ROOT / "configs"
+    )
+    with pytest.raises(FileNotFoundError, match="nope.py.*looked under .* and the cwd"):
+        configfile.load_module("configs/nope.py")

@@ -7,7 +7,9 @@ import os
 
 import ml_collections
 
-GUIDELINE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "guideline.md")
+# realpath: loaded as configs/engineer/variants.py or through its link mapfjax/presets/variants.py,
+# the guideline path is the same (run configs compare it); in a wheel it is the packaged copy.
+GUIDELINE = os.path.join(os.path.dirname(os.path.realpath(__file__)), "guideline.md")
 
 
 def modules(

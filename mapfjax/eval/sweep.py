@@ -18,11 +18,11 @@ from typing import Any
 
 import ml_collections
 
-from mapfjax.engineer.context import RoundRecord, mean_valid_rate
-from mapfjax.env import io
+from mapfjax import configfile, files, stats
+from mapfjax.engineer import context as ctx_lib
 from mapfjax.env.config import flatten
+from mapfjax.presets import variants
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 GROUP_KEYS = ("engineers", "variants", "t_details")
 
 
@@ -124,10 +124,7 @@ def expand(
 ) -> list[Run]:
     """The sweep's runs, in group order, each once. `load_config(arg)` returns the sweep file's
     `get_config(arg)` (the training config of "train,engineer=NAME,...")."""
-    from mapfjax.engineer import context as ctx_lib
-
     workdir = pathlib.Path(workdir)
-    variants = _load_variants()
     common = parse_overrides(sweep.overrides)
     runs: dict[str, Run] = {}
     for gname, group in sweep.groups.items():
@@ -152,27 +149,13 @@ def expand(
                         )
                     for seed in sweep.seeds:
                         run = _make_run(
-                            base,
-                            arg,
-                            engineer,
-                            variant,
-                            detail,
-                            int(seed),
-                            common,
-                            workdir,
-                            variants,
+                            base, arg, engineer, variant, detail, int(seed), common, workdir
                         )
                         runs.setdefault(run.name, run)
     return list(runs.values())
 
 
-def _load_variants():
-    from mapfjax import configfile
-
-    return configfile.load_module("configs/engineer/variants.py")
-
-
-def _make_run(base, arg, engineer, variant, detail, seed, common, workdir, variants) -> Run:
+def _make_run(base, arg, engineer, variant, detail, seed, common, workdir) -> Run:
     fixed = engineer == "fixed"  # the baseline never reads its context: one run per seed
     want: dict[str, Any] = {}
     if not fixed:
@@ -213,6 +196,17 @@ def plan(runs: Sequence[Run], sweep, sweep_file, python: str = "python") -> list
     return out
 
 
+def checkout() -> pathlib.Path:
+    """The directory the sweep's commands run from: the one holding launch/train.py (the
+    repository root; with a wheel install, the checkout the sweep is started from)."""
+    script = configfile.resolve("launch/train.py")
+    if not script.is_file():
+        raise FileNotFoundError(
+            f"{script}: not found; run the sweep from the repository root (it runs launch/train.py)"
+        )
+    return script.parents[1]
+
+
 def run_local(
     runs: Sequence[Run],
     sweep,
@@ -223,7 +217,7 @@ def run_local(
 ) -> list[str]:
     """Run the sweep here, one command after another, skipping finished training runs and
     finished evaluations; returns the names of runs whose commands failed (others go on)."""
-    execute = execute or (lambda argv: subprocess.run(argv, cwd=ROOT, check=False).returncode)
+    execute = execute or (lambda argv: subprocess.run(argv, cwd=checkout(), check=False).returncode)
     failed = []
     for i, run in enumerate(runs, 1):
         head = f"[{i}/{len(runs)}] {run.name}"
@@ -243,11 +237,6 @@ def run_local(
                 log(f"{head}: evaluation failed")
                 failed.append(run.name)
     return failed
-
-
-def _mean_optimal_rate(breakdown: Mapping[str, Mapping[str, Any]]) -> float:
-    rates = [e["optimal"] / e["n"] for e in breakdown.values() if e["n"]]
-    return sum(rates) / len(rates) if rates else math.nan
 
 
 def run_summary(run: Run) -> dict[str, Any]:
@@ -271,13 +260,13 @@ def run_summary(run: Run) -> dict[str, Any]:
     if done:
         path = run.workdir / f"round_{done[-1]}" / "record.json"
         try:
-            record = RoundRecord.from_dict(json.loads(path.read_text()))
+            record = ctx_lib.RoundRecord.from_dict(json.loads(path.read_text()))
         except (OSError, ValueError) as e:
             raise ValueError(f"{path}: not a round record ({e})") from e
         row.update(
             rounds_done=done[-1] + 1,
-            valid=100 * mean_valid_rate(record.validation),
-            optimal=100 * _mean_optimal_rate(record.validation),
+            valid=100 * stats.mean_rate(record.validation.values(), "valid"),
+            optimal=100 * stats.mean_rate(record.validation.values(), "optimal"),
         )
     results = run.eval_dir / "results.json"
     if results.exists():
@@ -301,13 +290,12 @@ def summary_tables(rows: Sequence[dict]) -> tuple[str, str]:
     cols: list[str] = []
     for r in rows:
         cols += [k for k in r if k not in cols]
-    md = ["| " + " | ".join(cols) + " |", "|---" * len(cols) + "|"]
-    md += ["| " + " | ".join(_cell(r.get(c, "")) for c in cols) + " |" for r in rows]
+    md = stats.markdown_table(cols, [[_cell(r.get(c, "")) for c in cols] for r in rows])
     buf = std_io.StringIO()
     w = csv.DictWriter(buf, cols, lineterminator="\n")
     w.writeheader()
     w.writerows(rows)
-    return "\n".join(md) + "\n", buf.getvalue()
+    return md + "\n", buf.getvalue()
 
 
 def write_summary(runs: Sequence[Run], workdir) -> pathlib.Path:
@@ -318,6 +306,6 @@ def write_summary(runs: Sequence[Run], workdir) -> pathlib.Path:
         "# Sweep summary\n\nvalid / optimal: mean % over map sizes on the run's validation set "
         "after its last finished round; bench_*: benchmark means per agent count.\n\n"
     )
-    io.atomic_write(workdir / "summary.md", head + md)
-    io.atomic_write(workdir / "summary.csv", table_csv)
+    files.atomic_write(workdir / "summary.md", head + md)
+    files.atomic_write(workdir / "summary.csv", table_csv)
     return workdir / "summary.md"

@@ -1,0 +1,1 @@
+../../configs/engineer/variants.py

@@ -1,0 +1,80 @@
+"""A non-editable install works: the wheel carries the engineer presets, the guideline and the
+tiny model, and the package imports and loads them from outside the repository."""
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+from mapfjax.presets import engineers, variants
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+CHECK = """
+import json, pathlib, sys
+import mapfjax
+from mapfjax import configfile
+from mapfjax.presets import engineers, variants
+
+package = pathlib.Path(mapfjax.__file__).parent
+v6 = variants.get_config("V6").modules
+print(json.dumps({
+    "package": str(package),
+    "guideline": pathlib.Path(v6.G.path).read_text(),
+    "guideline_in_package": pathlib.Path(v6.G.path).parent == package / "presets",
+    "engineers": sorted(engineers.ENGINEERS),
+    "policy": engineers.get_config("policy").to_dict(),
+    "variants": sorted(variants.VARIANTS),
+    "tiny_model": (package / "assets" / "tiny" / "config.json").is_file(),
+    # A relative config path is found in the working directory when the package has none.
+    "from_cwd": configfile.get_config("configs/here.py"),
+}))
+"""
+
+
+def _copy_sources(dest: pathlib.Path) -> None:
+    """What the build reads, links kept (mapfjax/presets links into configs/engineer)."""
+    dest.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, dest / name)
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in ("mapfjax", "configs/engineer"):
+        shutil.copytree(ROOT / name, dest / name, symlinks=True, ignore=skip)
+
+
+def test_wheel_installs_and_loads_the_presets_outside_the_repository(tmp_path):
+    src, dist, venv, elsewhere = (tmp_path / n for n in ("src", "dist", "venv", "elsewhere"))
+    _copy_sources(src)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    build = ["wheel", "--no-deps", "--no-build-isolation", str(src), "-w", str(dist)]
+    subprocess.run(pip + build, check=True, capture_output=True, timeout=300)
+    (wheel,) = dist.glob("mapfjax-*.whl")
+    # Dependencies come from this interpreter's site-packages; only mapfjax is installed.
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)],
+        check=True,
+        timeout=120,
+    )
+    python = venv / "bin" / "python"
+    install = ["--python", str(python), "install", "--no-deps", "--no-index", str(wheel)]
+    subprocess.run(pip + install, check=True, capture_output=True, timeout=300)
+
+    (elsewhere / "configs").mkdir(parents=True)
+    (elsewhere / "configs" / "here.py").write_text("def get_config():\n    return 'found'\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    res = subprocess.run(
+        [str(python), "-c", CHECK], cwd=elsewhere, env=env, capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(res.stdout.splitlines()[-1])
+
+    assert pathlib.Path(got["package"]).is_relative_to(venv)  # the wheel's copy, not ours
+    assert not pathlib.Path(got["package"]).is_relative_to(ROOT)
+    assert got["guideline"] == (ROOT / "configs" / "engineer" / "guideline.md").read_text()
+    assert got["guideline_in_package"] and got["tiny_model"]
+    assert got["engineers"] == sorted(engineers.ENGINEERS)
+    assert got["policy"] == engineers.get_config("policy").to_dict()
+    assert got["variants"] == sorted(variants.VARIANTS)
+    assert got["from_cwd"] == "found"
