@@ -285,12 +285,13 @@ def percent(value: float | None, digits: int = 1) -> str:
 
 def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     """A markdown table (no trailing newline): the header, a `|---|` rule, one line per row;
-    cells are written with str(), so callers format numbers first."""
+    cells are written with str() (callers format numbers first), an empty one as `| |`."""
+    line = lambda cells: "|" + "|".join(f" {c} " if c else " " for c in cells) + "|"
     header = [str(h) for h in header]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = [line(header), "|" + "---|" * len(header)]
     for i, row in enumerate(rows):
         cells = [str(c) for c in row]
         if len(cells) != len(header):
             raise ValueError(f"table row {i}: {len(cells)} cells for {len(header)} columns")
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(line(cells))
     return "\n".join(lines)

@@ -159,6 +159,7 @@ def test_rates_means_and_merges_of_counts():
 def test_markdown_table_and_percent():
     table = stats.markdown_table(["size", "valid %"], [["3x3", stats.percent(0.375)], [5, "-"]])
     assert table == "| size | valid % |\n|---|---|\n| 3x3 | 37.5 |\n| 5 | - |"
+    assert stats.markdown_table(["a", "b", "c"], [["mean", "", 0]]).endswith("| mean | | 0 |")
     assert stats.percent(math.nan) == "-" == stats.percent(None)
     assert stats.percent(1 / 3, 0) == "33"
     with pytest.raises(ValueError, match="table row 0: 1 cells for 2 columns"):

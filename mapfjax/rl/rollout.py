@@ -1,9 +1,8 @@
 """Rollouts for GRPO (problems -> prompts -> G samples each -> parse -> verify -> rewards ->
-group advantages -> `SequenceBatch`) and greedy validation per map size."""
+group advantages -> `SequenceBatch`) and greedy evaluation per map size (`greedy_eval`)."""
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import logging
 import warnings
@@ -13,6 +12,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from mapfjax import stats
 from mapfjax.env import dynamics, reward, text, types
 from mapfjax.env.types import Problem
 from mapfjax.models import sampler
@@ -123,8 +123,8 @@ def score(problems, repeats: int, texts, reward_cfg: reward.RewardConfig):
 
 def _failure_counts(failure: np.ndarray) -> dict[str, int]:
     """Responses per failure name; valid ones are counted under "none"."""
-    counts = collections.Counter(types.FAILURES[int(f)] or "none" for f in failure)
-    return {name: counts.get(name, 0) for name in ("none", *types.FAILURE_NAMES)}
+    names = (types.FAILURES[int(f)] or "none" for f in failure)
+    return stats.count_labels(names, ("none", *types.FAILURE_NAMES))
 
 
 @nnx.jit(static_argnames="temperature")
@@ -219,12 +219,12 @@ def rollout(
     return batch, stats
 
 
-# --------------------------------------------------------------------------- validation
+# --------------------------------------------------------------------------- greedy evaluation
 
 
 @dataclasses.dataclass(frozen=True)
 class SizeResult:
-    """Greedy validation of one (map size, agent count) cell."""
+    """Greedy evaluation of one (map size, agent count) cell."""
 
     size: int
     num_agents: int
@@ -237,7 +237,8 @@ class SizeResult:
 
 @dataclasses.dataclass(frozen=True)
 class Validation:
-    """Per-(size, agents) results, sorted by agents then size, and their unweighted mean."""
+    """Per-(size, agents) results of `greedy_eval`, sorted by agents then size, and their
+    unweighted mean."""
 
     cells: tuple[SizeResult, ...]
     # Per instance: {"id", "size", "num_agents", "valid", "optimal", "failure",
@@ -246,31 +247,26 @@ class Validation:
 
     @property
     def mean_valid(self) -> float:
-        return float(np.mean([c.valid_rate for c in self.cells]))
+        return stats.cell_mean(c.valid_rate for c in self.cells)
 
     @property
     def mean_optimal(self) -> float:
-        return float(np.mean([c.optimal_rate for c in self.cells]))
+        return stats.cell_mean(c.optimal_rate for c in self.cells)
 
     def table(self) -> str:
         """A Markdown table: agents, size, n, valid %, optimal %, failure counts."""
         names = list(types.FAILURE_NAMES)
-        head = "| agents | size | n | valid % | optimal % | " + " | ".join(names) + " |"
-        rows = [head, "|" + "---|" * (5 + len(names))]
-        for c in self.cells:
-            fails = " | ".join(str(c.failures.get(f, 0)) for f in names)
-            rows.append(
-                f"| {c.num_agents} | {c.size}x{c.size} | {c.n} | {100 * c.valid_rate:.1f} | "
-                f"{100 * c.optimal_rate:.1f} | {fails} |"
-            )
-        rows.append(
-            f"| mean | | | {100 * self.mean_valid:.1f} | {100 * self.mean_optimal:.1f} |"
-            + " |" * len(names)
-        )
-        return "\n".join(rows)
+        rows = [
+            [c.num_agents, f"{c.size}x{c.size}", c.n, stats.percent(c.valid_rate)]
+            + [stats.percent(c.optimal_rate), *(c.failures.get(f, 0) for f in names)]
+            for c in self.cells
+        ]
+        means = [stats.percent(self.mean_valid), stats.percent(self.mean_optimal)]
+        rows.append(["mean", "", "", *means, *[""] * len(names)])
+        return stats.markdown_table(["agents", "size", "n", "valid %", "optimal %", *names], rows)
 
 
-def validate(
+def greedy_eval(
     model,
     tokenizer,
     problems: Sequence[Problem],
@@ -295,22 +291,6 @@ def validate(
         optimal += list(np.asarray(verdict.optimal))
         failure += list(np.asarray(verdict.failure))
         length += [len(c) for c in completions]
-    cells = collections.defaultdict(list)
-    for j, p in enumerate(problems):
-        cells[(p.num_agents, max(p.height, p.width))].append(j)
-    out = []
-    for (k, size), idx in sorted(cells.items()):
-        out.append(
-            SizeResult(
-                size=size,
-                num_agents=k,
-                n=len(idx),
-                valid_rate=float(np.mean([valid[j] for j in idx])),
-                optimal_rate=float(np.mean([optimal[j] for j in idx])),
-                failures=_failure_counts(np.array([failure[j] for j in idx])),
-                response_len_mean=float(np.mean([length[j] for j in idx])),
-            )
-        )
     rows = tuple(
         {
             "id": p.id,
@@ -324,7 +304,31 @@ def validate(
         }
         for j, p in enumerate(problems)
     )
-    return Validation(tuple(out), rows)
+    counts = stats.tally(
+        rows,
+        ("num_agents", "size"),
+        flags=("valid", "optimal"),
+        labels={"failures": ("failure", types.FAILURE_NAMES)},
+        sums={"tokens": "response_tokens"},
+    )
+    cells = tuple(
+        SizeResult(
+            size=size,
+            num_agents=k,
+            n=c["n"],
+            valid_rate=stats.rate(c, "valid"),
+            optimal_rate=stats.rate(c, "optimal"),
+            failures={"none": c["valid"], **c["failures"]},
+            response_len_mean=c["tokens"] / c["tokens_n"],
+        )
+        for (k, size), c in counts.items()
+    )
+    return Validation(cells, rows)
+
+
+# Deprecated name of `greedy_eval` ("validate" means a config check elsewhere); removed once
+# engineer/loop.py, launch/train_tiny.py and the notebooks call greedy_eval.
+validate = greedy_eval
 
 
 def validation_report(v: Validation, title: str, notes: Sequence[str] = ()) -> str:

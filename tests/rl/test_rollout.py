@@ -11,7 +11,7 @@ from flax import nnx
 
 from mapfjax.env import oracle, text
 from mapfjax.env.reward import RewardConfig
-from mapfjax.models import tokenizer as tk
+from mapfjax.models import tokenizer as tok_lib
 from mapfjax.models.qwen3 import Qwen3, Qwen3Config
 from mapfjax.rl import grpo, rollout
 from mapfjax.rl.batch import GroupBatch
@@ -91,7 +91,7 @@ def as_rows(batch):
 
 def test_batch_layout_and_masks(result, tok, problems):
     batch, stats, _ = result
-    ids = tk.special_ids(tok)
+    ids = tok_lib.special_ids(tok)
     b = len(problems) * G
     T = batch.completion_len
     rows = as_rows(batch)
@@ -100,7 +100,9 @@ def test_batch_layout_and_masks(result, tok, problems):
         assert batch.tokens.shape == (len(problems), G, T)
     else:
         assert batch.tokens.shape == (b, batch.prompt_len + T)
-    prompts = tk.encode_chat(tok, [text.render_prompt(p) for p in problems], enable_thinking=False)
+    prompts = tok_lib.encode_chat(
+        tok, [text.render_prompt(p) for p in problems], enable_thinking=False
+    )
     lengths = np.array([r[3].sum() for r in rows])
     # Length-aware: the width is the longest completion's power-of-two bucket, at most 24.
     assert T == min(24, 1 << int(lengths.max() - 1).bit_length())
@@ -172,9 +174,9 @@ def test_truncation_warns_and_temperature_mismatch_raises(result, model, tok, pr
         )
 
 
-def test_validate_groups_by_size(model, tok):
+def test_greedy_eval_groups_by_size(model, tok):
     probs = random_problems(6, seed=4, sizes=(3, 5))
-    v = rollout.validate(model, tok, probs, max_new_tokens=8, batch_size=4)
+    v = rollout.greedy_eval(model, tok, probs, max_new_tokens=8, batch_size=4)
     sizes = sorted({p.height for p in probs})
     assert [c.size for c in v.cells] == sizes
     assert sum(c.n for c in v.cells) == 6
@@ -183,6 +185,11 @@ def test_validate_groups_by_size(model, tok):
         assert 0.0 <= c.optimal_rate <= c.valid_rate <= 1.0
     table = v.table().splitlines()
     assert len(table) == 2 + len(sizes) + 1 and table[-1].startswith("| mean")
+    for c in v.cells:  # the cells are the tallies of the per-instance rows
+        mine = [r for r in v.rows if r["size"] == c.size]
+        assert c.n == len(mine) and c.failures["none"] == sum(r["valid"] for r in mine)
+        assert c.response_len_mean == pytest.approx(np.mean([r["response_tokens"] for r in mine]))
+    assert rollout.validate is rollout.greedy_eval  # the deprecated name, until callers move
 
 
 def test_validation_table_numbers():
