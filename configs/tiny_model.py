@@ -20,10 +20,20 @@ def env_config(ratios: dict[int, float], seed: int, hole_ratio=0.2, wait_ratio=0
     return c
 
 
+# The whole legal space the engineer may choose from: every hole ratio in [0, 0.5] (one
+# share each), half of the instances needing a wait; sizes weighted toward small maps.
+BROAD_SIZES = {3: 0.2, 4: 0.2, 5: 0.2, 6: 0.1, 7: 0.1, 8: 0.07, 9: 0.07, 10: 0.06}
+BROAD_HOLES = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)
+
+
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-    """arg "quick" shrinks every stage to a few steps (a smoke run of the pipeline)."""
+    """arg "quick" shrinks every stage to a few steps (a smoke run of the pipeline); "broad"
+    continues the shipped model on SFT data from the whole legal generator space (every size,
+    hole ratio 0..0.5, half the instances needing a wait), validated on a held-out set from the
+    same space that shares no puzzle with the SFT data."""
     c = ml_collections.ConfigDict()
     c.seed = 0
+    c.init = ""  # a checkpoint directory to continue from (its tokenizer too); "" = from scratch
     c.workdir = "/tmp/mapfjax_tiny"  # tokenizer, data cache, checkpoints, logs
     c.out_dir = "mapfjax/assets/tiny"  # exported model + tokenizer + VALIDATION.md
     c.dtype = "float32"  # bf16 matmuls are slow on CPU
@@ -101,6 +111,20 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.validation.max_new_tokens = 80
     c.validation.batch_size = 100
 
+    if arg == "broad":
+        c.init = "mapfjax/assets/tiny"
+        c.workdir = "runs/tiny_broad"
+        c.out_dir = "runs/tiny_broad/export"
+        c.sft.instances = 61440
+        c.sft.env = env_config(BROAD_SIZES, seed=11, wait_ratio=0.5)
+        c.sft.hole_ratios = BROAD_HOLES
+        c.sft.stages = (6000,)
+        c.sft.optim.lr = 1e-3
+        c.grpo.env = env_config({n: 1 / 8 for n in range(3, 11)}, seed=12, wait_ratio=0.5)
+        c.validation.env = env_config({n: 1 / 8 for n in range(3, 11)}, seed=54321, wait_ratio=0.5)
+        c.validation.hole_ratios = BROAD_HOLES
+        c.validation.per_size = 60  # 10 per (size, hole ratio)
+        c.validation.spare = 0.25
     if arg == "quick":
         c.tokenizer.instances = 200
         c.sft.instances = 256

@@ -1,5 +1,7 @@
-"""Ahead-of-time memory plan of the GRPO train step (forward, backward, AdamW update) for real
-model sizes on fake CPU devices; prints XLA's bytes per device. No weights are allocated.
+"""Ahead-of-time plan of the GRPO train step (forward, backward, AdamW update) for real model
+sizes on fake CPU devices: XLA's peak bytes, FLOPs and bytes accessed per device, with the
+G samples of a prompt sharing its pass (GroupBatch) and with one prompt per row. No weights
+are allocated.
 
     python launch/memory_plan_grpo.py --model qwen3-4b --prompts 8 --group 8 \
         --prompt-len 512 --response-len 4096 --accum 8 --meshes fsdp8,fsdp4-tp2
@@ -18,6 +20,7 @@ ARGS.add_argument("--group", type=int, default=8)
 ARGS.add_argument("--prompt-len", type=int, default=512)
 ARGS.add_argument("--response-len", type=int, default=4096)
 ARGS.add_argument("--accum", default="8", help="micro-batches per update, comma list")
+ARGS.add_argument("--layouts", default="shared,rows", help="shared (GroupBatch), rows, or both")
 # Qwen3 attends in query blocks only when the block divides the sequence (512 + 4096 = 9 x 512).
 ARGS.add_argument("--attention-chunk", type=int, default=512)
 ARGS.add_argument("--param-dtype", default="bfloat16", help="bfloat16 or float32 (master)")
@@ -38,37 +41,33 @@ from mapfjax.rl.trainer import OptimConfig, lower_train_step  # noqa: E402
 
 
 def main():
-    cfg = PRESETS[OPTS.model]
-    rows = OPTS.prompts * OPTS.group
-    pdt = jnp.dtype(OPTS.param_dtype)
+    cfg, rows, pdt = PRESETS[OPTS.model], OPTS.prompts * OPTS.group, jnp.dtype(OPTS.param_dtype)
     loss_cfg = GRPOConfig(group_size=OPTS.group, max_response_tokens=OPTS.response_len)
     print(
-        f"{OPTS.model} GRPO step, {rows} rows x ({OPTS.prompt_len} + {OPTS.response_len}) tokens,"
-        f" bf16 activations, {pdt.name} params + Adam moments, remat, attention blocks of "
-        f"{OPTS.attention_chunk}; GiB per device"
+        f"{OPTS.model} GRPO step, {OPTS.prompts} prompts x {OPTS.group} samples, "
+        f"{OPTS.prompt_len} + {OPTS.response_len} tokens, bf16 activations, {pdt.name} params + "
+        f"Adam, remat, attention blocks of {OPTS.attention_chunk}; per device: GiB, TFLOP, TB"
     )
+    model = lambda: Qwen3(  # attention_block=0: plan the accelerator's graph, not CPU blocks
+        cfg, dtype=jnp.bfloat16, param_dtype=pdt, remat=True,
+        attention_chunk=OPTS.attention_chunk, attention_block=0,
+    )  # fmt: skip
     for spec in OPTS.meshes.split(","):
         mesh = parallel.mesh_from_spec(spec)
         for accum in (int(a) for a in OPTS.accum.split(",")):
             optim = OptimConfig(lr=1e-6, accum_steps=accum, remat=True)
-            lowered = lower_train_step(
-                lambda: Qwen3(
-                    cfg,
-                    dtype=jnp.bfloat16,
-                    param_dtype=pdt,
-                    remat=True,
-                    attention_chunk=OPTS.attention_chunk,
-                ),
-                optim,
-                "grpo",
-                loss_cfg,
-                mesh,
-                rows,
-                OPTS.prompt_len,
-                OPTS.response_len,
-            )
-            mem = parallel.memory_per_device(lowered)
-            print(f"{spec:>10} accum={accum:<3} {parallel.describe_memory(mem)}", flush=True)
+            for layout in OPTS.layouts.split(","):
+                g = OPTS.group if layout == "shared" else None
+                lowered = lower_train_step(
+                    model, optim, "grpo", loss_cfg, mesh, rows, OPTS.prompt_len,
+                    OPTS.response_len, group_size=g,
+                )  # fmt: skip
+                mem = parallel.memory_per_device(lowered)
+                print(
+                    f"{spec:>10} accum={accum:<3} {layout:>6}: {mem['flops'] / 1e12:7.1f} TFLOP "
+                    f"{mem['bytes_accessed'] / 1e12:6.2f} TB  {parallel.describe_memory(mem)}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -43,8 +43,11 @@ def main(_):
     work, out, g = pathlib.Path(c.workdir), pathlib.Path(c.out_dir), c.grpo
     d = data.prepare(c, work)
     tok, pad, dtype = d.tokenizer, tk.special_ids(d.tokenizer).pad, jnp.dtype(c.dtype)
-    model_cfg = qwen3.Qwen3Config(vocab_size=len(tok), **c.model)
-    model = qwen3.Qwen3(model_cfg, dtype=dtype, param_dtype=dtype, rngs=nnx.Rngs(c.seed))
+    if c.get("init"):  # continue from a checkpoint (its architecture and tokenizer)
+        model = hf.from_pretrained(c.init, dtype=dtype)
+    else:
+        model_cfg = qwen3.Qwen3Config(vocab_size=len(tok), **c.model)
+        model = qwen3.Qwen3(model_cfg, dtype=dtype, param_dtype=dtype, rngs=nnx.Rngs(c.seed))
     log = open(work / "log.jsonl", "a", buffering=1)  # line-buffered: tail -f works
     b = c.sft.batch_size
     targets = data.coordinate_targets(tok, d.sft) if c.sft.coordinate_targets else None

@@ -175,11 +175,15 @@ def abstract_sharded_state(make_model: Callable[[], nnx.Module], mesh: Mesh, rul
 
 
 def memory_per_device(lowered) -> dict[str, int]:
-    """Compiles a `jax.jit(...).lower(...)` result; its XLA memory analysis in bytes per device.
+    """Compiles a `jax.jit(...).lower(...)` result; its XLA memory analysis in bytes per device,
+    and the cost analysis's FLOPs and bytes accessed per device (0 where XLA gives none).
 
     peak = arguments + outputs - aliased (donated) + temporaries.
     """
-    stats = lowered.compile().memory_analysis()
+    compiled = lowered.compile()
+    stats = compiled.memory_analysis()
+    cost = compiled.cost_analysis() or {}
+    cost = cost[0] if isinstance(cost, list | tuple) else cost
     out = {
         "arguments": int(stats.argument_size_in_bytes),
         "outputs": int(stats.output_size_in_bytes),
@@ -187,6 +191,8 @@ def memory_per_device(lowered) -> dict[str, int]:
         "temporaries": int(stats.temp_size_in_bytes),
     }
     out["peak"] = out["arguments"] + out["outputs"] - out["aliased"] + out["temporaries"]
+    out["flops"] = int(cost.get("flops", 0))
+    out["bytes_accessed"] = int(cost.get("bytes accessed", 0))
     return out
 
 
@@ -267,7 +273,7 @@ def mesh_from_spec(spec: str) -> Mesh:
 
 def describe_memory(mem: Mapping[str, int], caps_gb: Sequence[int] = (16, 80)) -> str:
     """One line for `memory_per_device` output: GiB per device and which device sizes fit."""
-    gib = {k: v / 2**30 for k, v in mem.items()}
+    gib = {k: v / 2**30 for k, v in mem.items() if k not in ("flops", "bytes_accessed")}
     fits = [f"{cap} GB" for cap in caps_gb if mem["peak"] <= cap * 2**30]
     return (
         f"peak {gib['peak']:7.2f} (args {gib['arguments']:.2f}, out {gib['outputs']:.2f}, aliased "

@@ -296,27 +296,30 @@ _attend_chunk = jax.checkpoint(_attend_remat, static_argnums=(2,))
 CPU_SCORE_BLOCK = 1 << 19
 
 
-def _row_blocks(rows: int, per_row: int) -> int:
-    """How many blocks to cut `rows` into (a divisor of rows; 1 off CPU)."""
-    if jax.default_backend() != "cpu" or rows < 2:
+def _row_blocks(rows: int, per_row: int, block: int | None) -> int:
+    """How many blocks to cut `rows` into (a divisor of rows) so that each block's scores hold
+    about `block` floats; None: `CPU_SCORE_BLOCK` on CPU and one block elsewhere; 0: one."""
+    if block is None:
+        block = CPU_SCORE_BLOCK if jax.default_backend() == "cpu" else 0
+    if block <= 0 or rows < 2:
         return 1
-    n = min(rows, max(1, rows * per_row // CPU_SCORE_BLOCK))
+    n = min(rows, max(1, rows * per_row // block))
     while rows % n:
         n -= 1
     return n
 
 
-def attention(q: Array, segments: Sequence[Keys], chunk: int) -> Array:
+def attention(q: Array, segments: Sequence[Keys], chunk: int, block: int | None = None) -> Array:
     """`_attend` over q [B, G, C, K, Q, D] -> [B, G, C, K, Q, D], query-chunked when C > chunk
     and chunk divides C (a segment's `allowed` must then be [.., C, S] or [.., 1, S]), and
-    otherwise cut into blocks of rows on CPU (`CPU_SCORE_BLOCK`). Each chunk or block is
-    rematerialised in the backward pass."""
+    otherwise cut into blocks of rows whose scores hold about `block` floats (`_row_blocks`:
+    by default on CPU only). Each chunk or block is rematerialised in the backward pass."""
     b, g, c = q.shape[:3]
     scale = q.shape[-1] ** -0.5
     if c > chunk and c % chunk == 0:
         return _query_chunks(q, segments, chunk, scale)
     keys = sum(seg.k.shape[-2] for seg in segments)
-    n = _row_blocks(b, g * q.shape[3] * q.shape[4] * c * keys)
+    n = _row_blocks(b, g * q.shape[3] * q.shape[4] * c * keys, block)
     if n == 1:
         return _attend(q, segments, scale)
 
@@ -482,7 +485,9 @@ class Qwen3(nnx.Module):
 
     dtype is the activation/matmul dtype; norms, softmax and logits are always float32.
     remat rematerialises each layer in the backward pass; attention_chunk is the query block
-    length above which attention is computed blockwise (memory O(chunk x S), not O(T x S)).
+    length above which attention is computed blockwise (memory O(chunk x S), not O(T x S));
+    attention_block: score floats per block of rows (None: `CPU_SCORE_BLOCK` on CPU, one block
+    elsewhere; 0: one block, e.g. to plan an accelerator's memory on CPU).
     Under `jax.set_mesh`, activations are constrained to split rows over data x fsdp.
     The layers are stacked (parameters [L, ...]) and run with `lax.scan`: one compiled layer,
     and FSDP weight gathers happen layer by layer inside the loop.
@@ -497,10 +502,11 @@ class Qwen3(nnx.Module):
         remat: bool = False,
         rngs: nnx.Rngs | None = None,
         attention_chunk: int = 1024,
+        attention_block: int | None = None,
     ):
         rngs = nnx.Rngs(0) if rngs is None else rngs
         self.config, self.dtype, self.remat = config, dtype, remat
-        self.chunk = attention_chunk
+        self.chunk, self.score_block = attention_chunk, attention_block
         v, h = config.vocab_size, config.hidden_size
         self.embedding = _param(rngs, (v, h), ("vocab", "embed"), param_dtype)
         kw = dict(dtype=dtype, param_dtype=param_dtype, chunk=attention_chunk)
@@ -508,6 +514,9 @@ class Qwen3(nnx.Module):
         self.final_norm = RMSNorm(h, config.rms_norm_eps, param_dtype=param_dtype)
         if not config.tie_word_embeddings:
             self.unembedding = _param(rngs, (h, v), ("embed", "vocab"), param_dtype)
+
+    def _attention(self, q, segments):
+        return attention(q, segments, self.chunk, self.score_block)
 
     def _embed(self, tokens: Array) -> Array:
         x = jnp.take(self.embedding[...], tokens, axis=0).astype(self.dtype)
@@ -566,7 +575,7 @@ class Qwen3(nnx.Module):
                 )
                 kv = (k_all, v_all, i + 1)
                 k, v = k_all[i].astype(q.dtype), v_all[i].astype(q.dtype)
-            out = attention(q[:, None], [Keys(k[:, None], v[:, None], allowed)], self.chunk)
+            out = self._attention(q[:, None], [Keys(k[:, None], v[:, None], allowed)])
             return out[:, 0], (kv, None)
 
         kv = None if cache is None else (cache.k, cache.v, jnp.int32(0))
@@ -590,7 +599,7 @@ class Qwen3(nnx.Module):
 
         def attend(_, __, q, k, v):
             k, v = _heads_first(k), _heads_first(v)
-            out = attention(q[:, None], [Keys(k[:, None], v[:, None], allowed)], self.chunk)
+            out = self._attention(q[:, None], [Keys(k[:, None], v[:, None], allowed)])
             return out[:, 0], (None, (k, v))
 
         x, _, (k, v) = self._scan(self._embed(tokens), positions, attend)
@@ -620,7 +629,7 @@ class Qwen3(nnx.Module):
             k = _heads_first(k).reshape(b, g, *k.shape[2:3], t, k.shape[-1])
             v = _heads_first(v).reshape(b, g, *v.shape[2:3], t, v.shape[-1])
             shared = Keys(kp.astype(q.dtype), vp.astype(q.dtype), prefix.valid, shared=True)
-            out = attention(q, [shared, Keys(k, v, allowed)], self.chunk)
+            out = self._attention(q, [shared, Keys(k, v, allowed)])
             return out.reshape(b * g, t, *out.shape[3:]), (None, None)
 
         x = self._embed(tokens.reshape(b * g, t))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Sequence
@@ -440,6 +441,57 @@ def generate(
     greedy = temperature == 0.0
     if not greedy and key is None:
         raise ValueError("generate: temperature > 0 needs key=jax.random.key(seed)")
+    prompt_len = _prompt_len(prompts, max_new_tokens, max_cache_len, config, bucket)
+    mesh = _resolve_mesh(mesh)
+    layout = _Layout.make(len(prompts), num_samples, batch_bucket, mesh, config)
+    tokens, mask, done = _pad_prompts(prompts, prompt_len, layout)
+
+    graphdef, state = nnx.split(model)
+    cache_dtype = jnp.dtype(
+        _default_cache_dtype(model, state) if cache_dtype is None else cache_dtype
+    )
+    sh = layout.shardings
+    if mesh is not None:
+        state = _place_state(state, mesh)
+        tokens, mask = (jax.device_put(x, sh.groups) for x in (tokens, mask))
+        done = jax.device_put(done, sh.row_vec)
+    static = dict(
+        max_new_tokens=max_new_tokens,
+        greedy=greedy,
+        top_k=int(top_k),
+        use_top_p=top_p < 1.0,
+        stop_tokens=tuple(int(t) for t in stop_tokens),
+        pad_id=int(pad_id),
+        shardings=sh,
+    )
+    draw = (
+        jax.random.key(0) if key is None else key,
+        jnp.float32(temperature if not greedy else 1.0),
+        jnp.float32(top_p),
+    )
+    if split_layers is None:
+        split_layers = jax.default_backend() == "cpu"
+
+    # Under the mesh the model's own activation constraints apply too (no-ops without one).
+    with _mesh_context(mesh):
+        logits, prefix = _prefill(
+            graphdef, state, tokens, mask, cache_dtype=cache_dtype, shardings=sh
+        )
+        bufs = _first_token(logits, done, *draw, group_size=num_samples, **static)
+        layer_params = _split_layers(graphdef, state) if split_layers else None
+        bufs, steps = _decode_segments(
+            graphdef, state, layer_params, prefix, bufs, draw, layout, cache_dtype, window, static
+        )
+    toks, lps, lpfs, lengths, _, finished = bufs
+    n = len(prompts) * num_samples
+    if layout.rows != n:
+        toks, lengths, lps, lpfs, finished = (x[:n] for x in (toks, lengths, lps, lpfs, finished))
+    return SampleOutput(toks, lengths, lps, lpfs, finished, jnp.int32(steps))
+
+
+def _prompt_len(prompts, max_new_tokens, max_cache_len, config, bucket) -> int:
+    """The prompts' padded length P (their bucket, at most the cache room left after the
+    budget); ValueError naming the prompts that do not fit."""
     limit = config.max_position_embeddings if max_cache_len is None else max_cache_len
     room = limit - max_new_tokens
     lens = [len(p) for p in prompts]
@@ -451,82 +503,73 @@ def generate(
             f"the cache needs {lens[i] + max_new_tokens} slots but holds at most {limit} "
             f"(max_cache_len, default max_position_embeddings); prompts too long: {too_long}"
         )
-    prompt_len = min(BUCKETS[bucket](max(lens)), room)
+    return min(BUCKETS[bucket](max(lens)), room)
 
-    mesh = _resolve_mesh(mesh)
-    n_prompts, g = len(prompts), num_samples
-    groups = BUCKETS[batch_bucket](n_prompts)
-    if mesh is not None:
-        shards = _batch_shards(mesh)
-        groups = shards * math.ceil(groups / shards)
-    rows = groups * g
-    sh = _shardings(mesh, config, groups, rows) if mesh is not None else None
 
-    # Left padding with token 0 (masked out; pad_id may exceed a small test vocabulary).
-    # Padding prompts get one visible token (an all-masked row has no key to attend to) and
-    # their rows start out done so they never delay the early exit.
-    tokens = np.zeros((groups, prompt_len), np.int32)
-    mask = np.zeros((groups, prompt_len), bool)
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """How a call's prompts and rows are laid out: `groups` padded prompts (a bucket, a
+    multiple of the mesh's batch shards) of `group_size` rows each."""
+
+    prompts: int
+    group_size: int
+    groups: int
+    shardings: _Shardings | None
+
+    @property
+    def rows(self) -> int:
+        return self.groups * self.group_size
+
+    @classmethod
+    def make(cls, prompts, group_size, batch_bucket, mesh, config) -> _Layout:
+        groups = BUCKETS[batch_bucket](prompts)
+        if mesh is not None:
+            shards = _batch_shards(mesh)
+            groups = shards * math.ceil(groups / shards)
+        rows = groups * group_size
+        sh = _shardings(mesh, config, groups, rows) if mesh is not None else None
+        return cls(prompts, group_size, groups, sh)
+
+
+def _pad_prompts(prompts, prompt_len: int, layout: _Layout):
+    """(tokens int32 [Bg, P] left-padded with 0, mask bool [Bg, P], done bool [B]).
+
+    Token 0 pads (masked out; pad_id may exceed a small test vocabulary). Padding prompts get
+    one visible token (an all-masked row has no key to attend to) and their rows start out
+    done, so they never delay the early exit."""
+    tokens = np.zeros((layout.groups, prompt_len), np.int32)
+    mask = np.zeros((layout.groups, prompt_len), bool)
     for i, p in enumerate(prompts):
         tokens[i, prompt_len - len(p) :] = p
         mask[i, prompt_len - len(p) :] = True
-    mask[n_prompts:, -1] = True
-    done = np.arange(rows) >= n_prompts * g
+    mask[layout.prompts :, -1] = True
+    done = np.arange(layout.rows) >= layout.prompts * layout.group_size
+    return tokens, mask, done
 
-    graphdef, state = nnx.split(model)
-    if cache_dtype is None:
-        cache_dtype = _default_cache_dtype(model, state)
-    cache_dtype = jnp.dtype(cache_dtype)
-    if mesh is not None:
-        state = _place_state(state, mesh)
-        tokens, mask = (jax.device_put(x, sh.groups) for x in (tokens, mask))
-        done = jax.device_put(done, sh.row_vec)
-    if split_layers is None:
-        split_layers = jax.default_backend() == "cpu"
-    static = dict(
-        max_new_tokens=max_new_tokens,
-        greedy=greedy,
-        top_k=int(top_k),
-        use_top_p=top_p < 1.0,
-        stop_tokens=tuple(int(t) for t in stop_tokens),
-        pad_id=int(pad_id),
-        shardings=sh,
-    )
-    key = jax.random.key(0) if key is None else key
-    temp = jnp.float32(temperature if not greedy else 1.0)
-    top_p_arr = jnp.float32(top_p)
 
-    # Under the mesh the model's own activation constraints apply too (no-ops without one).
-    with _mesh_context(mesh):
-        logits, prefix = _prefill(
-            graphdef, state, tokens, mask, cache_dtype=cache_dtype, shardings=sh
+def _decode_segments(graphdef, state, layer_params, prefix, bufs, draw, layout, dtype, window,
+                     static):  # fmt: skip
+    """Runs `_decode` once per cache window (`_windows`), growing the rows' cache between
+    segments, until every row is done or the budget is used. Returns (bufs, columns sampled)."""
+    config = nnx.merge(graphdef, state).config
+    n, sh = static["max_new_tokens"], layout.shardings
+    i, cache = 1, None
+    for w in _windows(n, window):
+        if i >= n or bool(jnp.all(bufs[4])):
+            break
+        if cache is None:
+            shape = (layout.rows, config.num_kv_heads, w, config.head_dim)
+            ks = tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
+            cache = (ks, tuple(jnp.zeros(shape, dtype) for _ in ks))
+            if sh is not None:
+                cache = jax.device_put(cache, sh.kv)
+        else:
+            cache = _grow(cache, window=w, shardings=sh)
+        cache, bufs, i = _decode(
+            graphdef, state, layer_params, prefix, cache, bufs, jnp.int32(i), *draw, **static
         )
-        bufs = _first_token(logits, done, key, temp, top_p_arr, group_size=g, **static)
-        layer_params = _split_layers(graphdef, state) if split_layers else None
-        i = np.int32(1)
-        cache = None
-        for w in _windows(max_new_tokens, window):
-            if i >= max_new_tokens or bool(jnp.all(bufs[4])):
-                break
-            if cache is None:
-                shape = (rows, config.num_kv_heads, w, config.head_dim)
-                zeros = tuple(jnp.zeros(shape, cache_dtype) for _ in range(config.num_layers))
-                cache = (zeros, tuple(jnp.zeros(shape, cache_dtype) for _ in zeros))
-                if sh is not None:
-                    cache = jax.device_put(cache, sh.kv)
-            else:
-                cache = _grow(cache, window=w, shardings=sh)
-            cache, bufs, i = _decode(
-                graphdef, state, layer_params, prefix, cache, bufs, jnp.int32(i), key, temp,
-                top_p_arr, **static,
-            )  # fmt: skip
-            i = int(i)
-    toks, lps, lpfs, lengths, _, finished = bufs
-    steps = jnp.int32(max(1, min(int(i), max_new_tokens)))
-    n = n_prompts * g
-    if rows != n:
-        toks, lengths, lps, lpfs, finished = (x[:n] for x in (toks, lengths, lps, lpfs, finished))
-    return SampleOutput(toks, lengths, lps, lpfs, finished, steps)
+        i = int(i)
+    return bufs, max(1, min(i, n))
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "prefill_kw", "decode_kw"))

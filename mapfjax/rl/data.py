@@ -29,6 +29,7 @@ class Example:
     problem_id: str
     prompt: tuple[int, ...]
     completion: tuple[int, ...]
+    puzzle: str = ""  # io.puzzle_hash of the problem (held-out sets are deduplicated on it)
 
 
 def oracle_answers(problems: Sequence[Problem], processes: int = 1, **budget) -> list:
@@ -59,7 +60,7 @@ def sft_examples(tokenizer, problems: Sequence[Problem], answers=None) -> list[E
     out = []
     for p, ids, a in zip(problems, prompts, answers, strict=True):
         ans = tokenizer(text.render_answer(a), add_special_tokens=False)["input_ids"]
-        out.append(Example(p.id, tuple(ids), (*ans, im_end)))
+        out.append(Example(p.id, tuple(ids), (*ans, im_end), io.puzzle_hash(p)))
     return out
 
 
@@ -184,11 +185,33 @@ def sft_batches(
         epoch, step = epoch + 1, 0
 
 
-def generate_problems(env_cfg, n: int, seed: int, processes: int = 1) -> list[Problem]:
-    """`n` labelled instances from the generator config `env_cfg`, deterministic in `seed`."""
+def generate_problems(
+    env_cfg, n: int, seed: int, processes: int = 1, hole_ratios: Sequence[float] = ()
+) -> list[Problem]:
+    """`n` labelled instances from the generator config `env_cfg`, deterministic in `seed`.
+
+    hole_ratios: when given, an equal share of the instances (the first ones get the
+    remainder) is drawn at each hole ratio, set for every size of `env_cfg`: a training or
+    held-out set spread over the hole-ratio range instead of one value per size."""
     cfg = env_cfg.copy_and_resolve_references()
     cfg.oracle.processes = processes
-    return generator.generate(jax.random.key(seed), cfg, n).problems
+    if not hole_ratios:
+        return generator.generate(jax.random.key(seed), cfg, n).problems
+    out = []
+    for j, h in enumerate(hole_ratios):
+        part = n // len(hole_ratios) + (j < n % len(hole_ratios))
+        for size in cfg.sizes.values():
+            size.hole_ratio = float(h)
+        key = jax.random.fold_in(jax.random.key(seed), j)
+        out += generator.generate(key, cfg, part, id_prefix=f"h{h:g}_").problems
+    return out
+
+
+def held_out(problems: Sequence[Problem], seen: set[str]) -> tuple[list[Problem], int]:
+    """The problems whose puzzle (`io.puzzle_hash`) is not in `seen`, and how many were
+    dropped: a validation set that shares no puzzle with the training data."""
+    kept = [p for p in problems if io.puzzle_hash(p) not in seen]
+    return kept, len(problems) - len(kept)
 
 
 def save_examples(path, examples: Sequence[Example]) -> None:
@@ -204,7 +227,12 @@ def load_examples(path) -> list[Example]:
         for i, line in enumerate(f, 1):
             try:
                 d = json.loads(line)
-                ex = Example(str(d["problem_id"]), tuple(d["prompt"]), tuple(d["completion"]))
+                ex = Example(
+                    str(d["problem_id"]),
+                    tuple(d["prompt"]),
+                    tuple(d["completion"]),
+                    str(d.get("puzzle", "")),
+                )
             except (ValueError, KeyError, TypeError) as e:
                 raise ValueError(f"{path}:{i}: not an SFT example ({e!r})") from e
             out.append(ex)
@@ -218,6 +246,17 @@ def cached(path, build, save, load):
     if not path.exists():
         save(path, build())
     return load(path)
+
+
+def _balanced(problems: Sequence[Problem], n: int, cells: int) -> list[Problem]:
+    """n problems, an equal number from each (size, id prefix) cell where possible."""
+    by_cell: dict[tuple, list[Problem]] = {}
+    for p in problems:
+        by_cell.setdefault((p.height, p.id.split("_")[0]), []).append(p)
+    per = n // max(1, len(by_cell))
+    out = [p for ps in by_cell.values() for p in ps[:per]]
+    rest = [p for ps in by_cell.values() for p in ps[per:]]
+    return (out + rest)[:n]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,8 +281,8 @@ def prepare(cfg, workdir) -> RunData:
         key = json.dumps([p.to_dict() if hasattr(p, "to_dict") else p for p in parts])
         return work / f"{stem}-{hashlib.sha256(key.encode()).hexdigest()[:10]}{ext}"
 
-    def problems(env, n, offset):
-        return generate_problems(env, n, cfg.seed + offset, processes=cfg.processes)
+    def problems(env, n, offset, hole_ratios=()):
+        return generate_problems(env, n, cfg.seed + offset, cfg.processes, tuple(hole_ratios))
 
     def tokenizer():
         ps = problems(cfg.sft.env, cfg.tokenizer.instances, 100)
@@ -251,27 +290,46 @@ def prepare(cfg, workdir) -> RunData:
         answers = [text.render_answer(a) for a in oracle_answers(ps)]
         return bpe.build_tokenizer(bpe.corpus(prompts, answers), cfg.tokenizer.vocab_size)
 
-    tok_dir = name("tokenizer", "", cfg.seed, cfg.sft.env, cfg.tokenizer)
-    tok = cached(tok_dir, tokenizer, bpe.save_tokenizer, tok_lib.load_tokenizer)
+    init = cfg.get("init", "")
+    if init:  # continue from a checkpoint: its tokenizer, unchanged
+        tok_dir = pathlib.Path(init)
+        tok = tok_lib.load_tokenizer(tok_dir)
+    else:
+        tok_dir = name("tokenizer", "", cfg.seed, cfg.sft.env, cfg.tokenizer)
+        tok = cached(tok_dir, tokenizer, bpe.save_tokenizer, tok_lib.load_tokenizer)
+    sft_holes = tuple(cfg.sft.get("hole_ratios", ()))
+    val_holes = tuple(cfg.validation.get("hole_ratios", ()))
 
     def sft():
-        return sft_examples(tok, problems(cfg.sft.env, cfg.sft.instances, 1))
+        return sft_examples(tok, problems(cfg.sft.env, cfg.sft.instances, 1, sft_holes))
+
+    sft_data = cached(
+        name("sft", ".jsonl", tok_dir.name, cfg.sft.env, cfg.sft.instances, sft_holes),
+        sft,
+        save_examples,
+        load_examples,
+    )
 
     def val():
         n = len(cfg.validation.env.sizes) * cfg.validation.per_size
-        return problems(cfg.validation.env, n, 2)
+        # Draw a few more than needed: puzzles the SFT data holds are dropped.
+        extra = 1 + cfg.validation.get("spare", 0.0)
+        drawn = problems(cfg.validation.env, int(n * extra), 2, val_holes)
+        kept, dropped = held_out(drawn, {e.puzzle for e in sft_data})
+        if len(kept) < n:
+            raise ValueError(
+                f"validation: {dropped} of {len(drawn)} drawn puzzles are in the SFT data, "
+                f"{len(kept)} left for the {n} asked: raise validation.spare"
+            )
+        # Keep the per-cell balance: an equal count per (size, hole ratio) part.
+        return _balanced(kept, n, len(cfg.validation.env.sizes) * max(1, len(val_holes)))
 
     def pool():
         return problems(cfg.grpo.env, cfg.grpo.steps * cfg.grpo.problems_per_step, 3)
 
     return RunData(
         tok,
-        cached(
-            name("sft", ".jsonl", tok_dir.name, cfg.sft.env, cfg.sft.instances),
-            sft,
-            save_examples,
-            load_examples,
-        ),
+        sft_data,
         cached(
             name("validation", ".jsonl", cfg.seed, cfg.validation),
             val,
