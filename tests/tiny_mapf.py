@@ -4,6 +4,7 @@ about 30k parameters with a BPE trained on rendered prompts and answers."""
 import pathlib
 
 import jax
+import transformers
 
 from mapfjax.env import oracle, text
 from mapfjax.env.types import Problem
@@ -22,8 +23,6 @@ def _problems():
 
 def build_tiny_mapf_model(root: pathlib.Path) -> pathlib.Path:
     """Write the model + tokenizer under root/model; returns that directory."""
-    import transformers
-
     probs = _problems()
     answers = [oracle.answer_actions(oracle.solve(p)) for p in probs]
     rendered = [text.render_answer(a) for a in answers]

@@ -1,24 +1,29 @@
-"""Every picture and tokenizer file goes through `io.atomic_write`: a reader (or a crash) never
-sees half a PNG or half a tokenizer.json."""
+"""Every picture and tokenizer file goes through `files.atomic_write`: a reader (or a crash)
+never sees half a PNG or half a tokenizer.json."""
 
 import json
 
 import pytest
+import transformers
 
-from mapfjax.env import io
+from mapfjax import files
+from mapfjax.engineer import context
+from mapfjax.eval import evaluate as ev
+from mapfjax.eval import report
+from mapfjax.models import bpe
 
 
 @pytest.fixture
 def written(monkeypatch):
-    """Names of the files written through `io.atomic_write` (the real writer still runs)."""
+    """Names of the files written through `files.atomic_write` (the real writer still runs)."""
     names: list[str] = []
-    real = io.atomic_write
+    real = files.atomic_write
 
     def recording(path, data):
         names.append(str(path).rsplit("/", 1)[-1])
         real(path, data)
 
-    monkeypatch.setattr(io, "atomic_write", recording)
+    monkeypatch.setattr(files, "atomic_write", recording)
     return names
 
 
@@ -27,10 +32,6 @@ def _no_temp_files(directory):
 
 
 def test_result_and_report_plots_are_atomic(tmp_path, written):
-    from mapfjax.engineer import context
-    from mapfjax.eval import evaluate as ev
-    from mapfjax.eval import report
-
     sums = {"all": {3: {3: (50.0, None, 2), 4: (100.0, 50.0, 2)}}}
     ev.results_plot(sums, tmp_path / "results.png")
     assert written == ["results.png"]
@@ -49,16 +50,11 @@ def test_result_and_report_plots_are_atomic(tmp_path, written):
     assert _no_temp_files(tmp_path)
 
 
-def test_tokenizer_files_are_atomic(tmp_path, written, monkeypatch):
-    from mapfjax.models import bpe
-
-    monkeypatch.setattr(bpe, "atomic_write", io.atomic_write)  # bound at import: the recorder
+def test_tokenizer_files_are_atomic(tmp_path, written):
     texts = ["Agent 0: UP, LEFT\nF H F\n" * 3, "There is a 3x3 map with 2 agents"] * 5
     out = bpe.train_tokenizer(texts, 300, tmp_path / "tok")
     assert {"tokenizer.json", "tokenizer_config.json"} <= set(written)
     assert sorted(p.name for p in out.iterdir()) == sorted(written)
-    import transformers
-
     fast = transformers.AutoTokenizer.from_pretrained(str(out))
     model = tmp_path / "model"
     model.mkdir()

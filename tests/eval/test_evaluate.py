@@ -20,6 +20,8 @@ from hypothesis import strategies as st
 from mapfjax.env import benchmark, io, oracle, text, types
 from mapfjax.eval import evaluate as ev
 from mapfjax.eval import paper
+from mapfjax.files import CheckpointError
+from mapfjax.rl import rollout
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -78,8 +80,6 @@ def test_checkpoint_answers_tables_and_resume(tiny_model_dir, bench, tmp_path):
     assert [len(c) for c in solver.calls] == [3, 3, 2]
 
     # The trainer's own sampling path (rollout.sample, greedy) gives the same texts.
-    from mapfjax.rl import rollout
-
     cfg = rollout.SamplingConfig(max_new_tokens=24, temperature=0.0)
     _, _, _, texts = rollout.sample(solver.inner.model, solver.inner.tokenizer, problems[:3], 1,
                                      cfg, None)  # fmt: skip
@@ -467,8 +467,6 @@ def test_wrong_labels_are_reported(tmp_path):
 
 
 def test_checkpoint_and_output_paths_are_checked_first(tmp_path):
-    from mapfjax.models.hf import CheckpointError
-
     (tmp_path / "empty").mkdir()
     (tmp_path / "file").write_text("x")
     cases = {

@@ -8,10 +8,14 @@ import subprocess
 import sys
 import warnings
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from mapfjax import env
 from mapfjax.eval import frontier
+from mapfjax.models import hf
+from mapfjax.models import tokenizer as tok_lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 Z = 1.959963984540054
@@ -143,8 +147,6 @@ def test_cell_without_any_puzzle_is_reported(tmp_path, caplog):
 
 
 def test_generator_failure_is_an_n0_cell(monkeypatch):
-    from mapfjax import env
-
     def fails(key, cfg, n, **kw):
         raise RuntimeError("generator: size 4x4 produced only 0 of 3 solvable instances")
 
@@ -159,8 +161,6 @@ def test_generator_failure_is_an_n0_cell(monkeypatch):
 
 
 def test_generator_shortfall_keeps_the_puzzles_that_exist(monkeypatch):
-    from mapfjax import env
-
     real = env.generate
 
     def at_most_two(key, cfg, n, **kw):
@@ -179,11 +179,6 @@ def test_generator_shortfall_keeps_the_puzzles_that_exist(monkeypatch):
 
 
 def test_end_to_end_tiny_grid(tiny_model_dir, tmp_path):
-    import jax.numpy as jnp
-
-    from mapfjax.models import hf
-    from mapfjax.models import tokenizer as tok_lib
-
     model = hf.from_pretrained(tiny_model_dir, dtype=jnp.float32)
     tok = tok_lib.load_tokenizer(tiny_model_dir)
     # batch_rows 12: 3 puzzles x 4 samples per call, so the grid takes several calls.

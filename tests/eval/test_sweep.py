@@ -12,6 +12,7 @@ from ml_collections import config_flags
 
 from mapfjax import configfile
 from mapfjax.engineer.context import RoundRecord, failure_breakdown
+from mapfjax.env import benchmark, io
 from mapfjax.eval import sweep as sw
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -174,8 +175,6 @@ def test_launch_sweep_dry_run(tmp_path):
 def test_local_sweep_end_to_end(tiny_model_dir, tmp_path):
     """The fixed baseline for real: train.py accepts the generated command, evaluate.py scores
     the final model, a second pass skips everything, and the summary has both parts."""
-    from mapfjax.env import benchmark, io
-
     spec = benchmark.BenchmarkSpec(agents=(3,), sizes=(3,), wait_ratios=(0.25,), per_cell=2)
     io.save_instances(tmp_path / "bench.jsonl", benchmark.build(spec, progress=False)[0])
     sweep = _sweep(train_arg="smoke", overrides=f"model.path={tiny_model_dir}")

@@ -1,16 +1,19 @@
 """The MAPF BPE tokenizer: HF loading, round trips, special ids, regular grid/digit/action
 tokens, compression of the fixed text, and the chat template."""
 
+import pathlib
 import re
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import transformers
 
+import mapfjax
 from mapfjax.env import oracle, text
 from mapfjax.env.types import Problem
-from mapfjax.models import bpe
-from mapfjax.models import tokenizer as tk
+from mapfjax.models import bpe, hf
+from mapfjax.models import tokenizer as tok_lib
 
 
 def random_problems(n: int, seed: int, sizes=(3, 4, 5), hole_ratio=0.2) -> list[Problem]:
@@ -55,14 +58,14 @@ def test_loads_with_transformers_and_our_loader(trained):
     out, _, _ = trained
     assert (out / "tokenizer.json").is_file() and (out / "tokenizer_config.json").is_file()
     auto = transformers.AutoTokenizer.from_pretrained(str(out))
-    ours = tk.load_tokenizer(out)
+    ours = tok_lib.load_tokenizer(out)
     assert auto.get_vocab() == ours.get_vocab()
     assert 261 < len(ours) <= 1024
 
 
 def test_special_token_ids(trained):
-    tok = tk.load_tokenizer(trained[0])
-    ids = tk.special_ids(tok)
+    tok = tok_lib.load_tokenizer(trained[0])
+    ids = tok_lib.special_ids(tok)
     assert (ids.pad, ids.im_start, ids.im_end, ids.think, ids.end_think) == (0, 1, 2, 3, 4)
     assert tok.pad_token_id == 0 and tok.eos_token_id == 2
     for i, s in enumerate(bpe.SPECIAL_TOKENS):
@@ -71,7 +74,7 @@ def test_special_token_ids(trained):
 
 def test_round_trip_prompts_answers_and_unseen_text(trained):
     out, problems, answers = trained
-    tok = tk.load_tokenizer(out)
+    tok = tok_lib.load_tokenizer(out)
     unseen = random_problems(5, seed=99, sizes=(7, 9, 10))
     texts = [text.render_prompt(p) for p in problems + unseen]
     texts += [text.render_answer(a) for a in answers]
@@ -83,7 +86,7 @@ def test_round_trip_prompts_answers_and_unseen_text(trained):
 
 def test_grid_cells_digits_and_actions_are_single_regular_tokens(trained):
     out, problems, answers = trained
-    tok = tk.load_tokenizer(out)
+    tok = tok_lib.load_tokenizer(out)
     for p in problems[:10]:
         prompt = text.render_prompt(p)
         pieces = tok.convert_ids_to_tokens(tok(prompt, add_special_tokens=False)["input_ids"])
@@ -109,7 +112,7 @@ def test_grid_cells_digits_and_actions_are_single_regular_tokens(trained):
 
 
 def test_fixed_text_compresses(trained):
-    tok = tk.load_tokenizer(trained[0])
+    tok = tok_lib.load_tokenizer(trained[0])
     rules = "\n".join(text.RULES)
     n = len(tok(rules, add_special_tokens=False)["input_ids"])
     pieces = tok.backend_tokenizer.pre_tokenizer.pre_tokenize_str(rules)
@@ -120,13 +123,13 @@ def test_fixed_text_compresses(trained):
 
 @pytest.mark.parametrize("thinking", [True, False])
 def test_chat_template_matches_builtin(trained, thinking):
-    tok = tk.load_tokenizer(trained[0])
+    tok = tok_lib.load_tokenizer(trained[0])
     prompt = text.render_prompt(trained[1][0])
-    got = tk.chat_text(tok, prompt, enable_thinking=thinking)
-    want = tk.builtin_chat_text([{"role": "user", "content": prompt}], thinking)
+    got = tok_lib.chat_text(tok, prompt, enable_thinking=thinking)
+    want = tok_lib.builtin_chat_text([{"role": "user", "content": prompt}], thinking)
     assert got == want
     assert got.endswith("<think>\n\n</think>\n\n") != thinking
-    ids = tk.encode_chat(tok, [prompt], enable_thinking=thinking)[0]
+    ids = tok_lib.encode_chat(tok, [prompt], enable_thinking=thinking)[0]
     assert ids[0] == 1 and tok.decode(ids) == want
 
 
@@ -136,25 +139,21 @@ def test_bad_vocab_size():
 
 
 def test_shipped_tiny_model_loads_and_matches_transformers():
-    import pathlib
-
-    import jax.numpy as jnp
-    import torch
-
-    import mapfjax
-    from mapfjax.models import hf
+    import torch  # slow to import (seconds); only this comparison needs it
 
     path = pathlib.Path(mapfjax.__file__).parent / "assets" / "tiny"
     assert (path / "VALIDATION.md").is_file()
     assert sum(f.stat().st_size for f in path.iterdir()) < 20 * 2**20
-    tok = tk.load_tokenizer(path)
-    ids = tk.encode_chat(tok, [text.render_prompt(random_problems(1, 3)[0])], enable_thinking=False)
+    tok = tok_lib.load_tokenizer(path)
+    ids = tok_lib.encode_chat(
+        tok, [text.render_prompt(random_problems(1, 3)[0])], enable_thinking=False
+    )
     assert tok.decode(ids[0]).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     ours = hf.from_pretrained(path, dtype=jnp.float32)
     assert ours.config.vocab_size == len(tok)
     logits = np.asarray(ours(jnp.asarray(ids))[0][0])
     ref_model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
-    assert ref_model.generation_config.eos_token_id == tk.special_ids(tok).im_end
+    assert ref_model.generation_config.eos_token_id == tok_lib.special_ids(tok).im_end
     with torch.no_grad():
         ref = ref_model(torch.tensor(ids)).logits[0].numpy()
     np.testing.assert_allclose(logits, ref, atol=2e-4, rtol=1e-4)

@@ -269,10 +269,6 @@ def test_unknown_path_and_hub_failure(tmp_path, monkeypatch):
         from_pretrained("Qwen/Qwen3-4B")
 
 
-def test_reexport():
-    assert qwen3.from_pretrained.__doc__ and "hf.from_pretrained" in qwen3.from_pretrained.__doc__
-
-
 @pytest.mark.slow
 def test_qwen3_4b_widths(tmp_path):
     """Real Qwen3-4B widths and vocabulary, 2 layers, stored in bf16 (~1.2 GB)."""

@@ -7,7 +7,7 @@ import pytest
 
 from mapfjax.env import dynamics, text, types
 from mapfjax.models import bpe
-from mapfjax.models import tokenizer as tk
+from mapfjax.models import tokenizer as tok_lib
 from mapfjax.rl import data
 from tests.models.test_bpe import corpus, corpus_and_answers, random_problems
 
@@ -15,7 +15,7 @@ from tests.models.test_bpe import corpus, corpus_and_answers, random_problems
 def make_tokenizer(path, n: int = 40, seed: int = 0):
     """A small MAPF BPE tokenizer trained on `n` random labelled problems."""
     problems, answers = corpus_and_answers(n, seed)
-    return tk.load_tokenizer(bpe.train_tokenizer(corpus(problems, answers), 800, path))
+    return tok_lib.load_tokenizer(bpe.train_tokenizer(corpus(problems, answers), 800, path))
 
 
 @pytest.fixture(scope="module")
@@ -33,9 +33,11 @@ def test_examples_decode_to_prompt_and_optimal_answer(tok, problems):
     assert [e.problem_id for e in examples] == [p.id for p in problems]
     texts = []
     for e, p in zip(examples, problems):
-        want = tk.builtin_chat_text([{"role": "user", "content": text.render_prompt(p)}], False)
+        want = tok_lib.builtin_chat_text(
+            [{"role": "user", "content": text.render_prompt(p)}], False
+        )
         assert tok.decode(list(e.prompt)) == want
-        assert e.completion[-1] == tk.special_ids(tok).im_end
+        assert e.completion[-1] == tok_lib.special_ids(tok).im_end
         answer = tok.decode(list(e.completion[:-1]))
         assert answer.startswith("<answer>\n") and answer.endswith("</answer>")
         texts.append(answer)
@@ -48,7 +50,7 @@ def test_examples_decode_to_prompt_and_optimal_answer(tok, problems):
 
 def test_batches_mask_answer_and_end_of_turn(tok, problems):
     examples = data.sft_examples(tok, problems)
-    batch = next(data.sft_batches(examples, 8, tk.special_ids(tok).pad, seed=0))
+    batch = next(data.sft_batches(examples, 8, tok_lib.special_ids(tok).pad, seed=0))
     b, length = batch.tokens.shape
     P, T = batch.prompt_len, batch.completion_len
     assert b == 8 and length == P + T and P % 64 == 0 and T % 16 == 0
@@ -60,7 +62,7 @@ def test_batches_mask_answer_and_end_of_turn(tok, problems):
         n = len(e.completion)
         assert tuple(row[P : P + n].tolist()) == e.completion
         assert batch.loss_mask[i].tolist() == [True] * n + [False] * (T - n)
-        assert batch.tokens[i, P + n - 1] == tk.special_ids(tok).im_end
+        assert batch.tokens[i, P + n - 1] == tok_lib.special_ids(tok).im_end
         assert not mask[P + n :].any()
     assert not batch.advantages.any() and not batch.old_logprobs.any()
 
@@ -74,7 +76,7 @@ def test_coordinate_targets_spell_starts_and_goals(tok, problems):
         cells = [(*p.starts[a], *p.goals[a]) for a in range(p.num_agents)]
         want = "".join(str(int(v)) for c in cells for v in c)
         assert spelled == want and max(t) < len(e.prompt)
-    pad = tk.special_ids(tok).pad
+    pad = tok_lib.special_ids(tok).pad
     plain = next(data.sft_batches(examples, 8, pad, seed=0))
     cut = next(data.sft_batches(examples, 8, pad, seed=0, targets=targets))
     by_tokens = {e.prompt + e.completion: (e, t) for e, t in zip(examples, targets)}
@@ -96,7 +98,7 @@ def test_coordinate_targets_spell_starts_and_goals(tok, problems):
 
 def test_batches_are_deterministic_and_resumable(tok, problems):
     examples = data.sft_examples(tok, problems)
-    pad = tk.special_ids(tok).pad
+    pad = tok_lib.special_ids(tok).pad
 
     def stream(seed, start=0):
         it = data.sft_batches(examples, 5, pad, seed=seed, epochs=3, start_step=start)

@@ -12,7 +12,7 @@ from flax import nnx
 from mapfjax.env import oracle, text
 from mapfjax.env.reward import RewardConfig
 from mapfjax.env.types import ACTION_NAMES
-from mapfjax.models import tokenizer as tk
+from mapfjax.models import tokenizer as tok_lib
 from mapfjax.models.qwen3 import Qwen3, Qwen3Config
 from mapfjax.rl import data, grpo, rollout
 from mapfjax.rl.trainer import OptimConfig, Trainer
@@ -65,7 +65,7 @@ def test_grpo_raises_valid_rate(tmp_path):
         max_position_embeddings=512,
     )
     model = Qwen3(cfg, dtype=jnp.float32, param_dtype=jnp.float32, rngs=nnx.Rngs(0))
-    pad = tk.special_ids(tok).pad
+    pad = tok_lib.special_ids(tok).pad
     sft = Trainer(model, OptimConfig(lr=3e-3, warmup_steps=5, total_steps=200), "sft")
     for batch in data.sft_batches(good + bad, 8, pad, seed=0, epochs=200):
         sft.step(batch)
