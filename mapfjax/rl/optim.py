@@ -14,9 +14,14 @@ import optax
 class OptimConfig:
     """Optimiser and update-loop settings.
 
-    lr: peak learning rate, reached after `warmup_steps` linear steps from 0, then cosine decay
-        over the remaining `total_steps - warmup_steps` updates to `lr * end_lr_ratio`.
-    weight_decay: decoupled AdamW decay, applied to matrices only (not norms).
+    lr: peak learning rate. Update k (0-based) of a warmup runs at lr * (k + 1) /
+        (warmup_steps + 1), so no update ever runs at lr 0; then `schedule`:
+        "cosine" decays over the remaining `total_steps - warmup_steps` updates to
+        `lr * end_lr_ratio`; "constant" stays at lr.
+    cycle_steps: restart the schedule (warmup included) every this many updates, e.g. once per
+        round of a loop; 0 = one schedule over the whole run.
+    weight_decay: decoupled AdamW decay, applied to weight matrices only: never to norm
+        scales, the embedding table, or anything whose parameter path names a norm.
     grad_clip: maximum global gradient norm (0 disables clipping).
     accum_steps: micro-batches per update; the batch's rows must divide by it.
     max_bad_steps: `Trainer.step` raises RuntimeError after this many non-finite updates in a
@@ -36,6 +41,8 @@ class OptimConfig:
     accum_steps: int = 1
     max_bad_steps: int = 5
     remat: bool | None = None
+    schedule: str = "cosine"
+    cycle_steps: int = 0
 
     def validate(self) -> OptimConfig:
         """Raise ValueError naming the first bad field, its value and what is allowed."""
@@ -60,6 +67,8 @@ class OptimConfig:
                 "an int >= 1",
             ),
             ("remat", self.remat in (None, True, False), "None, True or False"),
+            ("schedule", self.schedule in SCHEDULES, f"one of {sorted(SCHEDULES)}"),
+            ("cycle_steps", is_int(self.cycle_steps) and self.cycle_steps >= 0, "an int >= 0"),
         ]
         for name, ok, allowed in checks:
             if not ok:
@@ -72,19 +81,43 @@ def is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+SCHEDULES = ("cosine", "constant")
+
+
 def lr_schedule(cfg: OptimConfig) -> optax.Schedule:
-    """Learning rate as a function of the number of applied updates."""
-    return optax.warmup_cosine_decay_schedule(
-        init_value=0.0,
-        peak_value=cfg.lr,
-        warmup_steps=cfg.warmup_steps,
-        decay_steps=cfg.total_steps,
-        end_value=cfg.lr * cfg.end_lr_ratio,
-    )
+    """Learning rate as a function of the number of applied updates (never 0; see
+    `OptimConfig.lr`)."""
+    warm = cfg.warmup_steps
+
+    def schedule(count):
+        k = count % cfg.cycle_steps if cfg.cycle_steps else count
+        k = jnp.asarray(k, jnp.float32)
+        ramp = cfg.lr * jnp.minimum((k + 1) / (warm + 1), 1.0)
+        if cfg.schedule == "constant":
+            return ramp
+        span = max(cfg.total_steps - warm, 1)
+        frac = jnp.clip((k - warm) / span, 0.0, 1.0)
+        end = cfg.lr * cfg.end_lr_ratio
+        decayed = end + (cfg.lr - end) * 0.5 * (1 + jnp.cos(jnp.pi * frac))
+        return jnp.where(k < warm, ramp, decayed)
+
+    return schedule
+
+
+def decay_mask(params):
+    """True for the parameters AdamW decays: matrices, not norm scales or the embedding table
+    (named by their path: any path part containing "norm" or "embedding")."""
+
+    def decays(path, x):
+        names = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+        named_out = any("norm" in n or "embedding" in n for n in names)
+        return bool(jnp.ndim(x) >= 2 and not named_out)
+
+    return jax.tree_util.tree_map_with_path(decays, params)
 
 
 def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
-    """Global-norm clipping, then AdamW on the warmup + cosine schedule."""
+    """Global-norm clipping, then AdamW on `lr_schedule` with `decay_mask`."""
     cfg.validate()
     adamw = optax.adamw(
         lr_schedule(cfg),
@@ -92,7 +125,7 @@ def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
         b2=cfg.b2,
         eps=cfg.eps,
         weight_decay=cfg.weight_decay,
-        mask=lambda params: jax.tree.map(lambda p: jnp.ndim(p) >= 2, params),
+        mask=decay_mask,
     )
     if cfg.grad_clip > 0:
         return optax.chain(optax.clip_by_global_norm(cfg.grad_clip), adamw)
