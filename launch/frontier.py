@@ -30,7 +30,14 @@ flags.mark_flag_as_required("checkpoint")
 
 def main(argv):
     del argv
+    # Imported after flag parsing: --help and flag errors answer without loading JAX.
+    import jax
+    import jax.numpy as jnp
+
+    from mapfjax import parallel
     from mapfjax.eval import frontier
+    from mapfjax.models import hf
+    from mapfjax.models import tokenizer as tok_lib
 
     try:
         cfg = frontier.FrontierConfig(
@@ -46,13 +53,6 @@ def main(argv):
             seed=_SEED.value,
         )
         cfg.validate()
-        import jax
-        import jax.numpy as jnp
-
-        from mapfjax import parallel
-        from mapfjax.models import hf
-        from mapfjax.models import tokenizer as tok_lib
-
         mesh = parallel.make_mesh({"data": -1}) if jax.device_count() > 1 else None
         kw = {"mesh": mesh, "rules": "sample"} if mesh is not None else {}
         dt = jnp.dtype(_DTYPE.value)

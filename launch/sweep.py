@@ -5,6 +5,7 @@ skipped), or with --dry_run the list of commands for a cluster; then a summary t
     python launch/sweep.py --config configs/sweep_ablation.py --workdir runs/sweep
 """
 
+import pathlib
 import shlex
 import sys
 
@@ -19,8 +20,7 @@ flags.mark_flags_as_required(["config"])
 
 def main(argv):
     del argv
-    import pathlib
-
+    # Imported after flag parsing: --help and flag errors answer without loading JAX.
     from mapfjax import configfile
     from mapfjax.eval import sweep as sw
 

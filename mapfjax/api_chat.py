@@ -25,7 +25,7 @@ class ChatError(RuntimeError):
 
 def retryable(error: Exception) -> bool:
     """Connection errors and timeouts, HTTP 429 and 5xx are worth another attempt."""
-    import openai
+    import openai  # optional (the `api` extra); only API calls need it
 
     if isinstance(error, openai.APIStatusError):
         return error.status_code >= 500 or error.status_code == 429
@@ -35,7 +35,7 @@ def retryable(error: Exception) -> bool:
 def client(base_url: str, api_key: str, timeout: float):
     """An `openai.OpenAI` client (an empty base_url: the openai default). The client's own
     retries are off: `chat` retries."""
-    import openai
+    import openai  # optional (the `api` extra); only API calls need it
 
     if not api_key:
         raise ValueError(f"no API key: pass one or set {ENV['api_key']}")

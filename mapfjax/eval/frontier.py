@@ -13,13 +13,16 @@ import pathlib
 import time
 from collections.abc import Callable, Sequence
 
+import jax
 import numpy as np
 from PIL import Image
 from tqdm.auto import tqdm
 
-from mapfjax import files, stats
+from mapfjax import env, files, stats
+from mapfjax.env import RewardConfig
 from mapfjax.env import config as env_config
 from mapfjax.env.types import Problem
+from mapfjax.rl import rollout
 from mapfjax.stats import Estimate, bounded_mean, proportion
 
 log = logging.getLogger(__name__)
@@ -256,11 +259,6 @@ def generate_grid(cfg: FrontierConfig, progress: bool = True):
     """Labelled puzzles for every (size, hole ratio) cell, each cell from its own key ->
     (problems ordered by cell, [(size, hole ratio)] per problem, messages naming every cell
     that got no puzzle and why)."""
-    # Model-side imports stay local: the statistics, outputs and `from_json` need no JAX.
-    import jax
-
-    from mapfjax import env
-
     base = jax.random.key(cfg.seed)
     problems, cells, messages = [], [], []
     grid = [(s, h) for s in cfg.sizes for h in cfg.hole_ratios]
@@ -310,12 +308,6 @@ def answer_grid(
     """Greedy and K sampled answers for every problem, in sampler calls of at most
     `cfg.batch_rows` sequences -> (greedy bool [P], samples bool [P, K], truncation shares).
     The bar counts finished cells; problems must be ordered by cell (`generate_grid` does)."""
-    # Model-side imports stay local: the statistics, outputs and `from_json` need no JAX.
-    import jax
-
-    from mapfjax.env import RewardConfig
-    from mapfjax.rl import rollout
-
     k, n = cfg.samples, len(problems)
     greedy, samples = np.zeros(n, bool), np.zeros((n, k), bool)
     cut = {"greedy": 0, "samples": 0}
