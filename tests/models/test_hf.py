@@ -12,8 +12,9 @@ import torch
 from flax import nnx
 
 from mapfjax import parallel
+from mapfjax.files import CheckpointError
 from mapfjax.models import hf, qwen3
-from mapfjax.models.hf import CheckpointError, from_pretrained, save_pretrained
+from mapfjax.models.hf import from_pretrained, save_pretrained
 from mapfjax.models.qwen3 import KVCache
 from tests.models.hf_fixtures import load_reference, make_tiny_checkpoint, reference_logits
 
