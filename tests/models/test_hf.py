@@ -4,6 +4,7 @@ import dataclasses
 import json
 import os
 
+import huggingface_hub
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -260,7 +261,6 @@ def test_index_lists_absent_tensor(tmp_path):
 def test_unknown_path_and_hub_failure(tmp_path, monkeypatch):
     with pytest.raises(CheckpointError, match="no such checkpoint directory"):
         from_pretrained(tmp_path / "nowhere" / "x" / "y")
-    import huggingface_hub
 
     def offline(repo_id, **kwargs):
         raise OSError("network is unreachable")
