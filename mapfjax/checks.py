@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 
 def is_int(x) -> bool:
     """True for a Python int that is not a bool (True would otherwise pass as 1)."""
@@ -11,3 +13,13 @@ def is_int(x) -> bool:
 def is_real(x) -> bool:
     """True for a Python int or float that is not a bool; NaN and infinities count as real."""
     return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def is_finite_real(x) -> bool:
+    """`is_real` and finite; an int too large for a float (10**400) is not finite here."""
+    if not is_real(x):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:
+        return False

@@ -21,3 +21,13 @@ def test_floats_are_real_but_not_int(value):
 @pytest.mark.parametrize("value", [True, False, None, "1", [1], np.int32(1)])
 def test_bools_strings_and_numpy_ints_are_neither(value):
     assert not checks.is_int(value) and not checks.is_real(value)
+
+
+@pytest.mark.parametrize("value", [0, -2.5, 10**300, 1e308])
+def test_finite_reals(value):
+    assert checks.is_finite_real(value)
+
+
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan, 10**400, True, "1", None])
+def test_infinite_huge_or_non_numbers_are_not_finite_reals(value):
+    assert not checks.is_finite_real(value)

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from tqdm.auto import tqdm
 
 from mapfjax import api_chat, files, stats
-from mapfjax.checks import is_real
+from mapfjax.checks import is_finite_real
 from mapfjax.env import benchmark, dynamics, io, text, types
 from mapfjax.env import config as env_config
 from mapfjax.env.cli import label_problems
@@ -290,7 +290,7 @@ def wait_subset(p: Problem) -> float | None:
     """The wait-ratio subset the instance was drawn for, from its `meta` (written by the
     benchmark builder); None when it has none. Never read from the id."""
     w = (p.meta or {}).get("wait_ratio")
-    return float(w) if is_real(w) and math.isfinite(w) else None
+    return float(w) if is_finite_real(w) else None
 
 
 def label_errors(problems: Sequence[Problem], rows: Sequence[dict]) -> list[tuple[str, int, int]]:
