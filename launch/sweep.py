@@ -1,10 +1,13 @@
-"""Run the ablation sweep: every run of `launch/train.py` one after another here (finished runs
-skipped), or with --dry_run the list of commands for a cluster; then a summary table.
+"""Run a sweep: every run of `launch/train.py` one after another here (finished runs skipped),
+or with --dry_run the list of commands for a cluster; then a summary table, and for sweeps
+that name `results` the comparison files under that directory.
 
     python launch/sweep.py --config configs/sweep_ablation.py --workdir runs/sweep --dry_run
     python launch/sweep.py --config configs/sweep_ablation.py --workdir runs/sweep
+    python launch/sweep.py --config configs/laptop_effect.py --workdir runs/laptop
 """
 
+import os
 import pathlib
 import shlex
 import sys
@@ -21,14 +24,18 @@ flags.mark_flags_as_required(["config"])
 def main(argv):
     del argv
     # Imported after flag parsing: --help and flag errors answer without loading JAX.
-    from mapfjax import configfile
+    from mapfjax import configfile, files
     from mapfjax.eval import sweep as sw
 
     sweep_file = config_flags.get_config_filename(flags.FLAGS["config"])
     module = configfile.load_module(pathlib.Path(sweep_file).absolute())
     workdir = pathlib.Path(_WORKDIR.value).absolute()
     try:
+        files.check_dir(workdir, "--workdir")
         runs = sw.expand(_CONFIG.value, workdir, module.get_config)
+    except NotADirectoryError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except ValueError as e:
         print(f"error: {sweep_file}: {e}", file=sys.stderr)
         return 2
@@ -39,6 +46,14 @@ def main(argv):
         return 0
     failed = sw.run_local(runs, _CONFIG.value, sweep_file, sys.executable)
     print(sw.write_summary(runs, workdir).read_text())
+    if _CONFIG.value.get("results"):  # the small files that stay (results/<experiment>/)
+        try:
+            rel = lambda p: os.path.relpath(p) if str(p).startswith(os.getcwd()) else p
+            command = f"python launch/sweep.py --config {rel(sweep_file)} --workdir {rel(workdir)}"
+            print(f"results: {sw.write_results(runs, _CONFIG.value, command)}")
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     if failed:
         print(f"error: {len(failed)} run(s) failed: {', '.join(failed)}", file=sys.stderr)
         return 1

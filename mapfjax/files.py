@@ -12,6 +12,15 @@ class CheckpointError(ValueError):
     """A checkpoint is missing, malformed or does not match the Qwen3 architecture."""
 
 
+def check_dir(path, flag: str) -> None:
+    """Refuse a directory path that is a file or lies under one, before any work:
+    NotADirectoryError naming the flag, the path and the file in the way."""
+    path = Path(path)
+    for p in (path, *path.parents):
+        if p.exists() and not p.is_dir():
+            raise NotADirectoryError(f"{flag} {path}: {p} is a file; expected a directory")
+
+
 def atomic_write(path, data: str | bytes) -> None:
     """Write text (UTF-8) or bytes to `path` via a temp file in the same directory and
     os.replace, so readers never see a half-written file. Creates missing parent directories."""

@@ -495,10 +495,7 @@ def write_results(
 
 def check_out_dir(path) -> None:
     """Refuse an output directory that is a file (or lies under one), before any work."""
-    path = pathlib.Path(path)
-    for p in (path, *path.parents):
-        if p.exists() and not p.is_dir():
-            raise NotADirectoryError(f"--out_dir {path}: {p} is a file; expected a directory")
+    files.check_dir(path, "--out_dir")
 
 
 def label_unlabelled(

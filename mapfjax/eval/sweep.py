@@ -21,6 +21,7 @@ import ml_collections
 from mapfjax import configfile, files, stats
 from mapfjax.engineer import context as ctx_lib
 from mapfjax.env.config import flatten
+from mapfjax.eval import compare
 from mapfjax.presets import variants
 
 GROUP_KEYS = ("engineers", "variants", "t_details")
@@ -84,11 +85,30 @@ def eval_command(run: Run, ev: ml_collections.ConfigDict, python: str = "python"
     ]
 
 
+def _split_top_level(spec: str) -> list[str]:
+    """Split at commas outside brackets and quotes: "a=(3,4),b='x,y'" -> ["a=(3,4)", "b='x,y'"]."""
+    parts, depth, quote, start = [], 0, "", 0
+    for i, ch in enumerate(spec):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(spec[start:i])
+            start = i + 1
+    return [*parts, spec[start:]]
+
+
 def parse_overrides(spec: str) -> dict[str, Any]:
-    """ "rounds=2,train.epochs=2" -> {"rounds": 2, "train.epochs": 2} (values as Python
-    literals where they parse, else strings)."""
+    """ "rounds=2,validation.sizes=(3,4)" -> {"rounds": 2, "validation.sizes": (3, 4)}
+    (values as Python literals where they parse, else strings; commas inside brackets or
+    quotes belong to the value)."""
     out: dict[str, Any] = {}
-    for part in filter(None, (s.strip() for s in spec.split(","))):
+    for part in filter(None, (s.strip() for s in _split_top_level(spec))):
         key, sep, raw = part.partition("=")
         if not sep or not key:
             raise ValueError(f"sweep overrides: {part!r} in {spec!r}; expected key=value")
@@ -309,3 +329,23 @@ def write_summary(runs: Sequence[Run], workdir) -> pathlib.Path:
     files.atomic_write(workdir / "summary.md", head + md)
     files.atomic_write(workdir / "summary.csv", table_csv)
     return workdir / "summary.md"
+
+
+def write_results(runs: Sequence[Run], sweep, command: str = "") -> pathlib.Path:
+    """The comparison files of the finished runs under `sweep.results` (`eval.compare`): one
+    JSON record per run, summary.md, summary.csv, plots. Raises `compare.MismatchError` when
+    runs used different held-out sets or training budgets."""
+    done = [r for r in runs if r.finished]
+    records = [compare.run_record(r.workdir, r.name, r.engineer, r.seed) for r in done]
+    note = (
+        f"{len(done)} of {len(runs)} runs finished. Regenerate with `python launch/sweep.py "
+        f"--config configs/{pathlib.Path(sweep.get('file', 'laptop_effect.py')).name} "
+        "--workdir runs/laptop` (finished runs are skipped). Rates: % of held-out puzzles; "
+        "[95 % interval]."
+    )
+    out = (
+        configfile.resolve(sweep.results)
+        if not pathlib.Path(sweep.results).is_absolute()
+        else sweep.results
+    )
+    return compare.write_results(records, pathlib.Path(out), sweep.get("reference", "fixed"), note)

@@ -76,6 +76,13 @@ def test_overrides_and_errors(tmp_path):
         sw.expand(bad, tmp_path, sweep_ablation.get_config)
     with pytest.raises(ValueError, match="expected key=value"):
         sw.parse_overrides("rounds")
+    spec = "validation.sizes=(3,4), engineer.variant='V1,x', a.b=[1,(2,3)],model.path=/p/q"
+    assert sw.parse_overrides(spec) == {
+        "validation.sizes": (3, 4),
+        "engineer.variant": "V1,x",
+        "a.b": [1, (2, 3)],
+        "model.path": "/p/q",
+    }
 
 
 def _finish(run, rounds=None, rows=None):
@@ -169,6 +176,19 @@ def test_launch_sweep_dry_run(tmp_path):
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("python launch/train.py")]
     assert len(lines) == 9
     assert any(f"--workdir={tmp_path}/fixed_s3 --config.seed=3" in ln for ln in lines)
+
+
+def test_launch_sweep_workdir_that_is_a_file(tmp_path):
+    work = tmp_path / "runs"
+    work.write_text("not a directory")
+    cmd = [sys.executable, "launch/sweep.py", f"--config={SWEEP_FILE}", "--dry_run"]
+    res = subprocess.run(
+        [*cmd, f"--workdir={work}"], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [
+        f"error: --workdir {work}: {work} is a file; expected a directory"
+    ]
 
 
 @pytest.mark.slow
