@@ -87,20 +87,32 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.sft.checkpoint_every = 100
     c.sft.log_every = 10
 
-    c.grpo = ml_collections.ConfigDict()
-    c.grpo.steps = 20
-    c.grpo.problems_per_step = 8
-    c.grpo.group_size = 8
-    c.grpo.env = env_config({3: 0.3, 4: 0.3, 5: 0.3, 6: 0.1}, seed=2)
-    c.grpo.max_new_tokens = 64
-    c.grpo.temperature = 1.0
-    c.grpo.clip = 0.2
-    c.grpo.optim = c.sft.optim.copy_and_resolve_references()
-    c.grpo.optim.lr = 1e-4
-    c.grpo.optim.warmup_steps = 3
-    c.grpo.optim.end_lr_ratio = 1.0
-    c.grpo.checkpoint_every = 10
-    c.grpo.reward = ml_collections.ConfigDict(
+    # GRPO after SFT, in the closed loop's schema (train / grpo / optim / reward, read by
+    # mapfjax.rl.driver) plus the generator config of its puzzle pool.
+    c.rl = ml_collections.ConfigDict()
+    c.rl.env = env_config({3: 0.3, 4: 0.3, 5: 0.3, 6: 0.1}, seed=2)
+    c.rl.train = ml_collections.ConfigDict(
+        dict(
+            steps=20,
+            problems_per_step=8,
+            group_size=8,
+            num_iterations=1,
+            max_new_tokens=64,
+            temperature=1.0,
+            top_p=1.0,
+            enable_thinking=False,
+            checkpoint_every=10,
+            oversample=1.0,
+        )
+    )
+    c.rl.grpo = ml_collections.ConfigDict(
+        dict(clip_low=0.2, clip_high=0.2, kl_coef=0.0, aggregation="token_mean", scale_by_std=True)
+    )
+    c.rl.optim = c.sft.optim.copy_and_resolve_references()
+    c.rl.optim.lr = 1e-4
+    c.rl.optim.warmup_steps = 3
+    c.rl.optim.schedule = "constant"
+    c.rl.reward = ml_collections.ConfigDict(
         dict(valid_reward=1.0, optimal_bonus=0.5, invalid_reward=0.0, format_penalty=0.0)
     )
 
@@ -118,9 +130,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.sft.instances = 61440
         c.sft.env = env_config(BROAD_SIZES, seed=11, wait_ratio=0.5)
         c.sft.hole_ratios = BROAD_HOLES
-        c.sft.stages = (6000,)
+        c.sft.stages = (1500,)
         c.sft.optim.lr = 1e-3
-        c.grpo.env = env_config({n: 1 / 8 for n in range(3, 11)}, seed=12, wait_ratio=0.5)
+        c.rl.env = env_config({n: 1 / 8 for n in range(3, 11)}, seed=12, wait_ratio=0.5)
         c.validation.env = env_config({n: 1 / 8 for n in range(3, 11)}, seed=54321, wait_ratio=0.5)
         c.validation.hole_ratios = BROAD_HOLES
         c.validation.per_size = 60  # 10 per (size, hole ratio)
@@ -133,10 +145,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.sft.coordinate_targets = True  # the smoke run exercises the auxiliary target too
         c.sft.checkpoint_every = 8
         c.sft.optim.warmup_steps = 2
-        c.grpo.steps = 4
-        c.grpo.optim.warmup_steps = 1
-        c.grpo.checkpoint_every = 2
-        c.grpo.problems_per_step = 2
-        c.grpo.group_size = 4
+        c.rl.train.steps = 4
+        c.rl.optim.warmup_steps = 1
+        c.rl.train.checkpoint_every = 2
+        c.rl.train.problems_per_step = 2
+        c.rl.train.group_size = 4
         c.validation.per_size = 4
     return c

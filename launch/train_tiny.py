@@ -9,17 +9,16 @@ import pathlib
 import sys
 import time
 
-import jax
 import jax.numpy as jnp
 from absl import app, logging
 from flax import nnx
 from ml_collections import config_flags
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from mapfjax.env import RewardConfig  # noqa: E402
+from mapfjax import files  # noqa: E402
 from mapfjax.models import bpe, hf, qwen3  # noqa: E402
-from mapfjax.models import tokenizer as tk  # noqa: E402
-from mapfjax.rl import data, grpo, rollout  # noqa: E402
+from mapfjax.models import tokenizer as tok_lib  # noqa: E402
+from mapfjax.rl import data, driver, rollout  # noqa: E402
 from mapfjax.rl.trainer import OptimConfig, Trainer  # noqa: E402
 
 CONFIG = config_flags.DEFINE_config_file("config", "configs/tiny_model.py")
@@ -40,9 +39,9 @@ def fit(trainer, ckpt, total, batches, every, log, name):  # resumes from ckpt; 
 def main(_):
     c = CONFIG.value
     logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint write at INFO
-    work, out, g = pathlib.Path(c.workdir), pathlib.Path(c.out_dir), c.grpo
+    work, out = pathlib.Path(c.workdir), pathlib.Path(c.out_dir)
     d = data.prepare(c, work)
-    tok, pad, dtype = d.tokenizer, tk.special_ids(d.tokenizer).pad, jnp.dtype(c.dtype)
+    tok, pad, dtype = d.tokenizer, tok_lib.special_ids(d.tokenizer).pad, jnp.dtype(c.dtype)
     if c.get("init"):  # continue from a checkpoint (its architecture and tokenizer)
         model = hf.from_pretrained(c.init, dtype=dtype)
     else:
@@ -57,27 +56,23 @@ def main(_):
         sft = Trainer(model, OptimConfig(**c.sft.optim, total_steps=steps), "sft", seed=c.seed)
         fit(sft, work / "sft_ckpt", steps, sft_batches, c.sft.checkpoint_every, log, "sft")
         model = sft.model()
-    loss_cfg = grpo.GRPOConfig(g.group_size, g.clip, g.clip, temperature=g.temperature)
-    optim = OptimConfig(**g.optim, total_steps=g.steps)
-    rl = Trainer(sft.model(), optim, "grpo", loss_cfg=loss_cfg, seed=c.seed)
-    sampling = rollout.SamplingConfig(max_new_tokens=g.max_new_tokens, temperature=g.temperature)
-    args = (g.group_size, sampling, RewardConfig(**g.reward))
-
-    def grpo_batch(step):
-        ps = d.grpo_pool[step * g.problems_per_step :][: g.problems_per_step]
-        key = jax.random.fold_in(jax.random.key(c.seed), step)
-        batch, stats = rollout.rollout(rl, tok, ps, *args, key, grpo_cfg=loss_cfg)
-        return batch, stats.as_dict()
-
-    grpo_batches = lambda s: map(grpo_batch, range(s, g.steps))
-    ckpt = work / f"grpo_ckpt_after_sft{steps}"  # a longer SFT gets a fresh GRPO phase
-    fit(rl, ckpt, g.steps, grpo_batches, g.checkpoint_every, log, "grpo")
+    settings = driver.GRPOSettings.from_config(c.rl)
+    rl = Trainer(model, driver.optim_config(c.rl, settings.steps, 1), "grpo",
+                 loss_cfg=settings.loss, seed=c.seed)  # fmt: skip
+    ckpt = (work / f"grpo_ckpt_after_sft{steps}").absolute()  # a longer SFT: a fresh GRPO
+    driver.run_phase(
+        rl, tok, d.grpo_pool, settings, seed=[c.seed, 0], position={"phase": "grpo"},
+        out_dir=work / "grpo", ckpt_dir=ckpt, start_step=driver.restore(rl, ckpt).get("step", 0),
+    )  # fmt: skip
     bpe.attach_tokenizer(hf.save_pretrained(rl.model(), out), tok)
     shipped = hf.from_pretrained(out, dtype=jnp.float32)  # validate exactly what users load
-    v = rollout.validate(shipped, tk.load_tokenizer(out), d.validation, c.validation.max_new_tokens)
+    v = rollout.greedy_eval(
+        shipped, tok_lib.load_tokenizer(out), d.validation, c.validation.max_new_tokens
+    )
     notes = [f"Greedy decoding, thinking off, seed {c.seed}; made by launch/train_tiny.py."]
-    (out / "VALIDATION.md").write_text(rollout.validation_report(v, "Tiny model", notes))
-    print(v.table())
+    report = rollout.validation_report(v, "Tiny model", notes, d.validation)
+    files.atomic_write(out / "VALIDATION.md", report.encode())
+    print(report)
 
 
 if __name__ == "__main__":

@@ -203,7 +203,8 @@ def generate_problems(
         for size in cfg.sizes.values():
             size.hole_ratio = float(h)
         key = jax.random.fold_in(jax.random.key(seed), j)
-        out += generator.generate(key, cfg, part, id_prefix=f"h{h:g}_").problems
+        drawn = generator.generate(key, cfg, part, id_prefix=f"h{h:g}_").problems
+        out += [dataclasses.replace(p, meta={**(p.meta or {}), "hole_ratio": h}) for p in drawn]
     return out
 
 
@@ -272,7 +273,8 @@ class RunData:
 def prepare(cfg, workdir) -> RunData:
     """Build (first run) or load (later runs) a run's data under `workdir`, from the config
     fields tokenizer.{instances, vocab_size}, sft.{env, instances}, validation.{env,
-    per_size}, grpo.{env, steps, problems_per_step}, seed and processes (configs/tiny_model.py).
+    per_size}, rl.env, rl.train.{steps, problems_per_step, oversample}, seed and processes
+    (configs/tiny_model.py).
     Each part has its own seed offset, so changing one size does not change the others."""
     work = pathlib.Path(workdir)
 
@@ -324,8 +326,11 @@ def prepare(cfg, workdir) -> RunData:
         # Keep the per-cell balance: an equal count per (size, hole ratio) part.
         return _balanced(kept, n, len(cfg.validation.env.sizes) * max(1, len(val_holes)))
 
+    rl = cfg.rl.train
+
     def pool():
-        return problems(cfg.grpo.env, cfg.grpo.steps * cfg.grpo.problems_per_step, 3)
+        drawn = int(-(-rl.problems_per_step * rl.get("oversample", 1.0) // 1))
+        return problems(cfg.rl.env, rl.steps * drawn, 3)
 
     return RunData(
         tok,
@@ -337,9 +342,7 @@ def prepare(cfg, workdir) -> RunData:
             io.load_instances,
         ),
         cached(
-            name(
-                "grpo", ".jsonl", cfg.seed, cfg.grpo.env, cfg.grpo.steps, cfg.grpo.problems_per_step
-            ),
+            name("grpo", ".jsonl", cfg.seed, cfg.rl.env, rl.steps, rl.problems_per_step),
             pool,
             io.save_instances,
             io.load_instances,

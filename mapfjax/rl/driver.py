@@ -1,0 +1,253 @@
+"""The one GRPO driver: steps of rollout -> (dynamic sampling) -> update on a problem set, with
+checkpoints that carry the data position, metrics, and per-size rollout statistics. The closed
+loop (`engineer/loop.py`, one phase per round) and the tiny-model recipe
+(`launch/train_tiny.py`, one GRPO phase after SFT) both run it, from one config schema:
+
+    c.train:  steps (or instances x epochs / problems_per_step), problems_per_step, group_size,
+              num_iterations, max_new_tokens, temperature, top_p, enable_thinking,
+              checkpoint_every, oversample (dynamic sampling; 1 = off)
+    c.grpo:   clip_low, clip_high, kl_coef, aggregation, scale_by_std
+    c.optim:  `OptimConfig` fields (lr, warmup_steps, schedule, cycle_steps, ...)
+    c.reward: `RewardConfig` fields
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import pathlib
+import time
+from collections.abc import Sequence
+
+import jax
+import ml_collections
+import numpy as np
+
+from mapfjax.env import reward
+from mapfjax.env.types import Problem
+from mapfjax.rl import grpo, metrics, rollout
+from mapfjax.rl.batch import GroupBatch
+from mapfjax.rl.optim import OptimConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class GRPOSettings:
+    """One phase of GRPO steps. oversample: each step samples ceil(oversample x
+    problems_per_step) problems and trains on problems_per_step groups, those with mixed
+    rewards first (DAPO's dynamic sampling); the rest of the batch is masked out of the loss,
+    so shapes stay fixed. 1.0 trains on every sampled group."""
+
+    steps: int
+    problems_per_step: int
+    group_size: int
+    sampling: rollout.SamplingConfig
+    loss: grpo.GRPOConfig
+    reward: reward.RewardConfig
+    num_iterations: int = 1
+    checkpoint_every: int = 10
+    oversample: float = 1.0
+
+    @classmethod
+    def from_config(cls, c: ml_collections.ConfigDict, steps: int | None = None) -> GRPOSettings:
+        t = c.train
+        if steps is None:
+            steps = t.get("steps") or max(1, (t.instances * t.epochs) // t.problems_per_step)
+        sampling = rollout.SamplingConfig(
+            max_new_tokens=t.max_new_tokens,
+            temperature=t.temperature,
+            top_p=t.get("top_p", 1.0),
+            enable_thinking=t.get("enable_thinking", False),
+        )
+        loss = grpo.GRPOConfig(
+            group_size=t.group_size, temperature=t.temperature, **c.grpo.to_dict()
+        )
+        oversample = float(t.get("oversample", 1.0))
+        if not math.isfinite(oversample) or oversample < 1:
+            raise ValueError(f"train.oversample = {oversample!r}; allowed: a number >= 1")
+        return cls(
+            steps=int(steps),
+            problems_per_step=t.problems_per_step,
+            group_size=t.group_size,
+            sampling=sampling,
+            loss=loss.validate(),
+            reward=reward.RewardConfig(**c.reward.to_dict()),
+            num_iterations=t.get("num_iterations", 1),
+            checkpoint_every=t.get("checkpoint_every", 10),
+            oversample=oversample,
+        )
+
+    @property
+    def drawn_per_step(self) -> int:
+        return math.ceil(self.oversample * self.problems_per_step)
+
+
+def optim_config(c: ml_collections.ConfigDict, steps_per_phase: int, phases: int) -> OptimConfig:
+    """`OptimConfig` from c.optim; a "constant" schedule restarts every phase (its warmup
+    included), "cosine" spans all phases (the old behaviour)."""
+    o = c.optim.to_dict()
+    total = max(1, steps_per_phase * phases)
+    if o.get("schedule", "cosine") == "constant":
+        o.setdefault("cycle_steps", steps_per_phase)
+    return OptimConfig(**{**o, "total_steps": max(total, o.get("warmup_steps", 0) + 1)})
+
+
+def restore(trainer, ckpt_dir: pathlib.Path) -> dict:
+    """Loads the latest checkpoint in `ckpt_dir` into `trainer` and returns its data position
+    (e.g. {"round": 2, "step": 40}); {} when there is none yet."""
+    if ckpt_dir.exists() and any(p.name.isdigit() for p in ckpt_dir.iterdir()):
+        return trainer.restore(ckpt_dir)
+    return {}
+
+
+def step_problems(problems: Sequence[Problem], n: int, step: int, seed) -> list[Problem]:
+    """The `n` problems of a step: epoch after epoch over a fixed permutation per epoch
+    (deterministic in seed and step, so a resumed phase draws the same ones)."""
+    total = len(problems)
+    out = []
+    start = step * n
+    while len(out) < n:
+        epoch, offset = divmod(start + len(out), total)
+        order = np.random.default_rng([*np.atleast_1d(seed), epoch]).permutation(total)
+        out += [problems[i] for i in order[offset : offset + n - len(out)]]
+    return out
+
+
+def select_groups(batch, valid: np.ndarray, rewards: np.ndarray, keep: int, g: int):
+    """(batch of `keep` groups, indices kept, number of mixed groups kept): groups whose G
+    rewards differ come first (in sampled order); any remaining slots take other groups with
+    their loss mask cleared, so they change neither the loss nor its normaliser."""
+    grouped = rewards.reshape(-1, g)
+    mixed = grouped.max(1) > grouped.min(1)
+    order = np.concatenate([np.flatnonzero(mixed), np.flatnonzero(~mixed)])[:keep]
+    n_mixed = int(mixed[order].sum())
+    if isinstance(batch, GroupBatch):
+        picked = jax.tree.map(lambda x: np.asarray(x)[order], batch)
+        loss_mask = np.asarray(picked.loss_mask).copy()
+        loss_mask[n_mixed:] = False
+        return picked.replace(loss_mask=loss_mask), order, n_mixed
+    rows = (order[:, None] * g + np.arange(g)[None]).reshape(-1)
+    picked = jax.tree.map(lambda x: np.asarray(x)[rows], batch)
+    loss_mask = np.asarray(picked.loss_mask).copy()
+    loss_mask[n_mixed * g :] = False
+    return picked.replace(loss_mask=loss_mask), order, n_mixed
+
+
+@dataclasses.dataclass
+class SizeStats:
+    """Per map size, over a phase's rollouts: groups, samples, valid samples, groups with
+    mixed rewards, sum of p(1-p) over groups, sum of |advantage| over samples."""
+
+    groups: int = 0
+    samples: int = 0
+    valid: int = 0
+    mixed: int = 0
+    learnability: float = 0.0
+    abs_advantage: float = 0.0
+
+    def summary(self) -> dict:
+        """The `RoundRecord.rollouts` entry of one size."""
+        return {
+            "groups": self.groups,
+            "samples": self.samples,
+            "valid_rate": self.valid / max(self.samples, 1),
+            "mixed_groups": self.mixed / max(self.groups, 1),
+            "learnability": self.learnability / max(self.groups, 1),
+            "mean_abs_advantage": self.abs_advantage / max(self.samples, 1),
+        }
+
+
+def size_summary(stats: dict[int, SizeStats]) -> dict:
+    """{"sizes": {"3": {...}, ...}} (the `RoundRecord.rollouts` layout)."""
+    return {"sizes": {str(n): s.summary() for n, s in sorted(stats.items())}}
+
+
+def run_phase(
+    trainer,
+    tokenizer,
+    problems: Sequence[Problem],
+    settings: GRPOSettings,
+    *,
+    seed: Sequence[int],
+    position: dict,
+    out_dir: pathlib.Path,
+    ckpt_dir: pathlib.Path,
+    start_step: int = 0,
+    progress: bool = True,
+) -> None:
+    """GRPO steps [start_step, settings.steps) on `problems`.
+
+    seed: ints that fix the phase's problem order and sampling keys. position: the data
+    position saved with each checkpoint, e.g. {"round": 3}; "step" (updates done in the
+    phase) is added. Each step's metrics, the kept share of dynamic sampling and its sampled
+    groups' outcomes ("groups": [size, valid samples, sum |advantage|, mixed]) go to
+    out_dir/metrics.jsonl, from which `phase_size_stats` rebuilds the per-size statistics
+    (a resumed phase included).
+    """
+    s = settings
+    logger = metrics.MetricsLogger(
+        out_dir, total_steps=s.steps, initial_step=start_step, progress=progress
+    )
+    for step in range(start_step, s.steps):
+        drawn = step_problems(problems, s.drawn_per_step, step, [*seed, 1])
+        key = jax.random.key(seed[0])
+        for x in (*seed[1:], step):
+            key = jax.random.fold_in(key, x)
+        t0 = time.perf_counter()
+        batch, rs = rollout.rollout(
+            trainer, tokenizer, drawn, s.group_size, s.sampling, s.reward, key, grpo_cfg=s.loss
+        )
+        adv = _advantages(batch)
+        batch, kept, n_mixed = select_groups(
+            batch, rs.valid, rs.rewards, s.problems_per_step, s.group_size
+        )
+        g = s.group_size
+        groups = [
+            [
+                max(p.height, p.width),
+                int(rs.valid[j * g : (j + 1) * g].sum()),
+                float(np.abs(adv[j * g : (j + 1) * g]).sum()),
+                bool(np.ptp(rs.rewards[j * g : (j + 1) * g]) > 0),
+            ]
+            for j, p in enumerate(drawn)
+        ]
+        updates = trainer.train_on(batch, s.num_iterations)
+        row = {
+            **position,
+            "seconds": time.perf_counter() - t0,
+            **rs.as_dict(),
+            "kept_mixed": n_mixed / s.problems_per_step,
+            "drawn": len(drawn),
+            "groups": groups,
+            **{f"train_{k}": v for k, v in updates[-1].items()},
+        }
+        logger.log(step + 1, row)
+        if (step + 1) % s.checkpoint_every == 0 or step + 1 == s.steps:
+            trainer.save(ckpt_dir, {**position, "step": step + 1}, wait=True)
+    logger.close()
+
+
+def _advantages(batch) -> np.ndarray:
+    """Per-response advantages [B] in sampled order."""
+    return np.asarray(batch.advantages).reshape(-1)
+
+
+def phase_size_stats(metrics_path: pathlib.Path, group_size: int) -> dict[int, SizeStats]:
+    """Per-size rollout statistics of a phase, from its metrics.jsonl (the last row of each
+    step counts: a step logged again after a resume replaces the earlier one)."""
+    rows = (
+        {row["step"]: row for row in metrics.read_metrics(metrics_path)}
+        if metrics_path.exists()
+        else {}
+    )
+    stats: dict[int, SizeStats] = {}
+    for row in rows.values():
+        for size, n_valid, abs_adv, mixed in row.get("groups", []):
+            s = stats.setdefault(int(size), SizeStats())
+            p = n_valid / group_size
+            s.groups += 1
+            s.samples += group_size
+            s.valid += int(n_valid)
+            s.mixed += int(mixed)
+            s.learnability += p * (1 - p)
+            s.abs_advantage += float(abs_adv)
+    return stats

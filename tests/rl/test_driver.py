@@ -1,0 +1,88 @@
+"""The GRPO driver's pieces: dynamic sampling keeps shapes and drops exactly the groups whose
+rewards are all equal, the problem stream is deterministic and resumable, per-size rollout
+statistics rebuild from metrics.jsonl, settings come from the shared config schema."""
+
+import json
+
+import ml_collections
+import numpy as np
+import pytest
+
+from configs import tiny_cpu
+from mapfjax.rl import driver
+from mapfjax.rl.batch import GroupBatch, SequenceBatch, make_batch
+
+
+def _batch(groups, g, layout):
+    rng = np.random.default_rng(0)
+    prompts, comps = [], []
+    for _ in range(groups):
+        p = list(rng.integers(1, 50, rng.integers(2, 6)))
+        for _ in range(g):
+            prompts.append(p)
+            comps.append(list(rng.integers(1, 50, rng.integers(1, 5))))
+    adv = rng.normal(size=groups * g)
+    shared = layout == "groups"
+    return make_batch(prompts, comps, 0, advantages=adv, group_size=g, shared_prefix=shared)
+
+
+@pytest.mark.parametrize("layout", ["groups", "rows"])
+def test_dynamic_sampling_keeps_shapes_and_masks_equal_reward_groups(layout):
+    g, drawn, keep = 3, 6, 4
+    batch = _batch(drawn, g, layout)
+    rewards = np.array([[1, 1, 1], [0, 1, 0], [0, 0, 0], [1, 0, 1], [1, 1, 1], [0, 0, 1]], float)
+    valid = rewards.astype(bool).reshape(-1)
+    picked, order, n_mixed = driver.select_groups(batch, valid, rewards.reshape(-1), keep, g)
+    # The mixed groups (1, 3, 5) first, in sampled order, then one equal-reward group (0).
+    assert order.tolist() == [1, 3, 5, 0] and n_mixed == 3
+    mask = np.asarray(picked.loss_mask)
+    if isinstance(picked, GroupBatch):
+        assert picked.tokens.shape[:2] == (keep, g)
+        np.testing.assert_array_equal(picked.tokens, np.asarray(batch.tokens)[order])
+        assert mask[:3].any(axis=(1, 2)).all() and not mask[3].any()
+    else:
+        assert isinstance(picked, SequenceBatch) and picked.tokens.shape[0] == keep * g
+        rows = np.asarray(batch.tokens)[[r for j in order for r in range(j * g, j * g + g)]]
+        np.testing.assert_array_equal(picked.tokens, rows)
+        assert mask[: 3 * g].any(axis=1).all() and not mask[3 * g :].any()
+
+
+def test_problem_stream_is_deterministic_and_covers_each_epoch():
+    problems = list(range(10))
+    first = [driver.step_problems(problems, 4, s, [0, 1]) for s in range(5)]
+    again = [driver.step_problems(problems, 4, s, [0, 1]) for s in (3, 4)]
+    assert first[3:] == again  # a resumed phase draws the same problems
+    flat = [p for step in first for p in step]
+    assert sorted(flat[:10]) == problems and sorted(flat[10:20]) == problems
+    assert first != [driver.step_problems(problems, 4, s, [0, 2]) for s in range(5)]
+
+
+def test_size_stats_rebuild_from_metrics(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    rows = [
+        {"step": 1, "groups": [[3, 0, 0.0, False], [4, 2, 3.0, True]]},
+        {"step": 2, "groups": [[3, 4, 0.0, False]]},
+        {"step": 2, "groups": [[3, 1, 2.0, True]]},  # step 2 again after a resume: it counts
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = driver.size_summary(driver.phase_size_stats(path, 4))["sizes"]
+    assert got["3"] == {
+        "groups": 2, "samples": 8, "valid_rate": 1 / 8, "mixed_groups": 0.5,
+        "learnability": (0 + 0.25 * 0.75) / 2, "mean_abs_advantage": 2.0 / 8,
+    }  # fmt: skip
+    assert got["4"]["learnability"] == 0.25 and got["4"]["valid_rate"] == 0.5
+    assert driver.phase_size_stats(tmp_path / "none.jsonl", 4) == {}
+
+
+def test_settings_and_schedule_from_the_shared_schema():
+    c = tiny_cpu.get_config()
+    s = driver.GRPOSettings.from_config(c)
+    assert s.steps == c.train.instances // c.train.problems_per_step
+    assert s.drawn_per_step == 16 and s.loss.group_size == s.group_size == 8
+    optim = driver.optim_config(c, s.steps, c.rounds)
+    assert optim.schedule == "constant" and optim.cycle_steps == s.steps
+    bad = c.copy_and_resolve_references()
+    bad.train.oversample = 0.5
+    with pytest.raises(ValueError, match="train.oversample = 0.5; allowed: a number >= 1"):
+        driver.GRPOSettings.from_config(bad)
+    assert isinstance(c.optim, ml_collections.ConfigDict)
