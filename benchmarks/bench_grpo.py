@@ -40,7 +40,6 @@ def puzzles(opts):
 def time_mapfjax(opts, model, tok, problems, shared: bool) -> dict:
     """Seconds per rollout and per update (best of opts.steps after a warm-up step)."""
     import jax
-    import numpy as np
 
     from mapfjax.env import RewardConfig
     from mapfjax.rl import grpo, rollout
@@ -121,7 +120,6 @@ def _tokens_processed(batch) -> int:
 def time_torch(opts, path, tok, problems) -> dict:
     """The plain PyTorch step on the same weights: sampled generate for the G x prompts rows
     (left-padded), then one padded forward/backward of [prompt | completion] and AdamW."""
-    import numpy as np
     import torch
     import transformers
 

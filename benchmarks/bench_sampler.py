@@ -1,33 +1,36 @@
-"""Greedy decode throughput of `mapfjax.models.sampler.generate` vs transformers' `generate`
-on one random tiny Qwen3 checkpoint (fp32, CPU). Run: python benchmarks/bench_sampler.py
+"""Greedy decode throughput of `mapfjax.models.sampler.generate` against transformers'
+`generate` on the same checkpoint, measured in one run: a random tiny Qwen3 (hidden 128, 4
+layers, vocab 2048, fp32) and the shipped tiny model, batch 1 and 64, several lengths; also
+the time per decode step at each length (it should stay flat as the cache fills).
+
+    python benchmarks/bench_sampler.py [--lengths 64,256,1024 --batches 1,64 --repeats 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import tempfile
 import time
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-import torch
-import transformers
-
-from mapfjax.models import sampler
-from mapfjax.models.hf import from_pretrained
+# Local imports below: sys.path must hold the repository first when run as a script.
 
 
-def make_checkpoint(path: str, seed: int = 0) -> transformers.PreTrainedModel:
-    """A random Qwen3 (hidden 256, 4 layers, vocab 4096) saved to `path`; returns it."""
+def make_checkpoint(path: str, seed: int = 0):
+    """A random Qwen3 (hidden 128, 4 layers, 4 query / 2 KV heads, vocab 2048) saved to
+    `path` (a context long enough for 1,024 new tokens); returns transformers' model."""
+    import torch
+    import transformers
+
     config = transformers.Qwen3Config(
-        vocab_size=4096,
-        hidden_size=256,
-        intermediate_size=768,
+        vocab_size=2048,
+        hidden_size=128,
+        intermediate_size=384,
         num_hidden_layers=4,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=64,
+        head_dim=32,
         rope_parameters={"rope_type": "default", "rope_theta": 1e6},
         tie_word_embeddings=True,
         max_position_embeddings=4096,
@@ -41,75 +44,12 @@ def make_checkpoint(path: str, seed: int = 0) -> transformers.PreTrainedModel:
     return model
 
 
-def time_ours(model, prompts, new_tokens, repeats):
-    """(seconds of the first call incl. compile, best seconds of `repeats` warm calls, tokens)."""
-
-    def run():
-        out = sampler.generate(model, prompts, new_tokens, stop_tokens=())
-        return jax.block_until_ready(out)
-
-    first, best, out = _time(run, repeats)
-    return first, best, np.asarray(out.tokens)
-
-
-def time_theirs(model, prompts, new_tokens, repeats):
-    """As `time_ours` for transformers' greedy generate (prompts share one length)."""
-    ids = torch.tensor(prompts)
-    kw = dict(
-        attention_mask=torch.ones_like(ids),
-        do_sample=False,
-        max_new_tokens=new_tokens,
-        min_new_tokens=new_tokens,
-        eos_token_id=None,
-        pad_token_id=0,
-    )
-
-    def run():
-        with torch.no_grad():
-            return model.generate(ids, **kw)[:, ids.shape[1] :].numpy()
-
-    return _time(run, repeats)
-
-
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--batches", default="1,64", help="comma-separated batch sizes")
-    parser.add_argument("--prompt-len", type=int, default=32)
-    parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3, help="warm runs; the best is kept")
-    args = parser.parse_args(argv)
-
-    with tempfile.TemporaryDirectory() as path:
-        theirs = make_checkpoint(path)
-        ours = from_pretrained(path, dtype=jnp.float32)
-    rng = np.random.default_rng(0)
-    print(f"jax {jax.__version__} on {jax.devices()[0].platform}, torch {torch.__version__}")
-    print(f"{args.prompt_len}-token prompts, {args.new_tokens} greedy new tokens, fp32")
-    header = (
-        f"{'batch':>5} | {'ours tok/s':>11} | {'HF tok/s':>10} | {'ours/HF':>7} | "
-        f"{'ours 1st call s':>15} | {'HF 1st call s':>13} | same tokens"
-    )
-    print(header)
-    print("-" * len(header))
-    for batch in (int(b) for b in args.batches.split(",")):
-        prompts = rng.integers(0, 4096, (batch, args.prompt_len)).tolist()
-        o_first, o_best, o_tok = time_ours(ours, prompts, args.new_tokens, args.repeats)
-        t_first, t_best, t_tok = time_theirs(theirs, prompts, args.new_tokens, args.repeats)
-        n = batch * args.new_tokens
-        same = int((o_tok == t_tok).all(axis=1).sum())
-        print(
-            f"{batch:>5} | {n / o_best:>11.0f} | {n / t_best:>10.0f} | "
-            f"{t_best / o_best:>6.1f}x | {o_first:>15.2f} | {t_first:>13.2f} | {same}/{batch} rows"
-        )
-
-
-def _time(run, repeats):
-    """(seconds of the first call, including compilation; best of `repeats` later calls; the
-    last output)."""
+def _best(run, repeats: int) -> tuple[float, float, object]:
+    """(seconds of the first call, compile included; best of `repeats` later calls; output)."""
     t0 = time.perf_counter()
     out = run()
     first = time.perf_counter() - t0
-    best = np.inf
+    best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
         out = run()
@@ -117,5 +57,84 @@ def _time(run, repeats):
     return first, best, out
 
 
+def time_ours(model, prompts, n, repeats):
+    import jax
+    import numpy as np
+
+    from mapfjax.models import sampler
+
+    def run():
+        out = sampler.generate(model, prompts, n, stop_tokens=())
+        return np.asarray(jax.block_until_ready(out).tokens)
+
+    return _best(run, repeats)
+
+
+def time_theirs(model, prompts, n, repeats):
+    import torch
+
+    ids = torch.tensor(prompts)
+    kw = dict(
+        attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
+        min_new_tokens=n, eos_token_id=None, pad_token_id=0,
+    )  # fmt: skip
+
+    def run():
+        with torch.no_grad():
+            return model.generate(ids, **kw)[:, ids.shape[1] :].numpy()
+
+    return _best(run, repeats)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", default="1,64")
+    parser.add_argument("--lengths", default="64,256,1024", help="new tokens, comma-separated")
+    parser.add_argument("--prompt-len", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=2, help="warm runs; the best is kept")
+    parser.add_argument("--models", default="random,shipped")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import torch
+    import transformers
+
+    from mapfjax.models.hf import from_pretrained
+
+    shipped = os.path.join(os.path.dirname(__file__), "..", "mapfjax", "assets", "tiny")
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform}, torch {torch.__version__}")
+    print(f"{args.prompt_len}-token prompts, greedy, fp32; best of {args.repeats} warm runs")
+    print("| model | batch | new tokens | mapfjax tok/s | transformers tok/s | ratio | "
+          "mapfjax ms/step | same tokens |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models.split(","):
+            if name == "random":
+                theirs, path = make_checkpoint(tmp), tmp
+            else:
+                path = shipped
+                theirs = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+            ours = from_pretrained(path, dtype=jnp.float32)
+            vocab = ours.config.vocab_size
+            for batch in (int(b) for b in args.batches.split(",")):
+                for n in (int(x) for x in args.lengths.split(",")):
+                    if args.prompt_len + n > ours.config.max_position_embeddings:
+                        continue
+                    prompts = rng.integers(3, vocab, (batch, args.prompt_len)).tolist()
+                    _, o_best, o_tok = time_ours(ours, prompts, n, args.repeats)
+                    _, t_best, t_tok = time_theirs(theirs, prompts, n, args.repeats)
+                    same = int((o_tok == t_tok).all(axis=1).sum())
+                    print(
+                        f"| {name} | {batch} | {n} | {batch * n / o_best:,.0f} | "
+                        f"{batch * n / t_best:,.0f} | {t_best / o_best:.1f}x | "
+                        f"{1e3 * o_best / n:.2f} | {same}/{batch} |",
+                        flush=True,
+                    )
+
+
 if __name__ == "__main__":
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
     main()

@@ -17,6 +17,7 @@ import ml_collections
 
 from mapfjax.env.config import RATIO_FIELDS, flatten, key_size, size_key
 from mapfjax.env.types import FAILURE_NAMES
+from mapfjax.stats import markdown_table, merge, tally
 
 ROW_KEYS = ("size", "valid", "optimal", "failure")  # required in every validation row
 T_DETAILS = ("bookkeeping", "full")
@@ -85,19 +86,6 @@ class RoundRecord:
         return cls.from_dict(json.loads(text))
 
 
-def _empty_entry() -> dict[str, Any]:
-    """Counters of one size in a failure breakdown."""
-    return {
-        "n": 0,
-        "valid": 0,
-        "optimal": 0,
-        "failures": dict.fromkeys(FAILURE_NAMES, 0),
-        "truncated": 0,
-        "tokens": 0,
-        "tokens_n": 0,
-    }
-
-
 def failure_breakdown(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per-size counts from validation rows; keys are config size keys ('s7'), sorted by size.
 
@@ -105,12 +93,11 @@ def failure_breakdown(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, 
     truncated (count), tokens (summed response tokens) and tokens_n (rows that reported them).
     Counts rather than rates so that breakdowns can be merged and stored exactly.
     """
-    out: dict[int, dict[str, Any]] = {}
     for i, row in enumerate(rows):
         for key in ROW_KEYS:
             if key not in row:
                 raise ValueError(f"validation row {i}: missing key {key!r}; required: {ROW_KEYS}")
-        size, valid, failure = int(row["size"]), bool(row["valid"]), row["failure"]
+        valid, failure = bool(row["valid"]), row["failure"]
         if valid and failure is not None:
             raise ValueError(f"validation row {i}: valid but failure = {failure!r}")
         if not valid and failure not in FAILURE_NAMES:
@@ -119,17 +106,14 @@ def failure_breakdown(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, 
             )
         if row["optimal"] and not valid:
             raise ValueError(f"validation row {i}: optimal but not valid")
-        e = out.setdefault(size, _empty_entry())
-        e["n"] += 1
-        e["valid"] += valid
-        e["optimal"] += bool(row["optimal"])
-        if not valid:
-            e["failures"][failure] += 1
-        e["truncated"] += bool(row.get("truncated", False))
-        if row.get("response_tokens") is not None:
-            e["tokens"] += int(row["response_tokens"])
-            e["tokens_n"] += 1
-    return {size_key(s): out[s] for s in sorted(out)}
+    counts = tally(
+        rows,
+        lambda r: int(r["size"]),
+        flags=("valid", "optimal", "truncated"),
+        labels={"failures": ("failure", FAILURE_NAMES)},
+        sums={"tokens": "response_tokens"},
+    )
+    return {size_key(n): c for n, c in counts.items()}
 
 
 # ----------------------------------------------------------------------------- signals
@@ -213,12 +197,6 @@ def _num(v: Any) -> str:
     return f"{v:.3g}" if isinstance(v, float) else str(v)
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
-
-
 def _sizes_of(config: Mapping[str, Any] | ml_collections.ConfigDict) -> dict[str, Any]:
     d = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else config
     return dict(d.get("sizes", {}))
@@ -231,7 +209,7 @@ def render_config(config: Mapping[str, Any] | ml_collections.ConfigDict) -> str:
         [_size_label(k)] + [f"{float(sizes[k][f]):.3g}" for f in RATIO_FIELDS]
         for k in _sorted_sizes(sizes)
     ]
-    return _table(["size", *RATIO_FIELDS], rows)
+    return markdown_table(["size", *RATIO_FIELDS], rows)
 
 
 def _failure_cell(count: int, n: int) -> str:
@@ -241,13 +219,7 @@ def _failure_cell(count: int, n: int) -> str:
 def render_breakdown(breakdown: Mapping[str, Mapping[str, Any]]) -> str:
     """A failure breakdown as a markdown table, one row per size plus an `all` row."""
     keys = _sorted_sizes(breakdown)
-    total: dict[str, Any] = _empty_entry()
-    for k in keys:
-        e = breakdown[k]
-        for f in ("n", "valid", "optimal", "truncated", "tokens", "tokens_n"):
-            total[f] += e.get(f, 0)
-        for label in FAILURE_NAMES:
-            total["failures"][label] += e["failures"].get(label, 0)
+    total = merge(breakdown[k] for k in keys)
 
     def row(label: str, e: Mapping[str, Any]) -> list[str]:
         n = e["n"]
@@ -266,7 +238,7 @@ def render_breakdown(breakdown: Mapping[str, Mapping[str, Any]]) -> str:
     if len(keys) > 1:
         rows.append(row("all", total))
     header = ["size", "n", "valid %", "optimal %", *FAILURE_NAMES, "mean tokens", "truncated %"]
-    return _table(header, rows)
+    return markdown_table(header, rows)
 
 
 def _main_failure(e: Mapping[str, Any]) -> str:
@@ -293,7 +265,7 @@ def render_rollouts(stats: Mapping[str, Mapping[str, float]]) -> str:
         for k, e in stats.items()
     ]
     header = ["size", "groups", "samples", "valid %", "mixed groups %", "p(1-p)", "mean |A|"]
-    return _table(header, rows)
+    return markdown_table(header, rows)
 
 
 def _module_f(records: Sequence[RoundRecord], current, opts) -> str:
@@ -347,7 +319,7 @@ def _module_h(records: Sequence[RoundRecord], current, opts) -> str:
                 )
             )
     header = ["round", "size", "data", "hole", "wait", "valid %", "optimal %", "main failure"]
-    return _table(header, rows)
+    return markdown_table(header, rows)
 
 
 def _module_s(records: Sequence[RoundRecord], current, opts) -> str:
@@ -437,9 +409,3 @@ def build_context(
         parts.append(f"{module.header}\n{module.render(records, current_config, opts[name])}")
     parts.append(f"{CURRENT_HEADER}\n{render_config(current_config)}")
     return "\n\n".join(parts) + "\n"
-
-
-def mean_valid_rate(breakdown: Mapping[str, Mapping[str, Any]]) -> float:
-    """Mean over sizes of the valid rate (the paper's aggregate), NaN when empty."""
-    rates = [e["valid"] / e["n"] for e in breakdown.values() if e["n"]]
-    return sum(rates) / len(rates) if rates else math.nan

@@ -12,14 +12,13 @@ import dataclasses
 import json
 import logging
 import pathlib
-import time
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from mapfjax import parallel
+from mapfjax import files, parallel, stats
 from mapfjax.engineer import context as ctx_lib
 from mapfjax.engineer import engineers as eng_lib
 from mapfjax.engineer import policy as policy_fns
@@ -28,10 +27,9 @@ from mapfjax.env import config as env_config
 from mapfjax.env import io, reward
 from mapfjax.models import hf
 from mapfjax.models import tokenizer as tok_lib
-from mapfjax.rl import grpo, rollout
-from mapfjax.rl.data import generate_problems
-from mapfjax.rl.metrics import MetricsLogger
-from mapfjax.rl.trainer import OptimConfig, Trainer
+from mapfjax.rl import driver, rollout
+from mapfjax.rl.data import generate_problems, held_out
+from mapfjax.rl.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +42,9 @@ class RunDirError(ValueError):
 
 
 def _write_json(path: pathlib.Path, obj) -> None:
-    io.atomic_write(path, (json.dumps(obj, indent=1, sort_keys=True, default=str) + "\n").encode())
+    files.atomic_write(
+        path, (json.dumps(obj, indent=1, sort_keys=True, default=str) + "\n").encode()
+    )
 
 
 def _read_json(path: pathlib.Path, advice: str):
@@ -71,9 +71,10 @@ def _redo_advice(workdir: pathlib.Path, n: int, position: dict) -> str:
 
 def check_run_dir(workdir: pathlib.Path, config: ml_collections.ConfigDict) -> None:
     """Record the run's config on first use; refuse a different one later, naming the keys."""
-    for p in (workdir, *workdir.parents):
-        if p.exists() and not p.is_dir():
-            raise RunDirError(f"--workdir {workdir}: {p} is a file; expected a directory")
+    try:
+        files.check_dir(workdir, "--workdir")
+    except NotADirectoryError as e:
+        raise RunDirError(str(e)) from None
     path = workdir / "run_config.json"
     current = json.loads(config.to_json_best_effort())
     if not path.exists():
@@ -97,30 +98,22 @@ def check_run_dir(workdir: pathlib.Path, config: ml_collections.ConfigDict) -> N
         )
 
 
-def _optim(c: ml_collections.ConfigDict, total_steps: int) -> OptimConfig:
-    return OptimConfig(**{**c.optim.to_dict(), "total_steps": max(total_steps, 1)})
-
-
-def _grpo_cfg(c) -> grpo.GRPOConfig:
-    return grpo.GRPOConfig(
-        group_size=c.train.group_size, temperature=c.train.temperature, **c.grpo.to_dict()
-    )
-
-
 def _validation_set(workdir: pathlib.Path, c) -> list:
-    """The fixed validation set (generated once, then read back)."""
+    """The fixed held-out validation set (generated once, then read back): per_size puzzles
+    per size, spread over validation.hole_ratios when given (else validation.hole_ratio)."""
     path = workdir / "validation_set.jsonl"
     if path.exists():
         return io.load_instances(path)
     v = c.validation
     cfg = env_config.default_config(v.num_agents, tuple(v.sizes), v.hole_ratio, v.wait_ratio)
-    probs = generate_problems(cfg, v.per_size * len(v.sizes), seed=v.seed, processes=1)
+    holes = tuple(v.get("hole_ratios", ()))
+    probs = generate_problems(cfg, v.per_size * len(v.sizes), v.seed, 1, holes)
     io.save_instances(path, probs)
     return probs
 
 
 def _steps_per_round(c) -> int:
-    return max(1, (c.train.instances * c.train.epochs) // c.train.problems_per_step)
+    return driver.GRPOSettings.from_config(c).steps
 
 
 def _training_info(c, n: int) -> dict:
@@ -131,7 +124,7 @@ def _training_info(c, n: int) -> dict:
         "steps": _steps_per_round(c),
         "lr": c.optim.lr,
         "group_size": c.train.group_size,
-        "num_iterations": c.train.num_iterations,
+        "num_iterations": c.train.get("num_iterations", 1),
         "temperature": c.train.temperature,
         **c.grpo.to_dict(),
     }
@@ -173,6 +166,7 @@ def finished_round(workdir: pathlib.Path, n: int, c, position: dict):
             validation=validation,
             summary=_previous_summary(workdir, n, position),
             training=_training_info(c, n),
+            rollouts=_rollouts(out, c),
         )
         _write_json(path, record.to_dict())
         log.warning("%s: unreadable (%s); recomputed from config.json and validation.json", path, e)
@@ -186,65 +180,94 @@ def finished_round(workdir: pathlib.Path, n: int, c, position: dict):
     return record, decision
 
 
-def _validate(trainer, tokenizer, problems, c, out_dir: pathlib.Path):
-    val = rollout.validate(
+def _rollouts(out_dir: pathlib.Path, c) -> dict:
+    """The round's per-size training-rollout statistics (`RoundRecord.rollouts`)."""
+    per_size = driver.phase_size_stats(out_dir / "metrics.jsonl", c.train.group_size)
+    return driver.size_summary(per_size)
+
+
+def _validate(trainer, tokenizer, problems, c, out_dir: pathlib.Path, key_seed: int):
+    """Greedy answers, and `validation.samples` answers at temperature 1, on the held-out set;
+    writes validation.json (one row per puzzle) and validation.md (rates with 95 % intervals
+    per size and pooled). Returns the rows."""
+    v = c.validation
+    greedy = rollout.greedy_eval(
         trainer,
         tokenizer,
         problems,
-        max_new_tokens=c.validation.max_new_tokens,
-        batch_size=c.validation.batch_size,
-        enable_thinking=c.train.enable_thinking,
+        max_new_tokens=v.max_new_tokens,
+        batch_size=v.batch_size,
+        enable_thinking=c.train.get("enable_thinking", False),
     )
-    rows = val.rows
-    _write_json(
-        out_dir / "validation.json",
-        {"rows": rows, "mean_valid": val.mean_valid, "mean_optimal": val.mean_optimal},
-    )
-    io.atomic_write(out_dir / "validation.md", (val.table() + "\n").encode())
-    return val, rows
+    rows = [dict(r) for r in greedy.rows]
+    k = int(v.get("samples", 0))
+    if k:
+        hits = _sample_hits(trainer, tokenizer, problems, k, c, key_seed)
+        for row, h in zip(rows, hits, strict=True):
+            row["samples"], row["samples_valid"] = k, int(h)
+    _write_json(out_dir / "validation.json", {"rows": rows, **validation_summary(rows)})
+    files.atomic_write(out_dir / "validation.md", (validation_table(rows) + "\n").encode())
+    return rows
 
 
-def _train_round(trainer: Trainer, tokenizer, n: int, cfg_n, c, out_dir, ckpt_dir, start_step):
-    """GRPO on round n's training set, from `start_step`; checkpoints with the data position."""
-    train_path = out_dir / "train_set.jsonl"
-    if train_path.exists():
-        problems = io.load_instances(train_path)
-    else:
-        gen = cfg_n.copy_and_resolve_references()
-        problems = generate_problems(gen, c.train.instances, seed=c.seed * 1000 + n, processes=0)
-        io.save_instances(train_path, problems)
-    steps = _steps_per_round(c)
-    per = c.train.problems_per_step
-    sampling = rollout.SamplingConfig(
-        max_new_tokens=c.train.max_new_tokens,
-        temperature=c.train.temperature,
-        top_p=c.train.top_p,
-        enable_thinking=c.train.enable_thinking,
+def _sample_hits(trainer, tokenizer, problems, k: int, c, key_seed: int) -> list[int]:
+    """Valid answers among k samples at temperature 1, per problem."""
+    v = c.validation
+    cfg = rollout.SamplingConfig(
+        max_new_tokens=v.max_new_tokens,
+        temperature=1.0,
+        enable_thinking=c.train.get("enable_thinking", False),
     )
-    reward_cfg = reward.RewardConfig(**c.reward.to_dict())
-    gcfg = _grpo_cfg(c)
-    # metrics.jsonl (+ TensorBoard/wandb when installed) and the progress bar.
-    logger = MetricsLogger(out_dir, total_steps=steps, initial_step=start_step)
-    for s in range(start_step, steps):
-        order = np.random.default_rng([c.seed, n, s // max(1, len(problems) // per)])
-        idx = order.permutation(len(problems))
-        chunk = [problems[i] for i in idx[(s % max(1, len(problems) // per)) * per :][:per]]
-        key = jax.random.fold_in(jax.random.key(c.seed), n * 100_000 + s)
-        t0 = time.perf_counter()
-        batch, stats = rollout.rollout(
-            trainer, tokenizer, chunk, c.train.group_size, sampling, reward_cfg, key, grpo_cfg=gcfg
-        )
-        updates = trainer.train_on(batch, c.train.num_iterations)
-        row = {
-            "round": n,
-            "seconds": time.perf_counter() - t0,
-            **stats.as_dict(),
-            **{f"train_{k}": v for k, v in updates[-1].items()},
-        }
-        logger.log(s + 1, row)  # step = updates done in this round
-        if (s + 1) % c.train.checkpoint_every == 0 or s + 1 == steps:
-            trainer.save(ckpt_dir, {"round": n, "step": s + 1}, wait=True)
-    logger.close()
+    model = rollout.policy_model(trainer)
+    per = max(1, v.batch_size // k)
+    hits: list[int] = []
+    for i in range(0, len(problems), per):
+        chunk = problems[i : i + per]
+        key = jax.random.fold_in(jax.random.key(key_seed), i)
+        _, _, _, texts = rollout.sample(model, tokenizer, chunk, k, cfg, key)
+        verdict, _ = rollout.score(chunk, k, texts, reward.RewardConfig())
+        hits += np.asarray(verdict.valid).reshape(-1, k).sum(1).tolist()
+    return hits
+
+
+def _estimates(rows) -> dict[str, stats.Estimate]:
+    """Greedy valid (Wilson interval) and mean@k (bounded-mean interval) over `rows`."""
+    out = {"greedy_valid": stats.proportion([r["valid"] for r in rows])}
+    if rows and "samples" in rows[0]:
+        out["mean_at_k"] = stats.bounded_mean([r["samples_valid"] / r["samples"] for r in rows])
+    return out
+
+
+def _by_size(rows) -> list[tuple[str, list]]:
+    sizes = sorted({r["size"] for r in rows})
+    return [(f"{n}x{n}", [r for r in rows if r["size"] == n]) for n in sizes]
+
+
+def validation_summary(rows) -> dict:
+    """JSON-ready estimates ({"value", "low", "high", "n"}), pooled and per size."""
+
+    def as_dicts(rs):
+        return {k: e.as_dict() for k, e in _estimates(rs).items()}
+
+    return {"pooled": as_dicts(rows), "per_size": {n: as_dicts(rs) for n, rs in _by_size(rows)}}
+
+
+def validation_table(rows) -> str:
+    """Markdown: per size and pooled, n, greedy valid % and mean@k % with 95 % intervals."""
+
+    def cell(e: stats.Estimate) -> str:
+        return f"{stats.percent(e.value)} [{stats.percent(e.low, 0)}, {stats.percent(e.high, 0)}]"
+
+    sampled = bool(rows) and "samples" in rows[0]
+    header = ["size", "n", "greedy valid %"]
+    if sampled:
+        header.append(f"mean@{rows[0]['samples']} %")
+    table = []
+    for name, rs in [*_by_size(rows), ("all", rows)]:
+        e = _estimates(rs)
+        line = [name, len(rs), cell(e["greedy_valid"])]
+        table.append(line + ([cell(e["mean_at_k"])] if sampled else []))
+    return stats.markdown_table(header, table)
 
 
 def _engineer(n, records, current, c, trainer, tokenizer, base_model, out_dir) -> Decision:
@@ -259,18 +282,34 @@ def _engineer(n, records, current, c, trainer, tokenizer, base_model, out_dir) -
         inject["score_fn"] = policy_fns.make_score_fn(model_fn, tokenizer)
     engineer = eng_lib.make_engineer(c.engineer.settings, **inject)
     context = ctx_lib.build_context(records, current, c.engineer.modules)
-    from mapfjax.engineer.prompt import build_prompt
-
-    prompt = build_prompt(context, current)
-    io.atomic_write(out_dir / "engineer_prompt.md", prompt.encode())
     rng = np.random.default_rng([c.seed, n, 7])
     decision = engineer.propose(context, current, rng, records=tuple(records))
+    # The prompt the engineer actually sent (its context when it sends none).
+    files.atomic_write(out_dir / "engineer_prompt.md", (decision.prompt or context).encode())
     _write_json(out_dir / "decision.json", decision.to_dict())
     return decision
 
 
+def _train_set(out_dir: pathlib.Path, cfg_n, c, n: int, held: set[str]) -> list:
+    """Round n's training set (generated once, then read back), without any puzzle of the
+    held-out validation set."""
+    path = out_dir / "train_set.jsonl"
+    if path.exists():
+        return io.load_instances(path)
+    gen = cfg_n.copy_and_resolve_references()
+    drawn = generate_problems(gen, c.train.instances, seed=c.seed * 1000 + n, processes=0)
+    problems, dropped = held_out(drawn, held)
+    if dropped:
+        log.info("round %d: %d training puzzles are in the validation set; dropped", n, dropped)
+    io.save_instances(path, problems)
+    return problems
+
+
 def run(config: ml_collections.ConfigDict, workdir, progress: bool = True) -> list:
-    """Run (or continue) the loop; returns the finished rounds' RoundRecords."""
+    """Run (or continue) the loop; returns the finished rounds' RoundRecords.
+
+    Before round 0 the starting model is validated (workdir/start/); each round trains with
+    `driver.run_phase` on its own training set and is validated on the same held-out set."""
     c = config
     workdir = pathlib.Path(workdir)
     check_run_dir(workdir, c)
@@ -283,16 +322,21 @@ def run(config: ml_collections.ConfigDict, workdir, progress: bool = True) -> li
         if c.engineer.settings.name == "base"
         else None
     )
-    steps = _steps_per_round(c)
-    trainer = Trainer(
-        model, _optim(c, steps * c.rounds), "grpo", mesh, loss_cfg=_grpo_cfg(c), seed=c.seed
-    )
+    settings = driver.GRPOSettings.from_config(c)
+    steps = settings.steps
+    optim = driver.optim_config(c, steps, c.rounds)
+    trainer = Trainer(model, optim, "grpo", mesh, loss_cfg=settings.loss, seed=c.seed)
     ckpt_dir = (workdir / "checkpoints").absolute()
-    position = {"round": 0, "step": 0}
-    if ckpt_dir.exists() and any(ckpt_dir.iterdir()):
-        position = trainer.restore(ckpt_dir)
-        log.info("resumed from %s at %s", ckpt_dir, position)
+    position = driver.restore(trainer, ckpt_dir) or {"round": 0, "step": 0}
     val_set = _validation_set(workdir, c)
+    held = {io.puzzle_hash(p) for p in val_set}
+    start = workdir / "start"
+    if not (start / "DONE").exists():
+        if position != {"round": 0, "step": 0}:
+            raise RunDirError(f"{start} is not DONE but {ckpt_dir} has trained past it")
+        start.mkdir(exist_ok=True)
+        _validate(trainer, tokenizer, val_set, c, start, key_seed=c.seed * 1000 - 1)
+        files.atomic_write(start / "DONE", b"")
     records: list[ctx_lib.RoundRecord] = []
     current = c.env.copy_and_resolve_references()
     for n in range(c.rounds):
@@ -308,15 +352,20 @@ def run(config: ml_collections.ConfigDict, workdir, progress: bool = True) -> li
         done_steps = position["step"] if position["round"] == n else 0
         if position["round"] > n:
             raise RunDirError(f"{ckpt_dir} is at round {position['round']} but {out} is not DONE")
-        _train_round(trainer, tokenizer, n, current, c, out, ckpt_dir, done_steps)
+        problems = _train_set(out, current, c, n, held)
+        driver.run_phase(
+            trainer, tokenizer, problems, settings, seed=[c.seed, n], position={"round": n},
+            out_dir=out, ckpt_dir=ckpt_dir, start_step=done_steps, progress=progress,
+        )  # fmt: skip
         position = {"round": n, "step": steps}
-        val, rows = _validate(trainer, tokenizer, val_set, c, out)
+        rows = _validate(trainer, tokenizer, val_set, c, out, key_seed=c.seed * 1000 + n)
         record = ctx_lib.RoundRecord(
             round=n,
             config=current.to_dict(),
             validation=ctx_lib.failure_breakdown(rows),
             summary=_previous_summary(workdir, n, position),
             training=_training_info(c, n),
+            rollouts=_rollouts(out, c),
         )
         records.append(record)
         if n + 1 < c.rounds:
@@ -325,7 +374,7 @@ def run(config: ml_collections.ConfigDict, workdir, progress: bool = True) -> li
         _write_json(out / "record.json", record.to_dict())
         if c.export_every_round or n + 1 == c.rounds:
             hf.save_pretrained(trainer.model(), out / "model", copy_from=c.model.path)
-        io.atomic_write(out / "DONE", b"")
+        files.atomic_write(out / "DONE", b"")
     trainer.close()
     return records
 
@@ -333,6 +382,6 @@ def run(config: ml_collections.ConfigDict, workdir, progress: bool = True) -> li
 def records_summary(records) -> list[dict]:
     """Per round: mean valid/optimal over sizes (for logs and tests)."""
     return [
-        dataclasses.asdict(r) | {"mean_valid": ctx_lib.mean_valid_rate(r.validation)}
+        dataclasses.asdict(r) | {"mean_valid": stats.mean_rate(r.validation.values(), "valid")}
         for r in records
     ]

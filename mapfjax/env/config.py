@@ -14,6 +14,8 @@ from typing import Any
 
 import ml_collections
 
+from mapfjax.checks import is_finite_real, is_int
+
 PAPER_SIZES = tuple(range(3, 11))  # 3x3 .. 10x10 [paper]
 RATIO_FIELDS = ("data_ratio", "hole_ratio", "wait_ratio")
 MAX_HOLE_RATIO = 0.5  # [paper] hole density is at most 0.5
@@ -82,25 +84,11 @@ def default_config(
     )
 
 
-def _is_number(v) -> bool:
-    """A finite int or float (not a bool); an int too large for a float is not one."""
-    if not isinstance(v, (int, float)) or isinstance(v, bool):
-        return False
-    try:
-        return math.isfinite(v)
-    except OverflowError:
-        return False
-
-
 def _show(v) -> str:
     """A short repr for messages: an int too long to print is given by its digit count."""
-    if _is_int(v) and abs(v) >= 10**30:
+    if is_int(v) and abs(v) >= 10**30:
         return f"an integer of {len(str(abs(v)))} digits"
     return f"{v!r:.60}"
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -112,15 +100,15 @@ def validate(config: ml_collections.ConfigDict) -> None:
     for key in TOP_LEVEL_KEYS:
         if key not in c:
             raise ConfigError(f"missing key {key!r}")
-    if not _is_int(c.num_agents) or not 1 <= c.num_agents <= c.max_agents:
+    if not is_int(c.num_agents) or not 1 <= c.num_agents <= c.max_agents:
         raise ConfigError(
             f"num_agents = {c.num_agents!r}; allowed: an integer in [1, max_agents={c.max_agents}]"
         )
-    if not _is_int(c.max_agents) or not 1 <= c.max_agents <= 5:
+    if not is_int(c.max_agents) or not 1 <= c.max_agents <= 5:
         raise ConfigError(f"max_agents = {c.max_agents!r}; allowed: an integer in [1, 5]")
-    if not _is_int(c.max_size) or not MIN_SIZE <= c.max_size <= 40:
+    if not is_int(c.max_size) or not MIN_SIZE <= c.max_size <= 40:
         raise ConfigError(f"max_size = {c.max_size!r}; allowed: an integer in [{MIN_SIZE}, 40]")
-    if not _is_int(c.seed) or c.seed < 0:
+    if not is_int(c.seed) or c.seed < 0:
         raise ConfigError(f"seed = {c.seed!r}; allowed: an integer >= 0")
     if len(c.sizes) == 0:
         raise ConfigError("sizes is empty; allowed: at least one entry like sizes.s3")
@@ -141,7 +129,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
                 raise ConfigError(f"sizes.{key}.{field} is missing")
             v = entry[field]
             hi = MAX_HOLE_RATIO if field == "hole_ratio" else 1.0
-            if not _is_number(v) or not 0.0 <= v <= hi:
+            if not is_finite_real(v) or not 0.0 <= v <= hi:
                 raise ConfigError(f"sizes.{key}.{field} = {v!r}; allowed: a number in [0, {hi}]")
         total += entry.data_ratio
         if c.num_agents * 2 > n * n:
@@ -244,7 +232,7 @@ def project_edits(
                 value = float(value)
             except ValueError:
                 raise ConfigError(f"key {path!r} = {_show(value)} is not a number") from None
-        if not _is_number(value):
+        if not is_finite_real(value):
             raise ConfigError(
                 f"key {path!r} = {_show(value)}; allowed: a finite number that fits a float"
             )

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from mapfjax import stats
 from mapfjax.env import config as env_config
 from mapfjax.env import dynamics, types
 from mapfjax.env.types import Instance, Problem
@@ -131,17 +132,23 @@ class GenerationReport:
     seconds: float
 
     def table(self) -> str:
-        head = (
-            "| size | n req | n got | wait req | wait got | holes req | holes got "
-            "| candidates | oracle fail |\n|---|---|---|---|---|---|---|---|---|"
-        )
+        head = ["size", "n req", "n got", "wait req", "wait got", "holes req", "holes got",
+                "candidates", "oracle fail"]  # fmt: skip
         rows = [
-            f"| {r.size}x{r.size} | {r.requested} | {r.achieved} | {r.requested_wait_ratio:.2f} "
-            f"| {r.achieved_wait_ratio:.2f} | {r.requested_hole_ratio:.2f} "
-            f"| {r.achieved_hole_ratio:.2f} | {r.candidates} | {r.oracle_failures} |"
+            [
+                f"{r.size}x{r.size}",
+                r.requested,
+                r.achieved,
+                f"{r.requested_wait_ratio:.2f}",
+                f"{r.achieved_wait_ratio:.2f}",
+                f"{r.requested_hole_ratio:.2f}",
+                f"{r.achieved_hole_ratio:.2f}",
+                r.candidates,
+                r.oracle_failures,
+            ]  # fmt: skip
             for r in self.sizes
         ]
-        return "\n".join([head, *rows])
+        return stats.markdown_table(head, rows)
 
     def to_dict(self) -> dict:
         return {"seconds": self.seconds, "sizes": [dataclasses.asdict(r) for r in self.sizes]}

@@ -17,7 +17,6 @@ from mapfjax import files
 from mapfjax.checks import is_int
 from mapfjax.env.text import parse_prompt
 from mapfjax.env.types import FROZEN, HOLE_CELL, Problem, ProblemError, check_problem
-from mapfjax.files import atomic_write  # noqa: F401  (old home; import it from mapfjax.files)
 
 
 class JsonlError(ValueError):

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from mapfjax.env.io import atomic_write
 from mapfjax.env.simulate import simulate
 from mapfjax.env.types import ACTION_NAMES, Problem, check_problem
+from mapfjax.files import atomic_write
 
 # Okabe-Ito colours (distinguishable with the common colour-vision deficiencies); the first
 # five are the agents of the paper's largest benchmark.

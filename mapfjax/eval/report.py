@@ -59,6 +59,76 @@ def config_table(records: list[RoundRecord]) -> str:
     return stats.markdown_table(["round", *(f"{s[1:]}x{s[1:]}" for s in sizes)], rows)
 
 
+def _validation_rows(workdir: pathlib.Path) -> list[tuple[str, list[dict]]]:
+    """(label, per-puzzle rows) of the starting model and every finished round, in order."""
+    out = []
+    for label, d in [("start", workdir / "start"), *((f"R{n}", d) for n, d in _rounds(workdir))]:
+        path = d / "validation.json"
+        if path.exists():
+            out.append((label, json.loads(path.read_text())["rows"]))
+    return out
+
+
+def _interval(e: stats.Estimate, signed: bool = False) -> str:
+    if e.n == 0:
+        return "-"
+    sign = "+" if signed and e.value > 0 else ""
+    return f"{sign}{stats.percent(e.value)} [{stats.percent(e.low, 0)}, {stats.percent(e.high, 0)}]"
+
+
+def held_out_table(runs: list[tuple[str, list[dict]]]) -> str:
+    """Rows: the starting model and each round; columns: n, greedy valid %, mean@k % (95 %
+    intervals), and the paired change of greedy valid against the starting model on the same
+    puzzles (mean difference and its 95 % interval; `stats.paired_proportion_difference`)."""
+    if not runs:
+        return "No validation yet."
+    first = {r["id"]: r for r in runs[0][1]}
+    sampled = "samples" in runs[0][1][0] if runs[0][1] else False
+    header = ["model", "n", "greedy valid %"]
+    header += [f"mean@{runs[0][1][0]['samples']} %"] if sampled else []
+    header += ["change vs start (points)", "puzzles solved only by one side"]
+    table = []
+    for label, rows in runs:
+        line = [label, len(rows), _interval(stats.proportion([r["valid"] for r in rows]))]
+        if sampled:
+            means = [r["samples_valid"] / r["samples"] for r in rows if "samples" in r]
+            line.append(_interval(stats.bounded_mean(means)))
+        paired = [
+            (bool(r["valid"]), bool(first[r["id"]]["valid"])) for r in rows if r["id"] in first
+        ]
+        a, b = [x for x, _ in paired], [y for _, y in paired]
+        if label == runs[0][0]:
+            line += ["-", "-"]
+        else:
+            d = stats.paired_proportion_difference(a, b)
+            line += [_interval(d, signed=True), str(sum(x != y for x, y in paired))]
+        table.append(line)
+    return stats.markdown_table(header, table)
+
+
+def _curves(workdir: pathlib.Path) -> list[tuple[int, dict]]:
+    """(global step, metrics row) of every logged training step, rounds in order."""
+    out, offset = [], 0
+    for _, d in _rounds(workdir):
+        path = d / "metrics.jsonl"
+        if not path.exists():
+            continue
+        rows = {r["step"]: r for r in (json.loads(x) for x in path.read_text().splitlines() if x)}
+        out += [(offset + s, r) for s, r in sorted(rows.items())]
+        offset += max(rows, default=0)
+    return out
+
+
+CURVES = (
+    ("reward_mean", "reward"),
+    ("valid_rate", "valid rate (samples)"),
+    ("mixed_groups", "groups with mixed rewards"),
+    ("train_approx_kl_old", "KL to the sampling policy"),
+    ("train_entropy", "entropy"),
+    ("train_grad_norm", "gradient norm"),
+)
+
+
 def _save_png(fig, path: pathlib.Path) -> None:
     """Render the figure to memory and write it atomically (readers never see half a PNG)."""
     import matplotlib.pyplot as plt  # loaded by `_plots` (after choosing Agg) before this runs
@@ -108,6 +178,20 @@ def _plots(records: list[RoundRecord], workdir: pathlib.Path) -> list[str]:
     fig.tight_layout()
     names.append("configs.png")
     _save_png(fig, workdir / names[1])
+
+    curves = _curves(workdir)
+    if curves:
+        fig, axes = plt.subplots(2, 3, figsize=(12, 6))
+        for ax, (key, title) in zip(axes.flat, CURVES, strict=True):
+            pts = [(x, r[key]) for x, r in curves if isinstance(r.get(key), int | float)]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), lw=1)
+            ax.set_title(title)
+            ax.set_xlabel("update")
+            ax.grid(alpha=0.3)
+        fig.tight_layout()
+        names.append("training.png")
+        _save_png(fig, workdir / names[-1])
     return names
 
 
@@ -121,7 +205,23 @@ def write_report(workdir) -> pathlib.Path:
         parts.append("No finished round yet.")
     else:
         plots = _plots(records, workdir)
-        parts += ["## Validation (valid % / optimal %, greedy)", "", validation_table(records), ""]
+        parts += [
+            "## Held-out validation (greedy and sampled, 95 % intervals)",
+            "",
+            held_out_table(_validation_rows(workdir)),
+            "",
+            "`start` is the model before any training. The change against it is paired over the "
+            "same puzzles; an interval that contains 0 is no measurable change.",
+            "",
+        ]
+        if "training.png" in plots:
+            parts += ["## Training curves", "", "![training](training.png)", ""]
+        parts += [
+            "## Validation per size (valid % / optimal %, greedy)",
+            "",
+            validation_table(records),
+            "",
+        ]
         parts += [f"![validation]({plots[0]})", ""]
         parts += [
             "## Generator config per round (data / hole / wait ratio)",

@@ -11,6 +11,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import chex
 import jax
 import jax.numpy as jnp
 from flax import nnx, struct
@@ -548,8 +549,10 @@ class Qwen3(nnx.Module):
         after the cache's valid slots when a cache is given). attention_mask: bool [B, T], True
         on real tokens. cache: KVCache or None; see `KVCache` for the write/read semantics.
         """
+        chex.assert_rank(tokens, 2)
         b, t = tokens.shape
         mask = jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool)
+        chex.assert_shape(mask, (b, t))
         if positions is None:
             seen = 0 if cache is None else jnp.sum(cache.valid, axis=1, keepdims=True)
             positions = jnp.maximum(seen + jnp.cumsum(mask, axis=1) - 1, 0)
@@ -591,8 +594,10 @@ class Qwen3(nnx.Module):
         Returns (hidden [B, P, H] after the final norm, `Prefix` with each layer's keys and
         values [L, B, K, P, D]). Positions count each row's real tokens from 0.
         """
+        chex.assert_rank(tokens, 2)
         b, p = tokens.shape
         mask = jnp.ones((b, p), bool) if attention_mask is None else attention_mask.astype(bool)
+        chex.assert_shape(mask, (b, p))
         positions = jnp.maximum(jnp.cumsum(mask, axis=1, dtype=jnp.int32) - 1, 0)
         causal = jnp.tril(jnp.ones((p, p), bool))
         allowed = (causal[None] & mask[:, None, :])[:, None]  # [B, 1, P, P]
@@ -616,8 +621,11 @@ class Qwen3(nnx.Module):
         running each [prompt | continuation] row on its own; gradients reach the prefix's
         keys and values (summed over the G rows) and through them the prefix pass.
         """
+        chex.assert_rank(tokens, 3)
         b, g, t = tokens.shape
+        chex.assert_shape(prefix.valid, (b, None))
         mask = jnp.ones((b, g, t), bool) if attention_mask is None else attention_mask.astype(bool)
+        chex.assert_shape(mask, (b, g, t))
         positions = prefix.lengths[:, None, None] + jnp.cumsum(mask, axis=2, dtype=jnp.int32) - 1
         positions = jnp.maximum(positions, prefix.lengths[:, None, None]).reshape(b * g, t)
         causal = jnp.tril(jnp.ones((t, t), bool))
@@ -705,10 +713,3 @@ class Qwen3(nnx.Module):
         """tokens: int32 [B, T] -> (float32 logits [B, T, V], cache); see `hidden_states`."""
         hidden, cache = self.hidden_states(tokens, positions, attention_mask, cache)
         return self.lm_head(hidden), cache
-
-
-def from_pretrained(*args, **kwargs) -> Qwen3:
-    """Re-export of `mapfjax.models.hf.from_pretrained` (imported lazily: hf imports this)."""
-    from mapfjax.models import hf
-
-    return hf.from_pretrained(*args, **kwargs)

@@ -19,10 +19,11 @@ from flax import nnx
 
 from mapfjax import parallel
 from mapfjax.models.qwen3 import LAYER_KV_AXES, Prefix
+from mapfjax.models.tokenizer import PAD_ID, STOP_IDS
 
-# Qwen3's `<|im_end|>` (end of turn) and `<|endoftext|>` (pad); docs/paper.md section 7.
-DEFAULT_STOP_TOKENS = (151645, 151643)
-DEFAULT_PAD_ID = 151643
+# Qwen3's `<|im_end|>` (end of turn) and `<|endoftext|>` (pad), declared in tokenizer.py.
+DEFAULT_STOP_TOKENS = STOP_IDS
+DEFAULT_PAD_ID = PAD_ID
 
 
 @flax.struct.dataclass

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from mapfjax.models.hf import CheckpointError
+from mapfjax.files import CheckpointError
 
 
 def _name(path) -> str:

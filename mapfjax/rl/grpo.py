@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+import chex
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -312,6 +313,9 @@ def grpo_loss(
             f"GRPOConfig.kl_coef={cfg.kl_coef} > 0 needs ref_logp (reference-policy log-probs); "
             "pass them or set kl_coef=0"
         )
+    chex.assert_rank([logp, old_logp, mask, advantages], [2, 2, 2, 1])
+    chex.assert_equal_shape([logp, old_logp, mask])
+    chex.assert_equal_shape_prefix([logp, advantages], 1)
     mask = mask.astype(bool)
     # Zero masked positions before any exp, so garbage there cannot reach values or gradients.
     logp = jnp.where(mask, logp.astype(jnp.float32), 0.0)

@@ -9,6 +9,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from mapfjax.checks import is_int
+
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
@@ -75,10 +77,6 @@ class OptimConfig:
                 value = getattr(self, name)
                 raise ValueError(f"OptimConfig.{name}={value!r} is invalid: allowed {allowed}")
         return self
-
-
-def is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
 
 
 SCHEDULES = ("cosine", "constant")

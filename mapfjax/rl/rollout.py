@@ -54,6 +54,8 @@ class RolloutStats:
     logprob_gap: mean |sampled - untruncated| log-prob (top-k/top-p cost, 0 without them).
     logprob_mismatch: mean |sampler - trainer recomputed| log-prob over response tokens, or
         None when not measured (`rollout(..., measure_mismatch=True)`).
+    valid, rewards: per response [B] (NumPy; not in `as_dict`), for per-size statistics and
+        group selection.
     """
 
     reward_mean: float
@@ -66,9 +68,12 @@ class RolloutStats:
     mixed_groups: float
     logprob_gap: float
     logprob_mismatch: float | None = None
+    valid: np.ndarray | None = dataclasses.field(default=None, repr=False)
+    rewards: np.ndarray | None = dataclasses.field(default=None, repr=False)
 
     def as_dict(self) -> dict:
-        d = dataclasses.asdict(self)
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d.pop("valid"), d.pop("rewards")
         d.update({f"fail_{k}": v for k, v in d.pop("failures").items()})
         return d
 
@@ -118,7 +123,8 @@ def score(problems, repeats: int, texts, reward_cfg: reward.RewardConfig):
     instances = jax.tree.map(np.asarray, types.to_instances(rows))
     parsed = text.parse_answers(texts, [p.num_agents for p in rows])
     verdict = dynamics.verify(instances, parsed)
-    return verdict, np.asarray(reward.rewards(verdict, reward_cfg))
+    share = reward.agent_success(instances, parsed) if reward_cfg.agent_credit else None
+    return verdict, np.asarray(reward.rewards(verdict, reward_cfg, share))
 
 
 def _failure_counts(failure: np.ndarray) -> dict[str, int]:
@@ -207,6 +213,8 @@ def rollout(
         mixed_groups=float(np.mean(grouped.max(1) > grouped.min(1))),
         logprob_gap=sampler.logprob_gap(out),
         logprob_mismatch=mismatch,
+        valid=np.asarray(verdict.valid),
+        rewards=rew,
     )
     if stats.truncation_rate > sampling.warn_truncation:
         msg = (
@@ -326,12 +334,25 @@ def greedy_eval(
     return Validation(cells, rows)
 
 
-# Deprecated name of `greedy_eval` ("validate" means a config check elsewhere); removed once
-# engineer/loop.py, launch/train_tiny.py and the notebooks call greedy_eval.
-validate = greedy_eval
-
-
-def validation_report(v: Validation, title: str, notes: Sequence[str] = ()) -> str:
-    """Markdown: a title, note lines, and the validation table."""
+def validation_report(
+    v: Validation, title: str, notes: Sequence[str] = (), problems: Sequence[Problem] = ()
+) -> str:
+    """Markdown: a title, note lines, the validation table, and greedy valid rates per hole
+    ratio when the evaluated `problems` carry one in their meta (`data.generate_problems`)."""
     lines = [f"# {title}", "", *notes, "", v.table(), ""]
+    holes = [(p.meta or {}).get("hole_ratio") for p in problems]
+    if any(h is not None for h in holes):
+        lines += ["## Per hole ratio", "", rates_by(v.rows, holes, "hole ratio"), ""]
     return "\n".join(lines)
+
+
+def rates_by(rows: Sequence[dict], labels: Sequence, name: str) -> str:
+    """Markdown: greedy valid % with its 95 % interval per label (rows and labels in the same
+    order, e.g. each validation puzzle's hole ratio); rows whose label is None are left out."""
+    table = []
+    for label in sorted({x for x in labels if x is not None}):
+        hits = [r["valid"] for r, x in zip(rows, labels, strict=True) if x == label]
+        e = stats.proportion(hits)
+        interval = f"[{stats.percent(e.low, 0)}, {stats.percent(e.high, 0)}]"
+        table.append([f"{label:g}", e.n, f"{stats.percent(e.value)} {interval}"])
+    return stats.markdown_table([name, "n", "greedy valid %"], table)

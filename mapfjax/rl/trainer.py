@@ -14,8 +14,9 @@ import numpy as np
 from flax import nnx
 
 from mapfjax import parallel
+from mapfjax.checks import is_int
 from mapfjax.rl.batch import SequenceBatch
-from mapfjax.rl.optim import OptimConfig, is_int, lr_schedule, make_optimizer
+from mapfjax.rl.optim import OptimConfig, lr_schedule, make_optimizer
 from mapfjax.rl.step import (
     DEFAULT_LOSS_CONFIGS,
     LOSSES,

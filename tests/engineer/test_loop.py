@@ -138,6 +138,10 @@ def _finished_rounds(work, c):
         out.mkdir(parents=True)
         loop._write_json(out / "config.json", current.to_dict())
         loop._write_json(out / "validation.json", {"rows": rows})
+        # Two logged steps; step 1 logged twice (a resumed step: the last row counts).
+        steps = [(1, [[3, 1, 2.0, True]]), (1, [[3, 4, 0.0, False]]), (2, [[5, 2, 4.0, True]])]
+        lines = [json.dumps({"step": s, "groups": g}) for s, g in steps]
+        (out / "metrics.jsonl").write_text("\n".join(lines) + "\n")
         summary = "more 4x4" if n == 1 else ""
         record = context.RoundRecord(
             n,
@@ -145,6 +149,7 @@ def _finished_rounds(work, c):
             context.failure_breakdown(rows),
             summary,
             loop._training_info(c, n),
+            rollouts=loop._rollouts(out, c),
         )
         if n == 0:
             d = proposal.apply_proposal(
@@ -170,6 +175,12 @@ def test_a_deleted_or_corrupt_record_is_recomputed(tmp_path, caplog):
     with caplog.at_level("WARNING"):
         got = [loop.finished_round(work, n, c, position) for n in (0, 1)]
     assert [r.to_dict() for r, _ in got] == [r.to_dict() for r in records]
+    g = c.train.group_size  # 4 in the smoke config
+    assert got[0][0].rollouts["sizes"]["3"] == {
+        "groups": 1, "samples": g, "valid_rate": 1.0, "mixed_groups": 0.0,
+        "learnability": 0.0, "mean_abs_advantage": 0.0,
+    }  # fmt: skip
+    assert got[0][0].rollouts["sizes"]["5"]["learnability"] == 0.25
     assert got[0][1].config.sizes.s4.data_ratio == 0.5 and got[1][1] is None
     assert "recomputed from config.json and validation.json" in caplog.text
     assert json.loads((work / "round_1" / "record.json").read_text()) == records[1].to_dict()

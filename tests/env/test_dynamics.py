@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mapfjax.env import dynamics, reward, simulate, types
+from mapfjax.env import dynamics, reward, simulate, text, types
 
 MOVES = {1: (-1, 0), 2: (1, 0), 3: (0, -1), 4: (0, 1)}
 
@@ -350,3 +350,35 @@ def test_reference_simulator_gives_every_agent_cell_at_the_failing_step():
         assert (r["failure"], r["failure_positions"]) == (kind, None)
     ok = simulate.simulate(P(["FF"], [(0, 0)], [(0, 1)]), [[4]])
     assert ok["valid"] and ok["failure_positions"] is None
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(problem_and_plan(), min_size=1, max_size=6))
+def test_agent_credit_matches_each_agent_simulated_alone(cases):
+    """reward.agent_success (the shaped reward's share) equals, per answer, the share of
+    agents whose own plan the reference simulator accepts with the other agents removed."""
+    probs, plans = [c[0] for c in cases], [c[1] for c in cases]
+    t = max([8, *(len(a) for pl in plans if pl for a in pl)])
+    arr = np.zeros((len(probs), types.MAX_AGENTS, t), np.int32)
+    lengths = np.zeros((len(probs), types.MAX_AGENTS), np.int32)
+    for b, pl in enumerate(plans):
+        for i, acts in enumerate(pl or []):
+            arr[b, i, : len(acts)], lengths[b, i] = acts, len(acts)
+    parsed = text.ParsedAnswers(arr, lengths, np.array([pl is not None for pl in plans]))
+    got = reward.agent_success(types.to_instances(probs), parsed)
+    for b, (p, pl) in enumerate(cases):
+        want = 0.0
+        if pl is not None:
+            alone = [
+                types.Problem(p.id, p.grid, (p.starts[i],), (p.goals[i],))
+                for i in range(p.num_agents)
+            ]
+            want = np.mean([simulate.simulate(a, [pl[i]])["valid"] for i, a in enumerate(alone)])
+        assert got[b] == pytest.approx(want), (p, pl)
+    cfg = reward.RewardConfig(agent_credit=0.5)
+    v = dynamics.verify(types.to_instances(probs), parsed)
+    r = np.asarray(reward.rewards(v, cfg, got))
+    valid = np.asarray(v.valid)
+    np.testing.assert_allclose(r[~valid], 0.5 * got[~valid], atol=1e-6)
+    with pytest.raises(ValueError, match="agent_credit > 0 needs agent_share"):
+        reward.rewards(v, cfg)

@@ -189,7 +189,6 @@ def test_greedy_eval_groups_by_size(model, tok):
         mine = [r for r in v.rows if r["size"] == c.size]
         assert c.n == len(mine) and c.failures["none"] == sum(r["valid"] for r in mine)
         assert c.response_len_mean == pytest.approx(np.mean([r["response_tokens"] for r in mine]))
-    assert rollout.validate is rollout.greedy_eval  # the deprecated name, until callers move
 
 
 def test_validation_table_numbers():

@@ -1,0 +1,46 @@
+"""The paper's comparison at laptop scale: every curriculum (engineer) in the same loop, five
+seeds each, the same starting model, step budget and held-out set (docs/paper.md sections 5
+and 9).
+
+    python launch/sweep.py --config configs/laptop_effect.py --workdir runs/laptop
+
+Runs train one after another (finished runs are skipped: rerun the command to continue, or
+split --config.seeds across machines); then results/laptop_effect/ gets summary.md,
+summary.csv, one small JSON record per run and the plots. `--config.train_arg=laptop_smoke`
+runs a two-round pass of the same grid in minutes.
+"""
+
+import ml_collections
+
+from mapfjax import configfile
+
+ABLATION = configfile.load_module(configfile.resolve("configs/sweep_ablation.py"))
+
+# Baselines and the paper's engineer; `base` (the untrained checkpoint as engineer) can be
+# added with --config.groups.curricula.engineers.
+ENGINEERS = ("fixed", "random", "rule", "learnability", "bandit", "policy")
+
+
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+    """ "" = the sweep; "train,engineer=NAME,..." = one run's training config (as in
+    configs/sweep_ablation.py)."""
+    if arg.startswith("train"):
+        return ABLATION.get_config(arg)
+    c = ABLATION.get_config("")
+    c.train_config = "configs/tiny_cpu.py"
+    c.train_arg = "laptop"
+    c.seeds = (0, 1, 2, 3, 4)
+    c.groups = ml_collections.ConfigDict(
+        {
+            "curricula": {
+                "engineers": ENGINEERS,
+                "variants": ("V6",),
+                "t_details": ("bookkeeping",),
+            }
+        }
+    )
+    # Where the small files that stay are written (relative to the working directory), and the
+    # engineer every other one is compared with, paired by seed on the same puzzles.
+    c.results = "results/laptop_effect"
+    c.reference = "fixed"
+    return c

@@ -1,0 +1,320 @@
+"""Curriculum comparison across runs of the closed loop (one engineer x seed per run): small
+per-run JSON records, means over seeds with 95 % intervals, paired differences against a
+reference engineer on the same puzzles and seeds, and plots; the files that stay in results/
+when run directories and checkpoints do not."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import pathlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from mapfjax import files, stats
+
+# Keys of run_config.json that must agree for runs to be compared (the same held-out set and
+# the same training budget); the engineer and the seed may differ.
+SAME = (
+    "rounds",
+    "train.instances",
+    "train.epochs",
+    "train.problems_per_step",
+    "train.group_size",
+    "train.oversample",
+    "model.path",
+    "optim.lr",
+)
+
+
+class MismatchError(ValueError):
+    """Runs that cannot be compared: another held-out set or another training budget."""
+
+
+def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _validation(path: pathlib.Path) -> dict:
+    rows = json.loads(path.read_text())["rows"]
+    return {
+        "greedy": "".join("1" if r["valid"] else "0" for r in rows),
+        "samples": [r.get("samples_valid") for r in rows]
+        if rows and "samples" in rows[0]
+        else None,
+        "k": rows[0].get("samples") if rows else None,
+        "sizes": [r["size"] for r in rows],
+    }
+
+
+def run_record(workdir: pathlib.Path, name: str, engineer: str, seed: int) -> dict:
+    """A run's small record: the budget and held-out set it used, per round (start included)
+    the config, the per-puzzle greedy outcomes and sample counts on the held-out set, and the
+    engineer's decision. No weights."""
+    workdir = pathlib.Path(workdir)
+    cfg = json.loads((workdir / "run_config.json").read_text())
+    held = (workdir / "validation_set.jsonl").read_bytes()
+    rec = {
+        "run": name,
+        "engineer": engineer,
+        "seed": seed,
+        "same": {k: _flat(cfg).get(k) for k in SAME},
+        "held_out": hashlib.sha256(held).hexdigest()[:16],
+        "rounds": [],
+    }
+    start = workdir / "start" / "validation.json"
+    if start.exists():
+        rec["start"] = _validation(start)
+    for n in range(int(cfg["rounds"])):
+        d = workdir / f"round_{n}"
+        if not (d / "DONE").exists():
+            break
+        entry = {"round": n, "config": json.loads((d / "config.json").read_text())["sizes"]}
+        entry["validation"] = _validation(d / "validation.json")
+        if (d / "decision.json").exists():
+            dec = json.loads((d / "decision.json").read_text())
+            keep = ("engineer", "diff", "summary", "kept_current", "reason", "changes")
+            entry["decision"] = {k: dec.get(k) for k in keep}
+        rec["rounds"].append(entry)
+    return rec
+
+
+def check_comparable(records: Sequence[dict]) -> None:
+    """MismatchError naming the runs and keys when records differ in held-out set or budget."""
+    if not records:
+        return
+    ref = records[0]
+    for r in records[1:]:
+        keys = [k for k in SAME if r["same"].get(k) != ref["same"].get(k)]
+        if r["held_out"] != ref["held_out"]:
+            keys.insert(0, "validation_set.jsonl")
+        if keys:
+            value = lambda rec, k: rec["same"].get(k, rec["held_out"])
+            shown = ", ".join(f"{k}: {value(ref, k)!r} vs {value(r, k)!r}" for k in keys)
+            raise MismatchError(
+                f"runs {ref['run']!r} and {r['run']!r} cannot be compared: they differ in "
+                f"{shown} (same held-out set and training budget needed)"
+            )
+
+
+def _greedy(v: dict, size: int | None = None) -> np.ndarray:
+    bits = np.array([c == "1" for c in v["greedy"]])
+    return bits if size is None else bits[np.array(v["sizes"]) == size]
+
+
+def _mean_at_k(v: dict) -> float:
+    if v["samples"] is None:
+        return math.nan
+    return float(np.mean(v["samples"]) / v["k"])
+
+
+def curves(records: Sequence[dict]) -> dict[str, dict[str, list[stats.Estimate]]]:
+    """Per engineer, per metric ("greedy", "mean_at_k"): one estimate per point (start, R0,
+    R1, ...): the mean over seeds with its Student t 95 % interval."""
+    out: dict[str, dict[str, list[stats.Estimate]]] = {}
+    for engineer in sorted({r["engineer"] for r in records}):
+        runs = [r for r in records if r["engineer"] == engineer]
+        points = min(len(r["rounds"]) for r in runs) + 1
+        per = {"greedy": [], "mean_at_k": []}
+        for i in range(points):
+            vs = [r["start"] if i == 0 else r["rounds"][i - 1]["validation"] for r in runs]
+            per["greedy"].append(stats.mean_interval([_greedy(v).mean() for v in vs]))
+            per["mean_at_k"].append(stats.mean_interval([_mean_at_k(v) for v in vs]))
+        out[engineer] = per
+    return out
+
+
+def paired_vs(records: Sequence[dict], reference: str = "fixed") -> dict[str, dict]:
+    """Per engineer: its final greedy valid rate minus the reference engineer's, paired by seed
+    (the same held-out puzzles): the mean over seeds with the t interval of the per-seed
+    differences, and the difference over all (seed, puzzle) pairs with its normal interval."""
+    ref = {r["seed"]: r for r in records if r["engineer"] == reference and r["rounds"]}
+    out = {}
+    for engineer in sorted({r["engineer"] for r in records} - {reference}):
+        pairs = [
+            (
+                _greedy(r["rounds"][-1]["validation"]),
+                _greedy(ref[r["seed"]]["rounds"][-1]["validation"]),
+            )
+            for r in records
+            if r["engineer"] == engineer and r["rounds"] and r["seed"] in ref
+        ]
+        if not pairs:
+            continue
+        seeds = stats.paired_difference([a.mean() for a, _ in pairs], [b.mean() for _, b in pairs])
+        a = np.concatenate([a for a, _ in pairs])
+        b = np.concatenate([b for _, b in pairs])
+        out[engineer] = {
+            "seeds": seeds,
+            "puzzles": stats.paired_proportion_difference(a, b),
+            "discordant": int((a != b).sum()),
+        }
+    return out
+
+
+def _fmt(e: stats.Estimate, signed: bool = False) -> str:
+    if e.n == 0 or math.isnan(e.value):
+        return "-"
+    lo, hi = stats.percent(e.low), stats.percent(e.high)
+    sign = "+" if signed and e.value > 0 else ""
+    return f"{sign}{stats.percent(e.value)} [{lo}, {hi}]"
+
+
+def summary_markdown(records: Sequence[dict], reference: str = "fixed") -> str:
+    """Tables: per engineer the held-out rates (start and last round, mean over seeds with 95 %
+    intervals) and the paired difference against `reference`."""
+    c = curves(records)
+    p = paired_vs(records, reference)
+    n_seeds = {e: sum(r["engineer"] == e for r in records) for e in c}
+    rows = []
+    for e, per in c.items():
+        d = p.get(e)
+        rows.append([
+            e, n_seeds[e], len(per["greedy"]) - 1,
+            _fmt(per["greedy"][0]), _fmt(per["greedy"][-1]), _fmt(per["mean_at_k"][-1]),
+            "-" if d is None else _fmt(d["seeds"], True),
+            "-" if d is None else f"{_fmt(d['puzzles'], True)} ({d['discordant']})",
+        ])  # fmt: skip
+    header = [
+        "engineer", "seeds", "rounds", "start greedy %", "final greedy %", "final mean@k %",
+        f"vs {reference}: per seed (points)", f"vs {reference}: per puzzle (discordant)",
+    ]  # fmt: skip
+    return stats.markdown_table(header, rows)
+
+
+def summary_rows(records: Sequence[dict]) -> list[dict]:
+    """CSV rows: one per run and point (start, R0, ...)."""
+    out = []
+    for r in records:
+        vs = [("start", r.get("start"))] + [
+            (f"R{e['round']}", e["validation"]) for e in r["rounds"]
+        ]
+        for point, v in vs:
+            if v is None:
+                continue
+            out.append({
+                "run": r["run"], "engineer": r["engineer"], "seed": r["seed"], "point": point,
+                "greedy_valid": round(float(_greedy(v).mean()), 5),
+                "mean_at_k": round(_mean_at_k(v), 5), "n": len(v["greedy"]),
+            })  # fmt: skip
+    return out
+
+
+def plot(records: Sequence[dict], out_dir: pathlib.Path) -> list[str]:
+    """held_out.png (greedy valid and mean@k per point, mean and 95 % interval over seeds),
+    final_sizes.png (last-round greedy valid per size), data_ratio.png (data_ratio chosen per
+    round, seed mean); returns the file names written."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # after choosing Agg
+
+    def save(fig, name):
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=110)
+        plt.close(fig)
+        files.atomic_write(out_dir / name, buf.getvalue())
+        return name
+
+    names = []
+    c = curves(records)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
+    for ax, metric, title in zip(
+        axes, ("greedy", "mean_at_k"), ("greedy valid", "mean@k"), strict=True
+    ):
+        for e, per in c.items():
+            es = per[metric]
+            xs = np.arange(len(es))
+            ys = np.array([x.value for x in es]) * 100
+            lo = np.array([x.low for x in es]) * 100
+            hi = np.array([x.high for x in es]) * 100
+            ax.plot(xs, ys, marker="o", label=e)
+            ax.fill_between(xs, lo, hi, alpha=0.15)
+            ax.set_xticks(xs, ["start", *(f"R{i}" for i in range(len(es) - 1))])
+        ax.set_title(f"held-out {title} (mean, 95 % interval over seeds)")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("%")
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    names.append(save(fig, "held_out.png"))
+
+    sizes = sorted(
+        {s for r in records for s in r["rounds"][-1]["validation"]["sizes"]} if records else []
+    )
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    for e in c:
+        runs = [r for r in records if r["engineer"] == e and r["rounds"]]
+        ys = [
+            100 * np.mean([_greedy(r["rounds"][-1]["validation"], s).mean() for r in runs])
+            for s in sizes
+        ]
+        ax.plot(sizes, ys, marker="o", label=e)
+    ax.set_title("final greedy valid per map size (mean over seeds)")
+    ax.set_xlabel("map size N")
+    ax.set_ylabel("%")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    names.append(save(fig, "final_sizes.png"))
+
+    engineers = list(c)
+    fig, axes = plt.subplots(
+        1, len(engineers), figsize=(3 * len(engineers), 3.2), sharey=True, squeeze=False
+    )
+    for ax, e in zip(axes[0], engineers, strict=True):
+        runs = [r for r in records if r["engineer"] == e and r["rounds"]]
+        n_rounds = min(len(r["rounds"]) for r in runs)
+        keys = sorted(runs[0]["rounds"][0]["config"], key=lambda k: int(k[1:]))
+        bottom = np.zeros(n_rounds)
+        for k in keys:
+            ys = np.array(
+                [
+                    np.mean([r["rounds"][i]["config"][k]["data_ratio"] for r in runs])
+                    for i in range(n_rounds)
+                ]
+            )
+            ax.bar(range(n_rounds), ys, bottom=bottom, label=f"{k[1:]}x{k[1:]}")
+            bottom += ys
+        ax.set_title(e)
+        ax.set_xticks(range(n_rounds), [f"R{i}" for i in range(n_rounds)])
+    axes[0][0].set_ylabel("data_ratio (seed mean)")
+    axes[0][-1].legend(fontsize=7, bbox_to_anchor=(1.02, 1), loc="upper left")
+    fig.tight_layout()
+    names.append(save(fig, "data_ratio.png"))
+    return names
+
+
+def write_results(
+    records: Sequence[dict], out_dir, reference: str = "fixed", note: str = ""
+) -> pathlib.Path:
+    """results/<experiment>/: runs/<run>.json, summary.md, summary.csv and the plots."""
+    import csv
+    import io
+
+    check_comparable(records)
+    out_dir = pathlib.Path(out_dir)
+    for r in records:
+        files.atomic_write(out_dir / "runs" / f"{r['run']}.json", json.dumps(r, indent=1) + "\n")
+    rows = summary_rows(records)
+    buf = io.StringIO()
+    if rows:
+        w = csv.DictWriter(buf, list(rows[0]), lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
+    files.atomic_write(out_dir / "summary.csv", buf.getvalue())
+    plots = plot(records, out_dir) if records else []
+    md = ["# Curriculum comparison", "", note, "", summary_markdown(records, reference), ""]
+    md += [f"![{p}]({p})" for p in plots]
+    files.atomic_write(out_dir / "summary.md", "\n".join(md) + "\n")
+    return out_dir / "summary.md"

@@ -1,0 +1,116 @@
+"""Curriculum comparison: per-run records from run directories, means over seeds and paired
+differences against the reference engineer (checked against NumPy), refusal of runs that used
+another held-out set or budget, the files written; a two-engineer x two-seed sweep end to end."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from mapfjax.eval import compare
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def fake_run(path: pathlib.Path, seed: int, greedy: list[list[bool]], lr=1e-4, held=b"abc"):
+    """A finished run directory: start + one validation per round (greedy bits per puzzle)."""
+    sizes = [3, 3, 4, 4, 5, 5][: len(greedy[0])]
+    cfg = {"rounds": len(greedy) - 1, "train": {"instances": 16}, "optim": {"lr": lr}}
+    path.mkdir(parents=True)
+    (path / "run_config.json").write_text(json.dumps(cfg))
+    (path / "validation_set.jsonl").write_bytes(held)
+
+    def validation(d, bits):
+        d.mkdir(exist_ok=True)
+        rows = [
+            {"id": f"p{i}", "size": s, "valid": b, "samples": 4, "samples_valid": 2 * b + seed % 2}
+            for i, (s, b) in enumerate(zip(sizes, bits, strict=True))
+        ]
+        (d / "validation.json").write_text(json.dumps({"rows": rows}))
+
+    validation(path / "start", greedy[0])
+    for n, bits in enumerate(greedy[1:]):
+        d = path / f"round_{n}"
+        validation(d, bits)
+        ratio = 0.5 if n % 2 else 1 / 3
+        sizes_cfg = {f"s{s}": {"data_ratio": ratio, "hole_ratio": 0.2, "wait_ratio": 0.3}
+                     for s in (3, 4, 5)}  # fmt: skip
+        (d / "config.json").write_text(json.dumps({"sizes": sizes_cfg}))
+        (d / "decision.json").write_text(json.dumps({"engineer": "x", "diff": {}, "summary": "s"}))
+        (d / "DONE").write_text("")
+    return path
+
+
+def records(tmp_path):
+    rng = np.random.default_rng(0)
+    out = []
+    for engineer in ("fixed", "learnability"):
+        for seed in (0, 1, 2):
+            bits = rng.random((3, 6)) < (0.3 if engineer == "fixed" else 0.6)
+            run = fake_run(tmp_path / f"{engineer}_{seed}", seed, bits.tolist())
+            out.append(compare.run_record(run, f"{engineer}_s{seed}", engineer, seed))
+    return out
+
+
+def test_curves_and_paired_differences_match_numpy(tmp_path):
+    recs = records(tmp_path)
+    bits = lambda r: np.array([c == "1" for c in r["rounds"][-1]["validation"]["greedy"]])
+    final = {(r["engineer"], r["seed"]): bits(r) for r in recs}
+    c = compare.curves(recs)
+    rates = [final[("learnability", s)].mean() for s in range(3)]
+    e = c["learnability"]["greedy"][-1]
+    assert e.value == pytest.approx(np.mean(rates)) and e.n == 3
+    half = 4.302652729911275 * np.std(rates, ddof=1) / np.sqrt(3)  # t(0.975, df=2)
+    assert (e.low, e.high) == pytest.approx((np.mean(rates) - half, np.mean(rates) + half))
+    p = compare.paired_vs(recs)["learnability"]
+    d = [final[("learnability", s)].mean() - final[("fixed", s)].mean() for s in range(3)]
+    assert p["seeds"].value == pytest.approx(np.mean(d)) and p["seeds"].n == 3
+    a = np.concatenate([final[("learnability", s)] for s in range(3)])
+    b = np.concatenate([final[("fixed", s)] for s in range(3)])
+    assert p["puzzles"].value == pytest.approx((a.astype(float) - b).mean())
+    assert p["discordant"] == int((a != b).sum())
+
+
+def test_runs_with_another_held_out_set_or_budget_are_refused(tmp_path):
+    recs = records(tmp_path)
+    other = fake_run(tmp_path / "odd", 9, [[True] * 6] * 3, held=b"other puzzles")
+    bad = compare.run_record(other, "odd_s9", "random", 9)
+    with pytest.raises(compare.MismatchError, match="'fixed_s0' and 'odd_s9'.*validation_set"):
+        compare.check_comparable([*recs, bad])
+    lr = fake_run(tmp_path / "lr", 9, [[True] * 6] * 3, lr=3e-4)
+    with pytest.raises(compare.MismatchError, match=r"optim\.lr: 0\.0001 vs 0\.0003"):
+        compare.check_comparable([recs[0], compare.run_record(lr, "lr_s9", "random", 9)])
+
+
+def test_results_files(tmp_path):
+    recs = records(tmp_path)
+    out = compare.write_results(recs, tmp_path / "results", note="note")
+    md = out.read_text()
+    assert "| learnability | 3 | 2 |" in md and "vs fixed" in md
+    for name in ("held_out.png", "final_sizes.png", "data_ratio.png", "summary.csv"):
+        assert (tmp_path / "results" / name).stat().st_size > 100
+    assert len(list((tmp_path / "results" / "runs").glob("*.json"))) == 6
+    rows = (tmp_path / "results" / "summary.csv").read_text().splitlines()
+    assert rows[0].startswith("run,engineer,seed,point") and len(rows) == 1 + 6 * 3
+
+
+@pytest.mark.slow
+def test_two_engineers_two_seeds_end_to_end(tmp_path, tiny_model_dir):
+    work, results = tmp_path / "runs", tmp_path / "results"
+    cmd = [
+        sys.executable, str(ROOT / "launch" / "sweep.py"),
+        f"--config={ROOT / 'configs' / 'laptop_effect.py'}", f"--workdir={work}",
+        "--config.train_arg=laptop_smoke", "--config.seeds=(0,1)",
+        "--config.groups.curricula.engineers=('fixed','learnability')",
+        f"--config.results={results}",
+        f"--config.overrides=model.path={tiny_model_dir},validation.sizes=(3,4),"
+        "train.max_new_tokens=16,validation.max_new_tokens=16,validation.per_size=2",
+    ]  # fmt: skip
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stderr[-3000:]
+    md = (results / "summary.md").read_text()
+    assert "4 of 4 runs finished" in md and "| learnability | 2 | 2 |" in md
+    assert len(list((results / "runs").glob("*.json"))) == 4
