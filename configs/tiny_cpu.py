@@ -114,9 +114,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.rounds = 1
         c.engineer = engineer_settings("fixed", "V6")
         c.env = default_config(num_agents=2, sizes=range(3, 7), hole_ratio=0.2, wait_ratio=0.3)
-        c.train.instances = 480  # 60 updates
+        c.train.instances = 1200  # 150 updates of 8 groups x 8
         c.train.checkpoint_every = 10
         c.validation.sizes = tuple(range(3, 7))
+        c.validation.per_size = 100  # 400 puzzles: paired intervals of about +-4 points
         c.validation.hole_ratios = (0.1, 0.2, 0.3)
     if arg == "laptop_smoke":  # the same grid, 2 rounds of 2 updates, 6 puzzles per size
         c.rounds = 2
