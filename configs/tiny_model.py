@@ -130,7 +130,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.sft.instances = 61440
         c.sft.env = env_config(BROAD_SIZES, seed=11, wait_ratio=0.5)
         c.sft.hole_ratios = BROAD_HOLES
-        c.sft.stages = (1500,)
+        c.sft.stages = (900,)
         c.sft.optim.lr = 1e-3
         c.rl.env = env_config({n: 1 / 8 for n in range(3, 11)}, seed=12, wait_ratio=0.5)
         c.validation.env = env_config({n: 1 / 8 for n in range(3, 11)}, seed=54321, wait_ratio=0.5)

@@ -8,6 +8,8 @@ import json
 import math
 import pathlib
 
+import numpy as np
+
 from mapfjax import files, stats
 from mapfjax.engineer.context import RoundRecord
 
@@ -185,7 +187,13 @@ def _plots(records: list[RoundRecord], workdir: pathlib.Path) -> list[str]:
         for ax, (key, title) in zip(axes.flat, CURVES, strict=True):
             pts = [(x, r[key]) for x, r in curves if isinstance(r.get(key), int | float)]
             if pts:
-                ax.plot(*zip(*pts, strict=True), lw=1)
+                xs, ys = (np.asarray(v, float) for v in zip(*pts, strict=True))
+                ax.plot(xs, ys, lw=0.8, alpha=0.45, label="per update")
+                w = max(1, min(len(ys) // 5, 20))  # a trend through the per-update noise
+                if w > 1:
+                    trend = np.convolve(ys, np.ones(w) / w, mode="valid")
+                    ax.plot(xs[w - 1 :], trend, lw=2, label=f"mean of {w}")
+                    ax.legend(fontsize=7)
             ax.set_title(title)
             ax.set_xlabel("update")
             ax.grid(alpha=0.3)
