@@ -43,6 +43,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
             # Dynamic sampling: sample 2 x 8 problems per step, train on 8 groups, those whose
             # rewards differ first (a group whose G rewards are equal has no gradient).
             "oversample": 2.0,
+            # "rft": rejection-sampling fine-tuning on the same rollouts (cross-entropy on the
+            # valid samples) instead of the GRPO update, for comparison.
+            "objective": "grpo",
             "num_iterations": 1,
             "max_new_tokens": 64,
             "temperature": 1.0,

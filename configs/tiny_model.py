@@ -103,6 +103,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
             enable_thinking=False,
             checkpoint_every=10,
             oversample=1.0,
+            objective="grpo",
         )
     )
     c.rl.grpo = ml_collections.ConfigDict(

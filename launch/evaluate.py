@@ -43,6 +43,7 @@ def main(argv):
     from mapfjax.eval import evaluate as ev
     from mapfjax.eval import paper
 
+    parallel.enable_compilation_cache()
     if bool(_CKPT.value) == bool(_API.value):
         print("error: give exactly one of --checkpoint DIR or --api_model NAME", file=sys.stderr)
         return 2

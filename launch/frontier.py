@@ -39,6 +39,7 @@ def main(argv):
     from mapfjax.models import hf
     from mapfjax.models import tokenizer as tok_lib
 
+    parallel.enable_compilation_cache()
     try:
         cfg = frontier.FrontierConfig(
             agents=_AGENTS.value,

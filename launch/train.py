@@ -23,6 +23,7 @@ def main(argv):
     from mapfjax import parallel
 
     parallel.initialize_distributed()  # no-op on one process
+    parallel.enable_compilation_cache()  # a rerun or resume skips recompiling
     from mapfjax.engineer import loop
     from mapfjax.eval import report
 

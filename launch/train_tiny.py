@@ -15,7 +15,7 @@ from flax import nnx
 from ml_collections import config_flags
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from mapfjax import files  # noqa: E402
+from mapfjax import files, parallel  # noqa: E402
 from mapfjax.models import bpe, hf, qwen3  # noqa: E402
 from mapfjax.models import tokenizer as tok_lib  # noqa: E402
 from mapfjax.rl import data, driver, rollout  # noqa: E402
@@ -38,6 +38,7 @@ def fit(trainer, ckpt, total, batches, every, log, name):  # resumes from ckpt; 
 
 def main(_):
     c = CONFIG.value
+    parallel.enable_compilation_cache()  # a rerun or resume skips recompiling
     logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint write at INFO
     work, out = pathlib.Path(c.workdir), pathlib.Path(c.out_dir)
     d = data.prepare(c, work)
@@ -57,8 +58,9 @@ def main(_):
         fit(sft, work / "sft_ckpt", steps, sft_batches, c.sft.checkpoint_every, log, "sft")
         model = sft.model()
     settings = driver.GRPOSettings.from_config(c.rl)
-    rl = Trainer(model, driver.optim_config(c.rl, settings.steps, 1), "grpo",
-                 loss_cfg=settings.loss, seed=c.seed)  # fmt: skip
+    loss_name, loss_cfg = settings.trainer_loss()
+    rl = Trainer(model, driver.optim_config(c.rl, settings.steps, 1), loss_name,
+                 loss_cfg=loss_cfg, seed=c.seed)  # fmt: skip
     ckpt = (work / f"grpo_ckpt_after_sft{steps}").absolute()  # a longer SFT: a fresh GRPO
     driver.run_phase(
         rl, tok, d.grpo_pool, settings, seed=[c.seed, 0], position={"phase": "grpo"},

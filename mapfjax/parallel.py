@@ -257,6 +257,30 @@ def initialize_distributed(
     return jax.process_count() > 1
 
 
+CACHE_ENV = "MAPFJAX_COMPILATION_CACHE"
+
+
+def enable_compilation_cache(path: str | os.PathLike | None = None) -> str | None:
+    """Turns on JAX's persistent compilation cache, so a rerun, a resumed run or the next run
+    of a sweep loads its compiled programs instead of compiling them again (on 2 CPU cores a
+    tiny loop's compiles are over half its time). Where: `path`, else $MAPFJAX_COMPILATION_CACHE,
+    else $JAX_COMPILATION_CACHE_DIR, else ~/.cache/mapfjax/jax; "off" (or an empty value)
+    leaves JAX untouched. Every program is cached, however short its compile. Returns the
+    directory, or None when disabled. Call before the first compile (the launch scripts do)."""
+    chosen = path if path is not None else os.environ.get(CACHE_ENV)
+    if chosen is None:
+        chosen = os.environ.get("JAX_COMPILATION_CACHE_DIR") or os.path.join(
+            os.path.expanduser("~"), ".cache", "mapfjax", "jax"
+        )
+    chosen = str(chosen)
+    if chosen.strip().lower() in ("", "off", "0", "none"):
+        return None
+    jax.config.update("jax_compilation_cache_dir", chosen)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return chosen
+
+
 def mesh_from_spec(spec: str) -> Mesh:
     """A mesh from a compact spec such as "fsdp4-tp2" or "data2-fsdp4" (axis name + size)."""
     shape = {}

@@ -273,6 +273,21 @@ def paired_proportion_difference(a, b, level: float = LEVEL) -> Estimate:
     return Estimate(mean, max(-1.0, mean - half), min(1.0, mean + half), n)
 
 
+def mean_difference(a, b, level: float = LEVEL) -> Estimate:
+    """Mean of a minus mean of b for two independent samples of items (e.g. per-puzzle valid
+    shares early and late in training) with the normal (Welch) interval
+    diff +- z * sqrt(var_a / n_a + var_b / n_b), variances with ddof 1; n = n_a + n_b. NaN
+    throughout when either side is empty, a NaN interval when either has a single item."""
+    a, b = (np.asarray(x, np.float64).ravel() for x in (a, b))
+    if a.size == 0 or b.size == 0:
+        return Estimate(math.nan, math.nan, math.nan, int(a.size + b.size))
+    diff = float(a.mean() - b.mean())
+    if a.size < 2 or b.size < 2:
+        return Estimate(diff, math.nan, math.nan, int(a.size + b.size))
+    half = z_value(level) * math.sqrt(a.var(ddof=1) / a.size + b.var(ddof=1) / b.size)
+    return Estimate(diff, diff - half, diff + half, int(a.size + b.size))
+
+
 # --------------------------------------------------------------------------- tables
 
 

@@ -1,6 +1,5 @@
 """Every notebook in notebooks/ runs top to bottom without errors."""
 
-import os
 import pathlib
 
 import nbformat
@@ -11,12 +10,9 @@ NOTEBOOKS = sorted((pathlib.Path(__file__).parent.parent / "notebooks").glob("*.
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_executes(path, tmp_path, monkeypatch):
-    # The kernel runs as a user's notebook would: one CPU device, not the 8 fake devices that
-    # conftest gives this process (a mesh of 8 threads on 2 cores is several times slower).
-    flags = os.environ.get("XLA_FLAGS", "").split()
-    kept = [f for f in flags if not f.startswith("--xla_force_host_platform_device_count")]
-    monkeypatch.setenv("XLA_FLAGS", " ".join(kept))
+def test_notebook_executes(path, tmp_path, monkeypatch, one_device_env):
+    # The kernel runs as a user's notebook would: one CPU device.
+    monkeypatch.setenv("XLA_FLAGS", one_device_env["XLA_FLAGS"])
     nb = nbformat.read(path, as_version=4)
     NotebookClient(
         nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}

@@ -190,3 +190,31 @@ def test_memory_plan_script_runs():
     lines = [line for line in out.stdout.splitlines() if "fsdp4-tp2" in line]
     assert {line.split()[1] for line in lines} >= {"forward", "hidden"}
     assert all("fits: 16 GB, 80 GB" in line for line in lines)
+
+
+def test_compilation_cache_directory_choice_and_off(tmp_path, monkeypatch):
+    keys = (
+        "jax_compilation_cache_dir",
+        "jax_persistent_cache_min_compile_time_secs",
+        "jax_persistent_cache_min_entry_size_bytes",
+    )
+    saved = {k: getattr(jax.config, k) for k in keys}
+    try:
+        assert parallel.enable_compilation_cache(tmp_path / "a") == str(tmp_path / "a")
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path / "a")
+        assert jax.config.jax_persistent_cache_min_compile_time_secs == 0.0
+        monkeypatch.setenv(parallel.CACHE_ENV, str(tmp_path / "b"))
+        assert parallel.enable_compilation_cache() == str(tmp_path / "b")
+        monkeypatch.delenv(parallel.CACHE_ENV)
+        monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "c"))
+        assert parallel.enable_compilation_cache() == str(tmp_path / "c")
+        monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")
+        monkeypatch.setenv("HOME", str(tmp_path))
+        assert parallel.enable_compilation_cache() == str(tmp_path / ".cache" / "mapfjax" / "jax")
+        monkeypatch.setenv(parallel.CACHE_ENV, "off")
+        jax.config.update("jax_compilation_cache_dir", saved["jax_compilation_cache_dir"])
+        assert parallel.enable_compilation_cache() is None
+        assert jax.config.jax_compilation_cache_dir == saved["jax_compilation_cache_dir"]
+    finally:
+        for k, v in saved.items():
+            jax.config.update(k, v)

@@ -109,6 +109,21 @@ def test_paired_proportion_difference_is_the_wald_interval_of_paired_proportions
     assert stats.paired_proportion_difference([True] * 3, [False] * 3).high == 1.0
 
 
+def test_mean_difference_is_the_welch_normal_interval():
+    rng = random.Random(1)
+    a = [rng.randint(0, 8) / 8 for _ in range(40)]
+    b = [rng.randint(0, 8) / 8 for _ in range(25)]
+    mean = lambda x: sum(x) / len(x)
+    var = lambda x: sum((v - mean(x)) ** 2 for v in x) / (len(x) - 1)
+    diff = mean(a) - mean(b)
+    half = Z * math.sqrt(var(a) / len(a) + var(b) / len(b))
+    e = stats.mean_difference(a, b)
+    assert (e.value, e.low, e.high, e.n) == pytest.approx((diff, diff - half, diff + half, 65))
+    assert math.isnan(stats.mean_difference([], b).value)
+    one = stats.mean_difference([0.5], b)
+    assert one.value == pytest.approx(0.5 - mean(b)) and math.isnan(one.low)
+
+
 ROWS = [
     {"agents": 2, "size": 3, "valid": True, "optimal": True, "failure": None, "tokens": 10},
     {"agents": 2, "size": 3, "valid": False, "optimal": False, "failure": "hole", "tokens": 30},

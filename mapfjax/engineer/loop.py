@@ -325,7 +325,8 @@ def run(config: ml_collections.ConfigDict, workdir, progress: bool = True) -> li
     settings = driver.GRPOSettings.from_config(c)
     steps = settings.steps
     optim = driver.optim_config(c, steps, c.rounds)
-    trainer = Trainer(model, optim, "grpo", mesh, loss_cfg=settings.loss, seed=c.seed)
+    loss_name, loss_cfg = settings.trainer_loss()
+    trainer = Trainer(model, optim, loss_name, mesh, loss_cfg=loss_cfg, seed=c.seed)
     ckpt_dir = (workdir / "checkpoints").absolute()
     position = driver.restore(trainer, ckpt_dir) or {"round": 0, "step": 0}
     val_set = _validation_set(workdir, c)

@@ -121,6 +121,54 @@ def _curves(workdir: pathlib.Path) -> list[tuple[int, dict]]:
     return out
 
 
+STALL_POINTS, STALL_UPDATES = 10.0, 300  # the stop criterion (README, "Does GRPO alone ...")
+
+
+def _window_shares(curve: list[tuple[int, dict]], group_size: int, window: int = 30):
+    """(w, first, last): each sampled group's valid share over the first and the last w
+    updates, w = `window` or a quarter of the run when it is shorter than 4 x window."""
+    w = max(1, min(window, len(curve) // 4))
+    shares = lambda rows: [n / group_size for _, r in rows for _, n, *_ in r.get("groups", [])]
+    return w, shares(curve[:w]), shares(curve[-w:])
+
+
+def rollout_trend(curve: list[tuple[int, dict]], group_size: int, window: int = 30) -> str:
+    """Markdown: mean@G of the training rollouts (each sampled group's valid share) over the
+    first and the last `window` updates (a quarter of the run when it is shorter than
+    4 x window), their difference with a 95 % interval over groups (`stats.mean_difference`),
+    and the stop criterion: a rise under STALL_POINTS points over STALL_UPDATES updates means
+    this learning rate has stalled."""
+    if not curve:
+        return "No training updates logged."
+    w, first, last = _window_shares(curve, group_size, window)
+    if not first or not last:
+        return "The metrics carry no per-group outcomes (written before they were logged)."
+    a, b = stats.bounded_mean(first), stats.bounded_mean(last)
+    d = stats.mean_difference(last, first)
+    table = stats.markdown_table(
+        ["updates", "groups", f"mean@{group_size} %"],
+        [
+            [f"first {w} ({curve[0][0]}-{curve[w - 1][0]})", a.n, _interval(a)],
+            [f"last {w} ({curve[-w][0]}-{curve[-1][0]})", b.n, _interval(b)],
+            ["change (points)", "-", _interval(d, signed=True)],
+        ],
+    )
+    steps = curve[-1][0]
+    rise = 100 * d.value
+    if steps < STALL_UPDATES:
+        verdict = f"not judged: {steps} updates, fewer than {STALL_UPDATES}"
+    elif rise < STALL_POINTS:
+        verdict = f"met: a rise of {rise:+.1f} points (< {STALL_POINTS:g}) over {steps} updates"
+    else:
+        verdict = f"not met: a rise of {rise:+.1f} points over {steps} updates; still learning"
+    return (
+        table
+        + f"\n\nStop criterion (training has stalled at this learning rate when mean@{group_size}"
+        + f" on the training puzzles rises less than {STALL_POINTS:g} points in "
+        + f"{STALL_UPDATES} updates): {verdict}."
+    )
+
+
 CURVES = (
     ("reward_mean", "reward"),
     ("valid_rate", "valid rate (samples)"),
@@ -203,6 +251,72 @@ def _plots(records: list[RoundRecord], workdir: pathlib.Path) -> list[str]:
     return names
 
 
+def compare_runs(workdirs: list[pathlib.Path], labels: list[str] | None = None) -> str:
+    """Markdown: several runs from the same starting model on the same held-out set (e.g.
+    GRPO at several learning rates and rejection-sampling fine-tuning). One row for the start
+    (the first run's), one per run's last validation: greedy valid and mean@k with 95 %
+    intervals, the paired change against the start and against the first run (same puzzles),
+    and the training rollouts' change of mean@G (first vs last 30 updates).
+
+    Raises ValueError, naming the runs, when they were validated on different puzzles or one
+    has no finished validation."""
+    workdirs = [pathlib.Path(w) for w in workdirs]
+    labels = labels or [w.name for w in workdirs]
+    if len(labels) != len(workdirs):
+        raise ValueError(f"{len(labels)} labels for {len(workdirs)} runs")
+    finals = []
+    for w in workdirs:
+        if not w.is_dir():
+            raise ValueError(f"{w}: no such run directory")
+        found = _validation_rows(w)
+        if len(found) < 2:
+            raise ValueError(f"{w}: no finished round with a validation.json to compare")
+        finals.append(found[-1][1])
+    start = _validation_rows(workdirs[0])[0][1]
+    ids = sorted(r["id"] for r in start)
+    for w, rows in zip(workdirs, finals, strict=True):
+        if sorted(r["id"] for r in rows) != ids:
+            raise ValueError(
+                f"{w} was validated on other puzzles than {workdirs[0]}; compare runs that "
+                "share validation_set.jsonl"
+            )
+    by_id = lambda rows: {r["id"]: bool(r["valid"]) for r in rows}
+    first = by_id(finals[0])
+    k = start[0].get("samples")
+    header = ["model", "updates", "greedy valid %"] + ([f"mean@{k} %"] if k else [])
+    header += ["vs start (points)", f"vs {labels[0]} (points)", "training mean@G change"]
+    table = []
+    entries = [("start", None, start), *zip(labels, workdirs, finals, strict=True)]
+    for i, (label, w, rows) in enumerate(entries):
+        curve = _curves(w) if w is not None else []
+        line = [label, str(curve[-1][0]) if curve else "0"]
+        line.append(_interval(stats.proportion([r["valid"] for r in rows])))
+        if k:
+            line.append(_interval(stats.bounded_mean([r["samples_valid"] / k for r in rows])))
+        mine = by_id(rows)
+        for ref in (by_id(start), first):
+            if i == 0 or (ref is first and i == 1):
+                line.append("-")
+                continue
+            d = stats.paired_proportion_difference([mine[i] for i in ids], [ref[i] for i in ids])
+            line.append(_interval(d, signed=True))
+        g = _group_size(w) if w is not None else None
+        if curve and g:
+            _, early, late = _window_shares(curve, g)
+            line.append(_interval(stats.mean_difference(late, early), signed=True))
+        else:
+            line.append("-")
+        table.append(line)
+    return stats.markdown_table(header, table)
+
+
+def _group_size(workdir: pathlib.Path) -> int | None:
+    path = workdir / "run_config.json"
+    if not path.exists():
+        return None
+    return json.loads(path.read_text()).get("train", {}).get("group_size")
+
+
 def write_report(workdir) -> pathlib.Path:
     """Write `workdir/report.md` (+ validation.png, configs.png); returns the markdown path."""
     workdir = pathlib.Path(workdir)
@@ -224,6 +338,14 @@ def write_report(workdir) -> pathlib.Path:
         ]
         if "training.png" in plots:
             parts += ["## Training curves", "", "![training](training.png)", ""]
+        group_size = _group_size(workdir)
+        if group_size:
+            parts += [
+                "## Training rollouts: first vs last updates",
+                "",
+                rollout_trend(_curves(workdir), group_size),
+                "",
+            ]
         parts += [
             "## Validation per size (valid % / optimal %, greedy)",
             "",

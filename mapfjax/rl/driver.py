@@ -5,7 +5,8 @@ loop (`engineer/loop.py`, one phase per round) and the tiny-model recipe
 
     c.train:  steps (or instances x epochs / problems_per_step), problems_per_step, group_size,
               num_iterations, max_new_tokens, temperature, top_p, enable_thinking,
-              checkpoint_every, oversample (dynamic sampling; 1 = off)
+              checkpoint_every, oversample (dynamic sampling; 1 = off),
+              objective ("grpo", or "rft": rejection-sampling fine-tuning on the same rollouts)
     c.grpo:   clip_low, clip_high, kl_coef, aggregation, scale_by_std
     c.optim:  `OptimConfig` fields (lr, warmup_steps, schedule, cycle_steps, ...)
     c.reward: `RewardConfig` fields
@@ -28,6 +29,11 @@ from mapfjax.env.types import Problem
 from mapfjax.rl import grpo, metrics, rollout
 from mapfjax.rl.batch import GroupBatch
 from mapfjax.rl.optim import OptimConfig
+from mapfjax.rl.sft import SFTConfig
+
+# What a phase optimises on its rollouts: "grpo" (group-relative policy gradient) or "rft"
+# (rejection-sampling fine-tuning: cross-entropy on the policy's own valid samples).
+OBJECTIVES = ("grpo", "rft")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +41,9 @@ class GRPOSettings:
     """One phase of GRPO steps. oversample: each step samples ceil(oversample x
     problems_per_step) problems and trains on problems_per_step groups, those with mixed
     rewards first (DAPO's dynamic sampling); the rest of the batch is masked out of the loss,
-    so shapes stay fixed. 1.0 trains on every sampled group."""
+    so shapes stay fixed. 1.0 trains on every sampled group. objective "rft" replaces the
+    GRPO update by rejection-sampling fine-tuning on the same rollouts: cross-entropy on the
+    valid samples, groups with at least one valid sample kept first (logged as kept_mixed)."""
 
     steps: int
     problems_per_step: int
@@ -46,6 +54,7 @@ class GRPOSettings:
     num_iterations: int = 1
     checkpoint_every: int = 10
     oversample: float = 1.0
+    objective: str = "grpo"
 
     @classmethod
     def from_config(cls, c: ml_collections.ConfigDict, steps: int | None = None) -> GRPOSettings:
@@ -64,6 +73,9 @@ class GRPOSettings:
         oversample = float(t.get("oversample", 1.0))
         if not math.isfinite(oversample) or oversample < 1:
             raise ValueError(f"train.oversample = {oversample!r}; allowed: a number >= 1")
+        objective = t.get("objective", "grpo")
+        if objective not in OBJECTIVES:
+            raise ValueError(f"train.objective = {objective!r}; allowed: {', '.join(OBJECTIVES)}")
         return cls(
             steps=int(steps),
             problems_per_step=t.problems_per_step,
@@ -74,7 +86,13 @@ class GRPOSettings:
             num_iterations=t.get("num_iterations", 1),
             checkpoint_every=t.get("checkpoint_every", 10),
             oversample=oversample,
+            objective=objective,
         )
+
+    def trainer_loss(self) -> tuple[str, object]:
+        """(loss name for `Trainer`, its config): the clipped GRPO loss, or for "rft" the SFT
+        cross-entropy on the valid samples (`imitate_valid` masks the rest)."""
+        return ("sft", SFTConfig()) if self.objective == "rft" else ("grpo", self.loss)
 
     @property
     def drawn_per_step(self) -> int:
@@ -112,12 +130,30 @@ def step_problems(problems: Sequence[Problem], n: int, step: int, seed) -> list[
     return out
 
 
-def select_groups(batch, valid: np.ndarray, rewards: np.ndarray, keep: int, g: int):
-    """(batch of `keep` groups, indices kept, number of mixed groups kept): groups whose G
-    rewards differ come first (in sampled order); any remaining slots take other groups with
-    their loss mask cleared, so they change neither the loss nor its normaliser."""
+def useful_groups(objective: str, valid: np.ndarray, rewards: np.ndarray, g: int) -> np.ndarray:
+    """bool [groups]: the groups that carry a gradient. GRPO: rewards that differ within the
+    group (equal rewards give zero advantages); RFT: at least one valid sample to imitate."""
+    if objective == "rft":
+        return valid.reshape(-1, g).any(1)
     grouped = rewards.reshape(-1, g)
-    mixed = grouped.max(1) > grouped.min(1)
+    return grouped.max(1) > grouped.min(1)
+
+
+def imitate_valid(batch, valid: np.ndarray, order: np.ndarray, g: int):
+    """RFT: `batch` (the groups `order` picked by `select_groups`) with the loss mask cleared
+    on every sample whose plan is not valid (valid: bool [drawn groups x g])."""
+    keep = np.asarray(valid, bool).reshape(-1, g)[order]  # [kept groups, g]
+    mask = np.asarray(batch.loss_mask)
+    keep = keep.reshape(mask.shape[:2]) if isinstance(batch, GroupBatch) else keep.reshape(-1)
+    return batch.replace(loss_mask=mask & keep.reshape(*keep.shape, 1))
+
+
+def select_groups(batch, useful: np.ndarray, keep: int, g: int):
+    """(batch of `keep` groups, indices kept, number of useful groups kept): the `useful`
+    groups (bool [groups], see `useful_groups`) come first, in sampled order; any remaining
+    slots take other groups with their loss mask cleared, so they change neither the loss
+    nor its normaliser."""
+    mixed = np.asarray(useful, bool)
     order = np.concatenate([np.flatnonzero(mixed), np.flatnonzero(~mixed)])[:keep]
     n_mixed = int(mixed[order].sum())
     if isinstance(batch, GroupBatch):
@@ -197,10 +233,11 @@ def run_phase(
             trainer, tokenizer, drawn, s.group_size, s.sampling, s.reward, key, grpo_cfg=s.loss
         )
         adv = _advantages(batch)
-        batch, kept, n_mixed = select_groups(
-            batch, rs.valid, rs.rewards, s.problems_per_step, s.group_size
-        )
         g = s.group_size
+        useful = useful_groups(s.objective, rs.valid, rs.rewards, g)
+        batch, kept, n_useful = select_groups(batch, useful, s.problems_per_step, g)
+        if s.objective == "rft":
+            batch = imitate_valid(batch, rs.valid, kept, g)
         groups = [
             [
                 max(p.height, p.width),
@@ -215,7 +252,7 @@ def run_phase(
             **position,
             "seconds": time.perf_counter() - t0,
             **rs.as_dict(),
-            "kept_mixed": n_mixed / s.problems_per_step,
+            "kept_mixed": n_useful / s.problems_per_step,
             "drawn": len(drawn),
             "groups": groups,
             **{f"train_{k}": v for k, v in updates[-1].items()},

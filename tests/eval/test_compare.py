@@ -98,7 +98,7 @@ def test_results_files(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_engineers_two_seeds_end_to_end(tmp_path, tiny_model_dir):
+def test_two_engineers_two_seeds_end_to_end(tmp_path, tiny_model_dir, one_device_env):
     work, results = tmp_path / "runs", tmp_path / "results"
     cmd = [
         sys.executable, str(ROOT / "launch" / "sweep.py"),
@@ -109,7 +109,9 @@ def test_two_engineers_two_seeds_end_to_end(tmp_path, tiny_model_dir):
         f"--config.overrides=model.path={tiny_model_dir},validation.sizes=(3,4),"
         "train.max_new_tokens=16,validation.max_new_tokens=16,validation.per_size=2",
     ]  # fmt: skip
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    done = subprocess.run(
+        cmd, cwd=ROOT, env=one_device_env, capture_output=True, text=True, timeout=1800
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     md = (results / "summary.md").read_text()
     assert "4 of 4 runs finished" in md and "| learnability | 2 | 2 |" in md

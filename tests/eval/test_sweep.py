@@ -192,9 +192,10 @@ def test_launch_sweep_workdir_that_is_a_file(tmp_path):
 
 
 @pytest.mark.slow
-def test_local_sweep_end_to_end(tiny_model_dir, tmp_path):
+def test_local_sweep_end_to_end(tiny_model_dir, tmp_path, monkeypatch, one_device_env):
     """The fixed baseline for real: train.py accepts the generated command, evaluate.py scores
     the final model, a second pass skips everything, and the summary has both parts."""
+    monkeypatch.setenv("XLA_FLAGS", one_device_env["XLA_FLAGS"])  # the runs' subprocesses
     spec = benchmark.BenchmarkSpec(agents=(3,), sizes=(3,), wait_ratios=(0.25,), per_cell=2)
     io.save_instances(tmp_path / "bench.jsonl", benchmark.build(spec, progress=False)[0])
     sweep = _sweep(train_arg="smoke", overrides=f"model.path={tiny_model_dir}")

@@ -32,7 +32,8 @@ def test_dynamic_sampling_keeps_shapes_and_masks_equal_reward_groups(layout):
     batch = _batch(drawn, g, layout)
     rewards = np.array([[1, 1, 1], [0, 1, 0], [0, 0, 0], [1, 0, 1], [1, 1, 1], [0, 0, 1]], float)
     valid = rewards.astype(bool).reshape(-1)
-    picked, order, n_mixed = driver.select_groups(batch, valid, rewards.reshape(-1), keep, g)
+    useful = driver.useful_groups("grpo", valid, rewards.reshape(-1), g)
+    picked, order, n_mixed = driver.select_groups(batch, useful, keep, g)
     # The mixed groups (1, 3, 5) first, in sampled order, then one equal-reward group (0).
     assert order.tolist() == [1, 3, 5, 0] and n_mixed == 3
     mask = np.asarray(picked.loss_mask)
@@ -45,6 +46,24 @@ def test_dynamic_sampling_keeps_shapes_and_masks_equal_reward_groups(layout):
         rows = np.asarray(batch.tokens)[[r for j in order for r in range(j * g, j * g + g)]]
         np.testing.assert_array_equal(picked.tokens, rows)
         assert mask[: 3 * g].any(axis=1).all() and not mask[3 * g :].any()
+
+
+@pytest.mark.parametrize("layout", ["groups", "rows"])
+def test_rft_keeps_groups_with_a_valid_sample_and_imitates_only_valid_samples(layout):
+    g, drawn, keep = 3, 5, 3
+    batch = _batch(drawn, g, layout)
+    valid = np.array([[0, 0, 0], [1, 1, 1], [0, 1, 0], [0, 0, 0], [1, 0, 1]], bool)
+    rewards = valid * 1.5  # every valid sample optimal: groups 1 has equal rewards
+    useful = driver.useful_groups("rft", valid.reshape(-1), rewards.reshape(-1), g)
+    assert useful.tolist() == [False, True, True, False, True]
+    picked, order, n_useful = driver.select_groups(batch, useful, keep, g)
+    assert order.tolist() == [1, 2, 4] and n_useful == 3
+    picked = driver.imitate_valid(picked, valid.reshape(-1), order, g)
+    mask = np.asarray(picked.loss_mask).reshape(keep, g, -1)
+    before = np.asarray(batch.loss_mask).reshape(drawn, g, -1)[order]
+    # Exactly the valid samples keep their tokens in the loss, all of them.
+    np.testing.assert_array_equal(mask, before & valid[order][:, :, None])
+    assert mask.any(-1).tolist() == valid[order].tolist()
 
 
 def test_problem_stream_is_deterministic_and_covers_each_epoch():
@@ -85,4 +104,11 @@ def test_settings_and_schedule_from_the_shared_schema():
     bad.train.oversample = 0.5
     with pytest.raises(ValueError, match="train.oversample = 0.5; allowed: a number >= 1"):
         driver.GRPOSettings.from_config(bad)
+    assert s.objective == "grpo" and s.trainer_loss() == ("grpo", s.loss)
+    rft = c.copy_and_resolve_references()
+    rft.train.objective = "rft"
+    assert driver.GRPOSettings.from_config(rft).trainer_loss()[0] == "sft"
+    rft.train.objective = "ppo"
+    with pytest.raises(ValueError, match="train.objective = 'ppo'; allowed: grpo, rft"):
+        driver.GRPOSettings.from_config(rft)
     assert isinstance(c.optim, ml_collections.ConfigDict)

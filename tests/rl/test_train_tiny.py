@@ -3,7 +3,6 @@ the coordinate targets) -> GRPO -> export -> validation, as the user runs it; a 
 
 import json
 import math
-import os
 import subprocess
 import sys
 
@@ -16,7 +15,7 @@ from mapfjax.models import tokenizer as tok_lib
 
 
 @pytest.mark.slow
-def test_quick_run_exports_a_loadable_validated_model(tmp_path):
+def test_quick_run_exports_a_loadable_validated_model(tmp_path, one_device_env):
     work, out = tmp_path / "work", tmp_path / "out"
     cmd = [
         sys.executable,
@@ -26,7 +25,7 @@ def test_quick_run_exports_a_loadable_validated_model(tmp_path):
         f"--config.out_dir={out}",
         "--config.processes=1",
     ]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**one_device_env, "PYTHONPATH": str(ROOT)}
 
     def run():
         subprocess.run(cmd, check=True, env=env, capture_output=True, timeout=900, cwd=ROOT)

@@ -1,0 +1,87 @@
+"""The report's training-rollout trend: mean@G over the first and last updates, their
+difference and the stop criterion, against a NumPy transcription on synthetic metrics."""
+
+import numpy as np
+import pytest
+
+from mapfjax.eval import report
+
+Z = 1.959963984540054
+
+
+def _curve(steps, rise, g=8, groups=16, seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for s in range(1, steps + 1):
+        p = 0.3 + rise * (s - 1) / max(steps - 1, 1)
+        out.append(
+            (s, {"groups": [[3, int(rng.binomial(g, p)), 0.0, True] for _ in range(groups)]})
+        )
+    return out
+
+
+def _shares(rows, g):
+    return np.array([n / g for _, r in rows for _, n, *_ in r["groups"]])
+
+
+@pytest.mark.parametrize("rise, verdict", [(0.0, "met: a rise of"), (0.4, "not met: a rise of")])
+def test_rollout_trend_matches_numpy_and_judges_the_stop_criterion(rise, verdict):
+    curve = _curve(300, rise)
+    text = report.rollout_trend(curve, 8)
+    first, last = _shares(curve[:30], 8), _shares(curve[-30:], 8)
+    diff = last.mean() - first.mean()
+    half = Z * np.sqrt(last.var(ddof=1) / last.size + first.var(ddof=1) / first.size)
+    sign = "+" if diff > 0 else ""
+    expect = f"{sign}{100 * diff:.1f} [{100 * (diff - half):.0f}, {100 * (diff + half):.0f}]"
+    assert f"| change (points) | - | {expect} |" in text
+    assert "| first 30 (1-30) | 480 |" in text and "| last 30 (271-300) | 480 |" in text
+    assert verdict in text and f"{100 * diff:+.1f} points" in text
+
+
+def test_rollout_trend_short_runs_and_missing_outcomes():
+    short = report.rollout_trend(_curve(40, 0.0), 8)
+    assert "first 10 (1-10)" in short and "not judged: 40 updates, fewer than 300" in short
+    assert report.rollout_trend([], 8) == "No training updates logged."
+    assert "no per-group outcomes" in report.rollout_trend([(1, {}), (2, {})], 8)
+
+
+def _run(path, start_bits, final_bits, curve, ids=None):
+    """A finished one-round run directory: start and round_0 validations, metrics, config."""
+    import json
+
+    ids = ids or [f"p{i}" for i in range(len(start_bits))]
+    for name, bits in (("start", start_bits), ("round_0", final_bits)):
+        (path / name).mkdir(parents=True)
+        rows = [{"id": i, "valid": bool(b), "samples": 4, "samples_valid": 3 * int(b)}
+                for i, b in zip(ids, bits, strict=True)]  # fmt: skip
+        (path / name / "validation.json").write_text(json.dumps({"rows": rows}))
+    (path / "round_0" / "record.json").write_text("{}")
+    lines = [json.dumps({"step": s, **r}) for s, r in curve]
+    (path / "round_0" / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    (path / "run_config.json").write_text(json.dumps({"train": {"group_size": 8}}))
+    return path
+
+
+def test_compare_runs_pairs_against_start_and_the_first_run(tmp_path):
+    rng = np.random.default_rng(3)
+    start = rng.random(60) < 0.4
+    a_bits, b_bits = rng.random(60) < 0.5, rng.random(60) < 0.3
+    a = _run(tmp_path / "a", start, a_bits, _curve(40, 0.2, seed=1))
+    b = _run(tmp_path / "b", start, b_bits, _curve(40, 0.0, seed=2))
+    text = report.compare_runs([a, b], ["GRPO", "RFT"])
+    lines = {ln.split(" | ")[0].strip("| "): ln for ln in text.splitlines()}
+
+    def paired(x, y):
+        d = x.astype(float) - y
+        diff, half = d.mean(), Z * d.std() / np.sqrt(d.size)
+        sign = "+" if diff > 0 else ""
+        return f"{sign}{100 * diff:.1f} [{100 * (diff - half):.0f}, {100 * (diff + half):.0f}]"
+
+    assert f"| {paired(a_bits, start)} | - |" in lines["GRPO"]
+    assert f"| {paired(b_bits, start)} | {paired(b_bits, a_bits)} |" in lines["RFT"]
+    assert lines["start"].startswith("| start | 0 |") and "| RFT | 40 |" in lines["RFT"]
+    other = _run(tmp_path / "c", start, b_bits, [], ids=[f"q{i}" for i in range(60)])
+    with pytest.raises(ValueError, match="c was validated on other puzzles than"):
+        report.compare_runs([a, other])
+    with pytest.raises(ValueError, match="no such run directory"):
+        report.compare_runs([a, tmp_path / "missing"])
