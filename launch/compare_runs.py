@@ -3,7 +3,11 @@
 the start and against the first run, with the training rollouts' trend.
 
     python launch/compare_runs.py --runs runs/grpo_lr3e-4,runs/rft_lr3e-4 \
-        [--labels "GRPO lr 3e-4,RFT lr 3e-4"] [--out results/grpo_effect/comparison.md]
+        [--labels "GRPO lr 3e-4,RFT lr 3e-4"] [--export results/grpo_effect]
+
+--export DIR copies each run's small files (validations, records, reports, plots, gzipped
+metrics; no checkpoints) to DIR/<run directory name>/ and writes DIR/comparison.md from those
+copies, so `--runs DIR/a,DIR/b` regenerates the table without the run directories.
 """
 
 import pathlib
@@ -14,7 +18,7 @@ from absl import logging as absl_logging
 
 _RUNS = flags.DEFINE_list("runs", None, "run directories of launch/train.py, comma-separated")
 _LABELS = flags.DEFINE_list("labels", None, "one label per run (default: directory names)")
-_OUT = flags.DEFINE_string("out", None, "also write the table to this markdown file")
+_EXPORT = flags.DEFINE_string("export", None, "copy the runs' small files here + comparison.md")
 flags.mark_flag_as_required("runs")
 
 
@@ -24,14 +28,20 @@ def main(argv):
     from mapfjax import files
     from mapfjax.eval import report
 
+    runs = [pathlib.Path(r) for r in _RUNS.value]
     try:
-        table = report.compare_runs([pathlib.Path(r) for r in _RUNS.value], _LABELS.value)
+        table = report.compare_runs(runs, _LABELS.value)  # checks before anything is copied
+        if _EXPORT.value:
+            dest = pathlib.Path(_EXPORT.value)
+            if len({r.name for r in runs}) != len(runs):
+                raise ValueError(f"--export needs distinct run directory names: {_RUNS.value}")
+            runs = [report.export_run(r, dest / r.name) for r in runs]
+            table = report.compare_runs(runs, _LABELS.value)
+            files.atomic_write(dest / "comparison.md", (table + "\n").encode())
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(table)
-    if _OUT.value:
-        files.atomic_write(pathlib.Path(_OUT.value), (table + "\n").encode())
     return 0
 
 

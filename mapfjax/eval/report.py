@@ -3,6 +3,7 @@ as markdown plus PNG plots, read back from a run directory written by `engineer.
 
 from __future__ import annotations
 
+import gzip
 import io as std_io
 import json
 import math
@@ -12,6 +13,7 @@ import numpy as np
 
 from mapfjax import files, stats
 from mapfjax.engineer.context import RoundRecord
+from mapfjax.rl import metrics
 
 
 def _rounds(workdir: pathlib.Path) -> list[tuple[int, pathlib.Path]]:
@@ -112,10 +114,10 @@ def _curves(workdir: pathlib.Path) -> list[tuple[int, dict]]:
     """(global step, metrics row) of every logged training step, rounds in order."""
     out, offset = [], 0
     for _, d in _rounds(workdir):
-        path = d / "metrics.jsonl"
-        if not path.exists():
+        found = [p for p in (d / "metrics.jsonl", d / "metrics.jsonl.gz") if p.exists()]
+        if not found:
             continue
-        rows = {r["step"]: r for r in (json.loads(x) for x in path.read_text().splitlines() if x)}
+        rows = {r["step"]: r for r in metrics.read_metrics(found[0])}
         out += [(offset + s, r) for s, r in sorted(rows.items())]
         offset += max(rows, default=0)
     return out
@@ -308,6 +310,32 @@ def compare_runs(workdirs: list[pathlib.Path], labels: list[str] | None = None) 
             line.append("-")
         table.append(line)
     return stats.markdown_table(header, table)
+
+
+# What `export_run` keeps of a run directory: no checkpoints, models or training sets.
+EXPORTED = (
+    "run_config.json", "report.md", "*.png", "start/validation.*", "round_*/validation.*",
+    "round_*/record.json", "round_*/config.json", "round_*/decision.json", "round_*/DONE",
+)  # fmt: skip
+
+
+def export_run(workdir, dest) -> pathlib.Path:
+    """Copies the small files of a finished run (`EXPORTED`, metrics.jsonl gzip-compressed)
+    to `dest`, a directory that `compare_runs` and `write_report` read like the run itself;
+    each file is written atomically. Returns `dest`."""
+    workdir, dest = pathlib.Path(workdir), pathlib.Path(dest)
+    if not (workdir / "start").is_dir():
+        raise ValueError(f"{workdir}: not a run directory of launch/train.py (no start/)")
+    for pattern in EXPORTED:
+        for src in sorted(workdir.glob(pattern)):
+            out = dest / src.relative_to(workdir)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            files.atomic_write(out, src.read_bytes())
+    for src in sorted(workdir.glob("round_*/metrics.jsonl")):
+        out = dest / src.relative_to(workdir).with_suffix(".jsonl.gz")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        files.atomic_write(out, gzip.compress(src.read_bytes(), mtime=0))
+    return dest
 
 
 def _group_size(workdir: pathlib.Path) -> int | None:

@@ -3,6 +3,7 @@ installed and enabled, and a tqdm progress bar."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import pathlib
@@ -152,10 +153,12 @@ def _jsonable(value):
 
 
 def read_metrics(path) -> list[dict]:
-    """Reads a metrics JSONL file; a malformed line raises ValueError naming file and line."""
+    """Reads a metrics JSONL file (gzip-compressed when its name ends in .gz, as in the small
+    copies kept under results/); a malformed line raises ValueError naming file and line."""
     path = pathlib.Path(path)
     records = []
-    with path.open() as f:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue

@@ -1,6 +1,11 @@
 """The report's training-rollout trend: mean@G over the first and last updates, their
 difference and the stop criterion, against a NumPy transcription on synthetic metrics."""
 
+import json
+import pathlib
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -47,8 +52,6 @@ def test_rollout_trend_short_runs_and_missing_outcomes():
 
 def _run(path, start_bits, final_bits, curve, ids=None):
     """A finished one-round run directory: start and round_0 validations, metrics, config."""
-    import json
-
     ids = ids or [f"p{i}" for i in range(len(start_bits))]
     for name, bits in (("start", start_bits), ("round_0", final_bits)):
         (path / name).mkdir(parents=True)
@@ -85,3 +88,45 @@ def test_compare_runs_pairs_against_start_and_the_first_run(tmp_path):
         report.compare_runs([a, other])
     with pytest.raises(ValueError, match="no such run directory"):
         report.compare_runs([a, tmp_path / "missing"])
+
+
+def test_export_keeps_the_small_files_and_compares_the_same(tmp_path):
+    rng = np.random.default_rng(4)
+    start = rng.random(30) < 0.4
+    a = _run(tmp_path / "runs" / "a", start, rng.random(30) < 0.5, _curve(20, 0.1, seed=5))
+    b = _run(tmp_path / "runs" / "b", start, rng.random(30) < 0.5, _curve(20, 0.0, seed=6))
+    (a / "checkpoints" / "20").mkdir(parents=True)
+    (a / "round_0" / "model").mkdir()
+    (a / "round_0" / "train_set.jsonl").write_text("{}\n")
+    copies = [report.export_run(r, tmp_path / "results" / r.name) for r in (a, b)]
+    kept = sorted(str(p.relative_to(copies[0])) for p in copies[0].rglob("*") if p.is_file())
+    assert kept == [
+        "round_0/metrics.jsonl.gz", "round_0/record.json", "round_0/validation.json",
+        "run_config.json", "start/validation.json",
+    ]  # fmt: skip
+    assert report.compare_runs(copies) == report.compare_runs([a, b])
+    with pytest.raises(ValueError, match="not a run directory"):
+        report.export_run(tmp_path, tmp_path / "x")
+
+
+def test_launch_compare_runs_exports_and_reports_errors(tmp_path):
+    root = pathlib.Path(__file__).resolve().parents[2]
+    rng = np.random.default_rng(7)
+    start = rng.random(20) < 0.4
+    runs = [
+        _run(tmp_path / name, start, rng.random(20) < 0.5, _curve(12, 0.1, seed=s))
+        for s, name in enumerate(("grpo", "rft"))
+    ]
+    cmd = [sys.executable, str(root / "launch" / "compare_runs.py")]
+    arg = f"--runs={runs[0]},{runs[1]}"
+    out = tmp_path / "results"
+    res = subprocess.run([*cmd, arg, "--labels=GRPO,RFT", f"--export={out}"], cwd=root,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    table = report.compare_runs(runs, ["GRPO", "RFT"])
+    assert (out / "comparison.md").read_text() == table + "\n" and table in res.stdout
+    assert (out / "rft" / "round_0" / "metrics.jsonl.gz").exists()
+    bad = subprocess.run([*cmd, f"--runs={runs[0]},{tmp_path / 'nope'}"], cwd=root,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == f"error: {tmp_path / 'nope'}: no such run directory"
