@@ -1,7 +1,7 @@
 """The frontier map of a checkpoint: greedy valid, mean@k, pass@k, mixed groups, p(1-p) and
 flip share per (map size, hole ratio, needs-wait) cell, with 95 % intervals.
 
-    python launch/frontier.py --checkpoint mapfjax/assets/tiny --out_dir results/frontier_tiny
+    python launch/frontier.py --checkpoint mapfjax/assets/tiny --out_dir results/frontier_tiny_broad
     python launch/frontier.py --checkpoint DIR --agents 3 --sizes 3-10 \
         --hole_ratios 0,0.1,0.2,0.3,0.4,0.5 --per_cell 24 --samples 8 --seed 0
 
