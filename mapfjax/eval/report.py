@@ -266,15 +266,14 @@ def compare_runs(workdirs: list[pathlib.Path], labels: list[str] | None = None) 
     labels = labels or [w.name for w in workdirs]
     if len(labels) != len(workdirs):
         raise ValueError(f"{len(labels)} labels for {len(workdirs)} runs")
-    finals = []
+    found = []
     for w in workdirs:
         if not w.is_dir():
             raise ValueError(f"{w}: no such run directory")
-        found = _validation_rows(w)
-        if len(found) < 2:
+        found.append(_validation_rows(w))
+        if len(found[-1]) < 2:
             raise ValueError(f"{w}: no finished round with a validation.json to compare")
-        finals.append(found[-1][1])
-    start = _validation_rows(workdirs[0])[0][1]
+    start, finals = found[0][0][1], [rows[-1][1] for rows in found]
     ids = sorted(r["id"] for r in start)
     for w, rows in zip(workdirs, finals, strict=True):
         if sorted(r["id"] for r in rows) != ids:
@@ -283,7 +282,7 @@ def compare_runs(workdirs: list[pathlib.Path], labels: list[str] | None = None) 
                 "share validation_set.jsonl"
             )
     by_id = lambda rows: {r["id"]: bool(r["valid"]) for r in rows}
-    first = by_id(finals[0])
+    refs = (by_id(start), by_id(finals[0]))  # the start, the first run
     k = start[0].get("samples")
     header = ["model", "updates", "greedy valid %"] + ([f"mean@{k} %"] if k else [])
     header += ["vs start (points)", f"vs {labels[0]} (points)", "training mean@G change"]
@@ -296,11 +295,11 @@ def compare_runs(workdirs: list[pathlib.Path], labels: list[str] | None = None) 
         if k:
             line.append(_interval(stats.bounded_mean([r["samples_valid"] / k for r in rows])))
         mine = by_id(rows)
-        for ref in (by_id(start), first):
-            if i == 0 or (ref is first and i == 1):
+        for r, ref in enumerate(refs):
+            if i == 0 or (r == 1 and i == 1):  # no change against itself
                 line.append("-")
                 continue
-            d = stats.paired_proportion_difference([mine[i] for i in ids], [ref[i] for i in ids])
+            d = stats.paired_proportion_difference([mine[p] for p in ids], [ref[p] for p in ids])
             line.append(_interval(d, signed=True))
         g = _group_size(w) if w is not None else None
         if curve and g:

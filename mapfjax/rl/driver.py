@@ -143,9 +143,9 @@ def imitate_valid(batch, valid: np.ndarray, order: np.ndarray, g: int):
     """RFT: `batch` (the groups `order` picked by `select_groups`) with the loss mask cleared
     on every sample whose plan is not valid (valid: bool [drawn groups x g])."""
     keep = np.asarray(valid, bool).reshape(-1, g)[order]  # [kept groups, g]
-    mask = np.asarray(batch.loss_mask)
-    keep = keep.reshape(mask.shape[:2]) if isinstance(batch, GroupBatch) else keep.reshape(-1)
-    return batch.replace(loss_mask=mask & keep.reshape(*keep.shape, 1))
+    if not isinstance(batch, GroupBatch):
+        keep = keep.reshape(-1)  # one row per sample
+    return batch.replace(loss_mask=np.asarray(batch.loss_mask) & keep[..., None])
 
 
 def select_groups(batch, useful: np.ndarray, keep: int, g: int):
@@ -153,19 +153,19 @@ def select_groups(batch, useful: np.ndarray, keep: int, g: int):
     groups (bool [groups], see `useful_groups`) come first, in sampled order; any remaining
     slots take other groups with their loss mask cleared, so they change neither the loss
     nor its normaliser."""
-    mixed = np.asarray(useful, bool)
-    order = np.concatenate([np.flatnonzero(mixed), np.flatnonzero(~mixed)])[:keep]
-    n_mixed = int(mixed[order].sum())
+    useful = np.asarray(useful, bool)
+    order = np.concatenate([np.flatnonzero(useful), np.flatnonzero(~useful)])[:keep]
+    n_useful = int(useful[order].sum())
     if isinstance(batch, GroupBatch):
         picked = jax.tree.map(lambda x: np.asarray(x)[order], batch)
         loss_mask = np.asarray(picked.loss_mask).copy()
-        loss_mask[n_mixed:] = False
-        return picked.replace(loss_mask=loss_mask), order, n_mixed
+        loss_mask[n_useful:] = False
+        return picked.replace(loss_mask=loss_mask), order, n_useful
     rows = (order[:, None] * g + np.arange(g)[None]).reshape(-1)
     picked = jax.tree.map(lambda x: np.asarray(x)[rows], batch)
     loss_mask = np.asarray(picked.loss_mask).copy()
-    loss_mask[n_mixed * g :] = False
-    return picked.replace(loss_mask=loss_mask), order, n_mixed
+    loss_mask[n_useful * g :] = False
+    return picked.replace(loss_mask=loss_mask), order, n_useful
 
 
 @dataclasses.dataclass
