@@ -5,6 +5,8 @@ verifier rewards and the trainer then trains on four of them. The sampled valid 
 by at least MARGIN on those four and by at least HELD_OUT_MARGIN on the other four (unlearning
 the fixed wrong answer carries over)."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,7 +17,7 @@ from mapfjax.env import oracle, text
 from mapfjax.env.reward import RewardConfig
 from mapfjax.env.types import ACTION_NAMES
 from mapfjax.models import tokenizer as tok_lib
-from mapfjax.models.qwen3 import Qwen3, Qwen3Config
+from mapfjax.models.qwen3 import PRESETS, Qwen3
 from mapfjax.rl import data, grpo, rollout
 from mapfjax.rl.trainer import OptimConfig, Trainer
 from tests.models.test_bpe import random_problems
@@ -60,16 +62,8 @@ def test_grpo_raises_valid_rate(tmp_path):
     puzzle = lambda p: (p.grid, p.starts, p.goals)
     assert not {puzzle(p) for p in train} & {puzzle(p) for p in held_out}
 
-    cfg = Qwen3Config(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        rope_theta=1e4,
-        max_position_embeddings=512,
+    cfg = dataclasses.replace(
+        PRESETS["tiny"], vocab_size=len(tok), rope_theta=1e4, max_position_embeddings=512
     )
     model = Qwen3(cfg, dtype=jnp.float32, param_dtype=jnp.float32, rngs=nnx.Rngs(0))
     pad = tok_lib.special_ids(tok).pad
