@@ -78,3 +78,43 @@ def test_wheel_installs_and_loads_the_presets_outside_the_repository(tmp_path):
     assert got["policy"] == engineers.get_config("policy").to_dict()
     assert got["variants"] == sorted(variants.VARIANTS)
     assert got["from_cwd"] == "found"
+
+
+def _declared(extra: str | None = None) -> set[str]:
+    """Normalised distribution names of pyproject's dependencies (or of one extra)."""
+    import re
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    specs = project["optional-dependencies"][extra] if extra else project["dependencies"]
+    return {re.split(r"[<>=\[; ]", s, maxsplit=1)[0].lower().replace("_", "-") for s in specs}
+
+
+def test_every_third_party_import_is_a_declared_dependency():
+    """`pip install -e .` alone must run every launch script: each module that mapfjax/ and
+    launch/ import (at any depth: lazy imports too) comes from a declared dependency, and
+    transformers' chat template needs jinja2, which transformers itself does not install."""
+    import ast
+    import importlib.metadata
+
+    dists = importlib.metadata.packages_distributions()
+    core = _declared()
+    optional = _declared("api") | _declared("test") | _declared("logging")
+    missing = {}
+    for path in [*ROOT.glob("mapfjax/**/*.py"), *ROOT.glob("launch/*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if top in sys.stdlib_module_names or top == "mapfjax":
+                    continue
+                owners = {d.lower().replace("_", "-") for d in dists.get(top, [top])}
+                if not owners & core and not owners & optional:
+                    missing.setdefault(top, []).append(str(path.relative_to(ROOT)))
+    assert not missing, f"imported but not declared in pyproject.toml: {missing}"
+    assert "jinja2" in core
