@@ -15,6 +15,8 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
+from mapfjax import configfile
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "sweep definition (ml-collections)")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/sweep", "one subdirectory per run")
 _DRY = flags.DEFINE_bool("dry_run", False, "print the commands instead of running them")
@@ -24,7 +26,7 @@ flags.mark_flags_as_required(["config"])
 def main(argv):
     del argv
     # Imported after flag parsing: --help and flag errors answer without loading JAX.
-    from mapfjax import configfile, files
+    from mapfjax import files
     from mapfjax.eval import sweep as sw
 
     sweep_file = config_flags.get_config_filename(flags.FLAGS["config"])
@@ -61,4 +63,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=configfile.parse_flags)

@@ -13,6 +13,8 @@ from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
+from mapfjax import configfile
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "ml-collections config file")
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (created; reused to resume)")
 flags.mark_flags_as_required(["config", "workdir"])
@@ -31,7 +33,7 @@ def main(argv):
     absl_logging.set_verbosity(absl_logging.WARNING)  # orbax is chatty at INFO
     try:
         loop.run(_CONFIG.value, _WORKDIR.value)
-    except (loop.RunDirError, ValueError) as e:
+    except (OSError, ValueError) as e:  # RunDirError is a ValueError
         print(f"error: {e}", file=sys.stderr)
         return 2
     path = report.write_report(_WORKDIR.value)
@@ -40,4 +42,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=configfile.parse_flags)

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
+import sys
 import types
+
+import ml_collections
 
 # The directory holding the mapfjax package: the repository root in a source checkout (and an
 # editable install), site-packages when mapfjax is installed from a wheel.
@@ -44,3 +47,57 @@ def get_config(path, *arg):
     if not hasattr(module, "get_config"):
         raise AttributeError(f"config file {str(path)!r} defines no get_config(arg)")
     return module.get_config(*arg)
+
+
+def key_path(cfg: ml_collections.ConfigDict, dotted: str) -> tuple[ml_collections.ConfigDict, str]:
+    """(the ConfigDict holding it, its last part) of a dotted key such as 'train.group_size';
+    ValueError naming the first part that is not there and the keys allowed at that level."""
+    node, parts = cfg, dotted.split(".")
+    for i, part in enumerate(parts):
+        if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+            allowed = sorted(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
+            where = ".".join(parts[:i]) or "<top>"
+            raise ValueError(f"no key {part!r} under {where}; allowed: {allowed}")
+        if i < len(parts) - 1:
+            node = node[part]
+    return node, parts[-1]
+
+
+def _bad_override(argv, flag: str) -> str | None:
+    """The first --<flag>.KEY=... of argv whose KEY the config file lacks, as a message."""
+    args = list(argv[1:])
+    spec = None
+    for i, a in enumerate(args):
+        if a.startswith(f"--{flag}="):
+            spec = a.split("=", 1)[1]
+        elif a == f"--{flag}" and i + 1 < len(args):
+            spec = args[i + 1]
+    if spec is None:
+        return None
+    path, _, arg = spec.partition(":")
+    try:
+        cfg = get_config(path, arg) if arg else get_config(path)
+    except Exception:  # the file itself is broken: absl's own message says so
+        return None
+    for a in args:
+        if a.startswith(f"--{flag}."):
+            key = a[len(flag) + 3 :].split("=", 1)[0]
+            try:
+                key_path(cfg, key)
+            except ValueError as e:
+                return f"--{flag}.{key}: {path}{':' + arg if arg else ''} has {e}"
+    return None
+
+
+def parse_flags(argv, flag: str = "config"):
+    """absl's flag parsing for launch scripts (`app.run(main, flags_parser=parse_flags)`), with
+    an override of a key the config does not have (`--config.train.step=4`) reported in one
+    line naming the key and the keys allowed there, instead of a traceback."""
+    from absl import app
+
+    try:
+        return app.parse_flags_with_usage(argv)
+    except (AttributeError, KeyError) as e:
+        message = _bad_override(argv, flag) or f"{type(e).__name__}: {e}"
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)

@@ -40,3 +40,37 @@ def test_relative_path_missing_under_the_root_is_looked_up_in_the_cwd(tmp_path, 
     )
     with pytest.raises(FileNotFoundError, match="nope.py.*looked under .* and the cwd"):
         configfile.load_module("configs/nope.py")
+
+
+def test_key_path_names_the_missing_part_and_the_keys_allowed_there():
+    cfg = configfile.get_config("configs/tiny_cpu.py", "smoke")
+    node, last = configfile.key_path(cfg, "train.group_size")
+    assert last == "group_size" and node is cfg.train
+    with pytest.raises(ValueError, match=r"no key 'steps' under train; allowed: \[.*'epochs'"):
+        configfile.key_path(cfg, "train.steps")
+    with pytest.raises(ValueError, match=r"no key 'x' under train.group_size; allowed: \[\]"):
+        configfile.key_path(cfg, "train.group_size.x")
+    with pytest.raises(ValueError, match=r"no key 'trian' under <top>"):
+        configfile.key_path(cfg, "trian.steps")
+
+
+@pytest.mark.parametrize("script", ["train.py", "train_tiny.py"])
+def test_a_launch_override_of_a_missing_key_is_one_line(tmp_path, script):
+    """ml-collections raises a bare AttributeError("'steps'") from absl's flag parsing; the
+    launch scripts say which key, in which config, and what is there instead."""
+    import subprocess
+    import sys
+
+    config = "configs/tiny_cpu.py" if script == "train.py" else "configs/tiny_model.py:quick"
+    out = subprocess.run(
+        [sys.executable, f"launch/{script}", f"--config={config}", f"--workdir={tmp_path / 'w'}",
+         "--config.train.stepz=3"] if script == "train.py" else
+        [sys.executable, f"launch/{script}", f"--config={config}", "--config.sft.stepz=3"],
+        cwd=configfile.ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    section = "train" if script == "train.py" else "sft"
+    assert last.startswith(f"error: --config.{section}.stepz: configs/tiny_")
+    assert f"has no key 'stepz' under {section}; allowed: [" in last
+    assert "Traceback" not in out.stderr and not (tmp_path / "w").exists()

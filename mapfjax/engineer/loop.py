@@ -19,6 +19,7 @@ import ml_collections
 import numpy as np
 
 from mapfjax import files, parallel, stats
+from mapfjax.checks import is_finite_real, is_int
 from mapfjax.engineer import context as ctx_lib
 from mapfjax.engineer import engineers as eng_lib
 from mapfjax.engineer import policy as policy_fns
@@ -27,6 +28,7 @@ from mapfjax.env import config as env_config
 from mapfjax.env import io, reward
 from mapfjax.models import hf
 from mapfjax.models import tokenizer as tok_lib
+from mapfjax.presets import variants
 from mapfjax.rl import driver, rollout
 from mapfjax.rl.data import generate_problems, held_out
 from mapfjax.rl.trainer import Trainer
@@ -67,6 +69,98 @@ def _redo_advice(workdir: pathlib.Path, n: int, position: dict) -> str:
         f"round {n} cannot be recomputed (the checkpoint is at round {position['round']}); "
         "restore the file from a copy, or start another --workdir"
     )
+
+
+VALIDATION_KEYS = (
+    "num_agents", "sizes", "per_size", "hole_ratio", "hole_ratios", "wait_ratio", "samples",
+    "seed", "max_new_tokens", "batch_size",
+)  # fmt: skip
+ENGINEER_KEYS = ("settings", "modules", "variant", "max_new_tokens", "temperature")
+
+
+def _require(key: str, value, ok: bool, allowed: str) -> None:
+    if not ok:
+        raise ValueError(f"{key} = {value!r}; allowed: {allowed}")
+
+
+def _check_validation(v: ml_collections.ConfigDict, max_size: int) -> None:
+    unknown = sorted(set(v.keys()) - set(VALIDATION_KEYS))
+    _require("validation: unknown key(s)", unknown, not unknown, str(list(VALIDATION_KEYS)))
+    agents = v.get("num_agents")
+    _require("validation.num_agents", agents, is_int(agents) and 1 <= agents <= 5, "1 to 5")
+    sizes = v.get("sizes")
+    ok = isinstance(sizes, tuple | list) and len(sizes) > 0
+    lo = env_config.MIN_SIZE
+    _require("validation.sizes", sizes, ok, f"a non-empty tuple of map sizes in [{lo}, {max_size}]")
+    for n in sizes:
+        ok = is_int(n) and lo <= n <= max_size and n * n >= 2 * agents
+        _require(
+            "validation.sizes", sizes, ok,
+            f"map sizes in [{lo}, env.max_size={max_size}] with room for {agents} starts and goals",
+        )  # fmt: skip
+    per = v.get("per_size")
+    _require("validation.per_size", per, is_int(per) and per >= 1, "an integer >= 1")
+    holes = (v.get("hole_ratio"), *v.get("hole_ratios", ()))
+    top = env_config.MAX_HOLE_RATIO
+    for h in holes:
+        ok = is_finite_real(h) and 0 <= h <= top
+        _require("validation.hole_ratio(s)", h, ok, f"numbers in [0, {top}]")
+    wait = v.get("wait_ratio")
+    _require("validation.wait_ratio", wait, is_finite_real(wait) and 0 <= wait <= 1, "[0, 1]")
+    for key, least in (("samples", 0), ("seed", 0), ("max_new_tokens", 1), ("batch_size", 1)):
+        x = v.get(key, least)
+        _require(f"validation.{key}", x, is_int(x) and x >= least, f"an integer >= {least}")
+
+
+def _check_engineer(e: ml_collections.ConfigDict) -> None:
+    unknown = sorted(set(e.keys()) - set(ENGINEER_KEYS))
+    _require("engineer: unknown key(s)", unknown, not unknown, str(list(ENGINEER_KEYS)))
+    eng_lib.make_engineer(e.settings)  # name, keys and values (functions are injected later)
+    ctx_lib.check_modules(e.modules)
+    tokens, temp = e.get("max_new_tokens", 1), e.get("temperature", 0.0)
+    _require("engineer.max_new_tokens", tokens, is_int(tokens) and tokens >= 1, "an integer >= 1")
+    _require("engineer.temperature", temp, is_finite_real(temp) and temp >= 0, "a number >= 0")
+    name = e.get("variant")
+    if name is None or name == "custom":
+        return
+    allowed = f"one of {sorted(variants.VARIANTS)}, or 'custom' for hand-set modules"
+    _require("engineer.variant", name, name in variants.VARIANTS, allowed)
+
+    want = ctx_lib.check_modules(variants.get_config(name).modules)
+    have = ctx_lib.check_modules(e.modules)
+    fixes = [
+        f"--config.engineer.modules.{m}.{opt}={want.get(m, {}).get(opt, False)}"
+        for m in ctx_lib.MODULES
+        for opt in ("enabled", "include_default")  # what a variant decides (T's detail is free)
+        if want.get(m, {}).get(opt, False) != have.get(m, {}).get(opt, False)
+    ]
+    if fixes:
+        raise ValueError(
+            f"engineer.variant = {name!r} but engineer.modules are not {name}'s (the variant is "
+            f"only a label): add {' '.join(fixes)}, or set engineer.variant=custom"
+        )
+
+
+def check_config(c: ml_collections.ConfigDict) -> None:
+    """Check a whole run config before anything is loaded or written (a bad key found after
+    round 0's training would cost the round): raises ValueError naming the key, its value and
+    what is allowed."""
+    _require("rounds", c.get("rounds"), is_int(c.get("rounds")) and c.rounds >= 1, "an int >= 1")
+    _require("seed", c.get("seed"), is_int(c.get("seed")) and c.seed >= 0, "an integer >= 0")
+    try:
+        env_config.validate(c.env)
+    except env_config.ConfigError as e:
+        raise ValueError(f"env.{e}") from None
+    try:
+        jnp.dtype(c.model.dtype)
+    except TypeError:
+        raise ValueError(
+            f"model.dtype = {c.model.dtype!r}; allowed: e.g. 'bfloat16', 'float32'"
+        ) from None
+    settings = driver.GRPOSettings.from_config(c)
+    driver.optim_config(c, settings.steps, c.rounds).validate()
+    _check_validation(c.validation, c.env.max_size)
+    _check_engineer(c.engineer)
 
 
 def check_run_dir(workdir: pathlib.Path, config: ml_collections.ConfigDict) -> None:
@@ -312,8 +406,9 @@ def run(config: ml_collections.ConfigDict, workdir, progress: bool = True) -> li
     `driver.run_phase` on its own training set and is validated on the same held-out set."""
     c = config
     workdir = pathlib.Path(workdir)
+    check_config(c)
+    tokenizer = tok_lib.load_tokenizer(c.model.path)  # a bad model.path fails before the record
     check_run_dir(workdir, c)
-    tokenizer = tok_lib.load_tokenizer(c.model.path)
     dtype = jnp.dtype(c.model.dtype)
     mesh = parallel.make_mesh(c.mesh.to_dict()) if jax.device_count() > 1 else None
     model = hf.from_pretrained(c.model.path, dtype=dtype, param_dtype=dtype, mesh=mesh)

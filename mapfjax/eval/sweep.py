@@ -20,6 +20,7 @@ import ml_collections
 
 from mapfjax import configfile, files, stats
 from mapfjax.engineer import context as ctx_lib
+from mapfjax.engineer import loop
 from mapfjax.env.config import flatten
 from mapfjax.eval import compare
 from mapfjax.presets import variants
@@ -124,18 +125,11 @@ def apply_overrides(cfg: ml_collections.ConfigDict, overrides: Mapping[str, Any]
     keys at that level (the same check `--config.*` flags make)."""
     cfg = cfg.copy_and_resolve_references()
     for key, value in overrides.items():
-        node, parts = cfg, key.split(".")
-        for i, part in enumerate(parts):
-            if not isinstance(node, ml_collections.ConfigDict) or part not in node:
-                allowed = sorted(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
-                where = ".".join(parts[:i]) or "<top>"
-                raise ValueError(
-                    f"override {key!r}: no key {part!r} under {where}; allowed: {allowed}"
-                )
-            if i == len(parts) - 1:
-                node[part] = type(node[part])(value) if isinstance(node[part], tuple) else value
-            else:
-                node = node[part]
+        try:
+            node, last = configfile.key_path(cfg, key)
+        except ValueError as e:
+            raise ValueError(f"override {key!r}: {e}") from None
+        node[last] = type(node[last])(value) if isinstance(node[last], tuple) else value
     return cfg
 
 
@@ -190,6 +184,10 @@ def _make_run(base, arg, engineer, variant, detail, seed, common, workdir) -> Ru
     want.update(common)
     cfg = apply_overrides(base, want)
     name = f"fixed_s{seed}" if fixed else f"{engineer}_{variant}_T{detail}_s{seed}"
+    try:
+        loop.check_config(cfg)  # every run's config, before the first run starts
+    except ValueError as e:
+        raise ValueError(f"sweep run {name}: {e}") from None
     return Run(
         name=name,
         engineer=engineer,

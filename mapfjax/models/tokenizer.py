@@ -48,8 +48,11 @@ def load_tokenizer(path):
     """A transformers tokenizer from a local directory (or hub id, where there is a network)."""
     import transformers  # slow to import (seconds); only loading a tokenizer needs it
 
+    local = pathlib.Path(path).expanduser()
+    if not local.is_dir() and (local.is_absolute() or str(path).startswith((".", "~"))):
+        raise OSError(f"{path}: no such directory (expected a model directory with config.json)")
     try:
-        return transformers.AutoTokenizer.from_pretrained(str(pathlib.Path(path).expanduser()))
+        return transformers.AutoTokenizer.from_pretrained(str(local))
     except (OSError, ValueError) as e:
         raise OSError(f"{path}: cannot load a tokenizer ({e})") from e
 

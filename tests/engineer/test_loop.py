@@ -236,3 +236,72 @@ def test_recomputed_records_match_the_real_run(reference_run, tmp_path):
     c = tiny_cpu.get_config("smoke")
     got = [loop.finished_round(work, n, c, {"round": 1, "step": 4})[0] for n in (0, 1)]
     assert [r.to_dict() for r in got] == [r.to_dict() for r in records]
+
+
+BAD_CONFIGS = [
+    # (override, what the one-line error must say): each used to surface only after the start
+    # validation or round 0's training, or not at all, with the workdir already claimed.
+    (("env", "sizes", "s3", "data_ratio"), -1.0, r"env\.sizes\.s3\.data_ratio = -1\.0; allowed"),
+    (("engineer", "settings", "name"), "bogus", r"engineer\.name = 'bogus'; allowed: \['api'"),
+    (("engineer", "settings", "num_samples"), 0, r"engineer\.num_samples = 0"),
+    (("engineer", "modules", "T", "detail"), "all", r"modules\.T\.detail = 'all'"),
+    (("engineer", "variant"), "V99", r"engineer\.variant = 'V99'; allowed: one of \['V1'"),
+    (("engineer", "temperature"), -1.0, r"engineer\.temperature = -1\.0"),
+    (("validation", "per_size"), 0, r"validation\.per_size = 0; allowed: an integer >= 1"),
+    (("validation", "sizes"), (3, 12), r"validation\.sizes = \(3, 12\); allowed: map sizes in"),
+    (("validation", "sizes"), (), r"validation\.sizes = \(\); allowed: a non-empty tuple"),
+    (("validation", "hole_ratios"), (0.1, 0.9), r"validation\.hole_ratio\(s\) = 0\.9"),
+    (("validation", "samples"), -1, r"validation\.samples = -1"),
+    (("optim", "lr"), -0.1, r"OptimConfig\.lr=-0\.1 is invalid"),
+    (("train", "group_size"), 1, r"GRPOConfig\.group_size=1 is invalid"),
+    (("train", "objective"), "ppo", r"train\.objective = 'ppo'"),
+    (("rounds",), 0, r"rounds = 0; allowed"),
+    (("model", "dtype"), "float7", r"model\.dtype = 'float7'"),
+]
+
+
+@pytest.mark.parametrize("keys,value,message", BAD_CONFIGS, ids=lambda x: str(x)[:40])
+def test_a_bad_config_is_refused_before_anything_is_written(tmp_path, keys, value, message):
+    from mapfjax.engineer import loop
+
+    c = tiny_cpu.get_config("smoke")
+    node = c
+    for k in keys[:-1]:
+        node = node[k]
+    node[keys[-1]] = value
+    with pytest.raises(ValueError, match=message):
+        loop.run(c, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_variant_that_does_not_match_its_modules_names_the_fix():
+    """engineer.variant is a label: changing it alone would run V6 under V3's name."""
+    from mapfjax.engineer import loop
+
+    c = tiny_cpu.get_config("smoke")
+    for arg in ("", "smoke", "laptop", "grpo_effect"):
+        loop.check_config(tiny_cpu.get_config(arg))
+    c.engineer.variant = "V3"
+    with pytest.raises(ValueError) as e:
+        loop.check_config(c)
+    msg = str(e.value)
+    assert msg.startswith("engineer.variant = 'V3' but engineer.modules are not V3's")
+    for fix in ("H.include_default=True", "S.enabled=False", "T.enabled=False"):
+        assert f"--config.engineer.modules.{fix}" in msg
+    for k, v in (("S.enabled", False), ("T.enabled", False), ("H.include_default", True)):
+        m, opt = k.split(".")
+        c.engineer.modules[m][opt] = v
+    loop.check_config(c)  # now it is V3
+    c.engineer.modules.T.enabled = True
+    c.engineer.variant = "custom"
+    loop.check_config(c)
+
+
+def test_a_bad_model_path_leaves_no_run_behind(tmp_path):
+    from mapfjax.engineer import loop
+
+    c = tiny_cpu.get_config("smoke")
+    c.model.path = str(tmp_path / "missing")
+    with pytest.raises(OSError, match="missing: no such directory"):
+        loop.run(c, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
