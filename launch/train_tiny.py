@@ -38,6 +38,11 @@ def fit(trainer, ckpt, total, batches, every, log, name):  # resumes from ckpt; 
 
 def main(_):
     c = CONFIG.value
+    try:
+        data.check_recipe(c)  # before hours of data generation and SFT
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     parallel.enable_compilation_cache()  # a rerun or resume skips recompiling
     logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint write at INFO
     work, out = pathlib.Path(c.workdir), pathlib.Path(c.out_dir)

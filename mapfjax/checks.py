@@ -23,3 +23,9 @@ def is_finite_real(x) -> bool:
         return math.isfinite(x)
     except OverflowError:
         return False
+
+
+def require(key: str, value, ok: bool, allowed: str) -> None:
+    """Raise ValueError("KEY = VALUE; allowed: ALLOWED") unless `ok`."""
+    if not ok:
+        raise ValueError(f"{key} = {value!r}; allowed: {allowed}")

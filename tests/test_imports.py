@@ -15,7 +15,7 @@ ALLOWED = {
     "configfile.py": (),
     "stats.py": ("mapfjax.checks",),
     "models/tokenizer.py": (),
-    "models/bpe.py": ("mapfjax.files", "mapfjax.models.tokenizer"),
+    "models/bpe.py": ("mapfjax.files", "mapfjax.checks", "mapfjax.models.tokenizer"),
     "models/hf.py": ("mapfjax.parallel", "mapfjax.files", "mapfjax.models.qwen3"),
     "env/io.py": ("mapfjax.files", "mapfjax.checks", "mapfjax.env"),
     "env/benchmark.py": ("mapfjax.stats", "mapfjax.env"),

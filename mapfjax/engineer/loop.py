@@ -19,7 +19,7 @@ import ml_collections
 import numpy as np
 
 from mapfjax import files, parallel, stats
-from mapfjax.checks import is_finite_real, is_int
+from mapfjax.checks import is_finite_real, is_int, require
 from mapfjax.engineer import context as ctx_lib
 from mapfjax.engineer import engineers as eng_lib
 from mapfjax.engineer import policy as policy_fns
@@ -78,53 +78,45 @@ VALIDATION_KEYS = (
 ENGINEER_KEYS = ("settings", "modules", "variant", "max_new_tokens", "temperature")
 
 
-def _require(key: str, value, ok: bool, allowed: str) -> None:
-    if not ok:
-        raise ValueError(f"{key} = {value!r}; allowed: {allowed}")
-
-
 def _check_validation(v: ml_collections.ConfigDict, max_size: int) -> None:
     unknown = sorted(set(v.keys()) - set(VALIDATION_KEYS))
-    _require("validation: unknown key(s)", unknown, not unknown, str(list(VALIDATION_KEYS)))
+    require("validation: unknown key(s)", unknown, not unknown, str(list(VALIDATION_KEYS)))
     agents = v.get("num_agents")
-    _require("validation.num_agents", agents, is_int(agents) and 1 <= agents <= 5, "1 to 5")
+    require("validation.num_agents", agents, is_int(agents) and 1 <= agents <= 5, "1 to 5")
     sizes = v.get("sizes")
     ok = isinstance(sizes, tuple | list) and len(sizes) > 0
     lo = env_config.MIN_SIZE
-    _require("validation.sizes", sizes, ok, f"a non-empty tuple of map sizes in [{lo}, {max_size}]")
+    require("validation.sizes", sizes, ok, f"a non-empty tuple of map sizes in [{lo}, {max_size}]")
     for n in sizes:
         ok = is_int(n) and lo <= n <= max_size and n * n >= 2 * agents
-        _require(
+        require(
             "validation.sizes", sizes, ok,
             f"map sizes in [{lo}, env.max_size={max_size}] with room for {agents} starts and goals",
         )  # fmt: skip
     per = v.get("per_size")
-    _require("validation.per_size", per, is_int(per) and per >= 1, "an integer >= 1")
-    holes = (v.get("hole_ratio"), *v.get("hole_ratios", ()))
-    top = env_config.MAX_HOLE_RATIO
-    for h in holes:
-        ok = is_finite_real(h) and 0 <= h <= top
-        _require("validation.hole_ratio(s)", h, ok, f"numbers in [0, {top}]")
+    require("validation.per_size", per, is_int(per) and per >= 1, "an integer >= 1")
+    env_config.check_hole_ratios((v.get("hole_ratio"),), "validation.hole_ratio")
+    env_config.check_hole_ratios(v.get("hole_ratios", ()), "validation.hole_ratios")
     wait = v.get("wait_ratio")
-    _require("validation.wait_ratio", wait, is_finite_real(wait) and 0 <= wait <= 1, "[0, 1]")
+    require("validation.wait_ratio", wait, is_finite_real(wait) and 0 <= wait <= 1, "[0, 1]")
     for key, least in (("samples", 0), ("seed", 0), ("max_new_tokens", 1), ("batch_size", 1)):
         x = v.get(key, least)
-        _require(f"validation.{key}", x, is_int(x) and x >= least, f"an integer >= {least}")
+        require(f"validation.{key}", x, is_int(x) and x >= least, f"an integer >= {least}")
 
 
 def _check_engineer(e: ml_collections.ConfigDict) -> None:
     unknown = sorted(set(e.keys()) - set(ENGINEER_KEYS))
-    _require("engineer: unknown key(s)", unknown, not unknown, str(list(ENGINEER_KEYS)))
+    require("engineer: unknown key(s)", unknown, not unknown, str(list(ENGINEER_KEYS)))
     eng_lib.make_engineer(e.settings)  # name, keys and values (functions are injected later)
     ctx_lib.check_modules(e.modules)
     tokens, temp = e.get("max_new_tokens", 1), e.get("temperature", 0.0)
-    _require("engineer.max_new_tokens", tokens, is_int(tokens) and tokens >= 1, "an integer >= 1")
-    _require("engineer.temperature", temp, is_finite_real(temp) and temp >= 0, "a number >= 0")
+    require("engineer.max_new_tokens", tokens, is_int(tokens) and tokens >= 1, "an integer >= 1")
+    require("engineer.temperature", temp, is_finite_real(temp) and temp >= 0, "a number >= 0")
     name = e.get("variant")
     if name is None or name == "custom":
         return
     allowed = f"one of {sorted(variants.VARIANTS)}, or 'custom' for hand-set modules"
-    _require("engineer.variant", name, name in variants.VARIANTS, allowed)
+    require("engineer.variant", name, name in variants.VARIANTS, allowed)
 
     want = ctx_lib.check_modules(variants.get_config(name).modules)
     have = ctx_lib.check_modules(e.modules)
@@ -145,12 +137,9 @@ def check_config(c: ml_collections.ConfigDict) -> None:
     """Check a whole run config before anything is loaded or written (a bad key found after
     round 0's training would cost the round): raises ValueError naming the key, its value and
     what is allowed."""
-    _require("rounds", c.get("rounds"), is_int(c.get("rounds")) and c.rounds >= 1, "an int >= 1")
-    _require("seed", c.get("seed"), is_int(c.get("seed")) and c.seed >= 0, "an integer >= 0")
-    try:
-        env_config.validate(c.env)
-    except env_config.ConfigError as e:
-        raise ValueError(f"env.{e}") from None
+    require("rounds", c.get("rounds"), is_int(c.get("rounds")) and c.rounds >= 1, "an int >= 1")
+    require("seed", c.get("seed"), is_int(c.get("seed")) and c.seed >= 0, "an integer >= 0")
+    env_config.validate_at(c.env, "env")
     try:
         jnp.dtype(c.model.dtype)
     except TypeError:

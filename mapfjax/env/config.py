@@ -149,6 +149,24 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"pool.wait_bias = {c.pool.wait_bias!r}; allowed: [0, 1]")
 
 
+def validate_at(config: ml_collections.ConfigDict, where: str) -> None:
+    """`validate` for a generator config that sits inside a larger config at `where` (e.g.
+    "sft.env"): the message names the full key, as a --config flag would."""
+    try:
+        validate(config)
+    except ConfigError as e:
+        joint = ": " if str(e).startswith(("unknown key", "missing key")) else "."
+        raise ConfigError(f"{where}{joint}{e}") from None
+
+
+def check_hole_ratios(values, key: str) -> None:
+    """Hole ratios a generator is asked to spread instances over: each in [0, MAX_HOLE_RATIO]."""
+    for h in values:
+        if not is_finite_real(h) or not 0.0 <= h <= MAX_HOLE_RATIO:
+            allowed = f"numbers in [0, {MAX_HOLE_RATIO}]"
+            raise ConfigError(f"{key} = {tuple(values)!r}; allowed: {allowed}")
+
+
 def flatten(d: Mapping, prefix: str = "") -> dict[str, Any]:
     """Nested mappings / ConfigDicts -> {"a.b.c": leaf}."""
     out = {}

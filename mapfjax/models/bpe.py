@@ -9,6 +9,7 @@ import tempfile
 from collections.abc import Iterable, Sequence
 
 from mapfjax import files
+from mapfjax.checks import is_int, require
 from mapfjax.models.tokenizer import (
     EMPTY_THINK,
     END_THINK,
@@ -58,19 +59,22 @@ CHAT_TEMPLATE = (
 )
 
 
+def check_vocab_size(vocab_size, key: str = "vocab_size") -> None:
+    """A trainable vocabulary: the 256 byte tokens, the special tokens and at least one merge."""
+    least = 256 + len(SPECIAL_TOKENS) + 1
+    allowed = f"an integer >= {least} (256 bytes + {len(SPECIAL_TOKENS)} special tokens + merges)"
+    require(key, vocab_size, is_int(vocab_size) and vocab_size >= least, allowed)
+
+
 def build_tokenizer(texts: Iterable[str], vocab_size: int):
     """A trained `tokenizers.Tokenizer` (byte-level BPE, `SPLIT_PATTERN` pre-tokenisation).
 
     vocab_size counts the 256 byte tokens and the 5 special tokens; it must exceed 261.
     """
-    # Imported here: only training needs it (a transformers dependency, not declared by us).
+    # Imported here: only training needs it.
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    if not isinstance(vocab_size, int) or vocab_size <= 256 + len(SPECIAL_TOKENS):
-        raise ValueError(
-            f"vocab_size={vocab_size!r}: allowed an int > {256 + len(SPECIAL_TOKENS)} "
-            "(256 bytes + 5 special tokens + merges)"
-        )
+    check_vocab_size(vocab_size)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [

@@ -18,6 +18,7 @@ from flax import nnx, struct
 from jax import lax
 
 from mapfjax import parallel
+from mapfjax.checks import is_finite_real, is_int, require
 
 Array = jax.Array
 
@@ -48,6 +49,12 @@ class Qwen3Config:
     max_position_embeddings: int = 40960
 
     def __post_init__(self):
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.type == "int":
+                require(f.name, v, is_int(v) and v >= 1, "an integer >= 1")
+            elif f.type == "float":
+                require(f.name, v, is_finite_real(v) and v > 0, "a number > 0")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads={self.num_heads} must be a multiple of "

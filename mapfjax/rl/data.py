@@ -13,7 +13,9 @@ from collections.abc import Iterator, Sequence
 import jax
 import numpy as np
 
-from mapfjax import files
+from mapfjax import configfile, files
+from mapfjax.checks import is_finite_real, is_int, require
+from mapfjax.env import config as env_config
 from mapfjax.env import generator, io, oracle, text
 from mapfjax.env.types import Problem
 from mapfjax.models import bpe
@@ -268,6 +270,63 @@ class RunData:
     sft: list[Example]
     validation: list[Problem]
     grpo_pool: list[Problem]
+
+
+def check_recipe(cfg) -> None:
+    """Check a tiny-model recipe config (configs/tiny_model.py) before any data is generated or
+    any model built: a bad value found after hours of SFT would cost them. Raises ValueError
+    naming the key, its value and what is allowed."""
+    import jax.numpy as jnp
+
+    from mapfjax.models import qwen3
+    from mapfjax.rl import driver
+    from mapfjax.rl.optim import OptimConfig
+
+    def at_least(key: str, least: int) -> None:
+        node, last = configfile.key_path(cfg, key)
+        v = node[last]
+        require(key, v, is_int(v) and v >= least, f"an integer >= {least}")
+
+    for key, least in (("seed", 0), ("processes", 0), ("sft.instances", 1),
+                       ("sft.checkpoint_every", 1), ("sft.log_every", 1),
+                       ("validation.per_size", 1), ("validation.max_new_tokens", 1),
+                       ("validation.batch_size", 1), ("rl.train.steps", 1)):  # fmt: skip
+        at_least(key, least)
+    try:
+        jnp.dtype(cfg.dtype)
+    except TypeError:
+        raise ValueError(f"dtype = {cfg.dtype!r}; allowed: e.g. 'float32', 'bfloat16'") from None
+    if cfg.get("init"):
+        init = pathlib.Path(cfg.init)
+        require("init", cfg.init, (init / "config.json").is_file(), "a model directory or ''")
+    else:  # a model from scratch, with a tokenizer of its own
+        at_least("tokenizer.instances", 1)
+        bpe.check_vocab_size(cfg.tokenizer.vocab_size, "tokenizer.vocab_size")
+        try:
+            qwen3.Qwen3Config(vocab_size=cfg.tokenizer.vocab_size, **cfg.model)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"model.{e}") from None
+    b = cfg.sft.batch_size
+    ok = is_int(b) and 1 <= b <= cfg.sft.instances
+    require("sft.batch_size", b, ok, f"an integer in [1, sft.instances={cfg.sft.instances}]")
+    stages = tuple(cfg.sft.stages)
+    ok = len(stages) > 0 and all(is_int(s) and s >= 1 for s in stages)
+    ok = ok and all(a < b for a, b in zip(stages, stages[1:], strict=False))
+    require("sft.stages", stages, ok, "update counts >= 1, increasing (each stage extends)")
+    for steps in stages:
+        OptimConfig(**cfg.sft.optim, total_steps=steps).validate()
+    if not isinstance(cfg.sft.get("coordinate_targets", False), bool):
+        require("sft.coordinate_targets", cfg.sft.coordinate_targets, False, "True or False")
+    for where in ("sft.env", "rl.env", "validation.env"):
+        node, last = configfile.key_path(cfg, where)
+        env_config.validate_at(node[last], where)
+    for where in ("sft.hole_ratios", "validation.hole_ratios"):
+        part, key = where.split(".")
+        env_config.check_hole_ratios(cfg[part].get(key, ()), where)
+    spare = cfg.validation.get("spare", 0.0)
+    require("validation.spare", spare, is_finite_real(spare) and spare >= 0, "a number >= 0")
+    settings = driver.GRPOSettings.from_config(cfg.rl)
+    driver.optim_config(cfg.rl, settings.steps, 1).validate()
 
 
 def prepare(cfg, workdir) -> RunData:

@@ -250,7 +250,7 @@ BAD_CONFIGS = [
     (("validation", "per_size"), 0, r"validation\.per_size = 0; allowed: an integer >= 1"),
     (("validation", "sizes"), (3, 12), r"validation\.sizes = \(3, 12\); allowed: map sizes in"),
     (("validation", "sizes"), (), r"validation\.sizes = \(\); allowed: a non-empty tuple"),
-    (("validation", "hole_ratios"), (0.1, 0.9), r"validation\.hole_ratio\(s\) = 0\.9"),
+    (("validation", "hole_ratios"), (0.1, 0.9), r"validation\.hole_ratios = \(0\.1, 0\.9\);"),
     (("validation", "samples"), -1, r"validation\.samples = -1"),
     (("optim", "lr"), -0.1, r"OptimConfig\.lr=-0\.1 is invalid"),
     (("train", "group_size"), 1, r"GRPOConfig\.group_size=1 is invalid"),

@@ -134,7 +134,7 @@ def test_chat_template_matches_builtin(trained, thinking):
 
 
 def test_bad_vocab_size():
-    with pytest.raises(ValueError, match="vocab_size=200"):
+    with pytest.raises(ValueError, match=r"vocab_size = 200; allowed: an integer >= 262"):
         bpe.build_tokenizer(["abc"], 200)
 
 

@@ -54,3 +54,50 @@ def test_quick_run_exports_a_loadable_validated_model(tmp_path, one_device_env):
     weights = (out / "model.safetensors").read_bytes()
     assert run() == (log, grpo)
     assert (out / "model.safetensors").read_bytes() == weights
+
+
+BAD_RECIPES = [
+    # Each used to fail only after data generation, after SFT (rl.*: hours at full scale) or
+    # never (an empty validation table), most of them with a traceback.
+    ("sft.batch_size", 0, r"sft\.batch_size = 0; allowed: an integer in \[1, sft\.instances"),
+    ("sft.stages", (16, 8), r"sft\.stages = \(16, 8\); allowed: update counts >= 1, increasing"),
+    ("sft.stages", (), r"sft\.stages = \(\)"),
+    ("sft.optim.lr", 0.0, r"OptimConfig\.lr=0\.0 is invalid"),
+    ("model.hidden_size", -4, r"model\.hidden_size = -4; allowed: an integer >= 1"),
+    ("model.num_kv_heads", 3, r"num_heads=4 must be a multiple of num_kv_heads=3"),
+    ("tokenizer.vocab_size", 10, r"tokenizer\.vocab_size = 10; allowed: an integer >= 262"),
+    ("validation.per_size", 0, r"validation\.per_size = 0; allowed: an integer >= 1"),
+    ("validation.env.sizes.s3.hole_ratio", 0.7, r"validation\.env\.sizes\.s3\.hole_ratio = 0\.7"),
+    ("sft.env.num_agents", 9, r"sft\.env\.num_agents = 9"),
+    ("rl.optim.lr", -1.0, r"OptimConfig\.lr=-1\.0 is invalid"),
+    ("rl.train.group_size", 1, r"GRPOConfig\.group_size=1 is invalid"),
+    ("rl.train.steps", 0, r"rl\.train\.steps = 0; allowed: an integer >= 1"),
+    ("dtype", "float7", r"dtype = 'float7'"),
+    ("init", "/nonexistent", r"init = '/nonexistent'; allowed: a model directory or ''"),
+]
+
+
+@pytest.mark.parametrize("key,value,message", BAD_RECIPES, ids=lambda x: str(x)[:30])
+def test_a_bad_recipe_is_refused_before_any_work(key, value, message):
+    from mapfjax import configfile
+    from mapfjax.rl import data
+
+    c = configfile.get_config("configs/tiny_model.py", "quick")
+    data.check_recipe(c)
+    node, last = configfile.key_path(c, key)
+    node[last] = value
+    with pytest.raises(ValueError, match=message):
+        data.check_recipe(c)
+
+
+def test_the_launch_script_refuses_a_bad_recipe_in_one_line(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "launch/train_tiny.py", "--config=configs/tiny_model.py:quick",
+         f"--config.workdir={tmp_path / 'w'}", "--config.rl.optim.lr=-1.0"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().splitlines()[-1] == (
+        "error: OptimConfig.lr=-1.0 is invalid: allowed a number > 0"
+    )
+    assert not (tmp_path / "w").exists()
