@@ -152,6 +152,18 @@ def check_config(c: ml_collections.ConfigDict) -> None:
     _check_engineer(c.engineer)
 
 
+SECRET_KEYS = ("api_key",)  # never written to a run directory (results get copied and shared)
+
+
+def redacted(obj):
+    """A JSON-like value with every non-empty SECRET_KEYS entry replaced by "<set>"."""
+    if isinstance(obj, dict):
+        return {k: "<set>" if k in SECRET_KEYS and v else redacted(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [redacted(v) for v in obj]
+    return obj
+
+
 def check_run_dir(workdir: pathlib.Path, config: ml_collections.ConfigDict) -> None:
     """Record the run's config on first use; refuse a different one later, naming the keys."""
     try:
@@ -159,7 +171,7 @@ def check_run_dir(workdir: pathlib.Path, config: ml_collections.ConfigDict) -> N
     except NotADirectoryError as e:
         raise RunDirError(str(e)) from None
     path = workdir / "run_config.json"
-    current = json.loads(config.to_json_best_effort())
+    current = redacted(json.loads(config.to_json_best_effort()))
     if not path.exists():
         workdir.mkdir(parents=True, exist_ok=True)
         _write_json(path, current)
@@ -171,7 +183,9 @@ def check_run_dir(workdir: pathlib.Path, config: ml_collections.ConfigDict) -> N
     differ = sorted(
         k
         for k in set(before) | set(now)
-        if before.get(k) != now.get(k) and k not in RESUMABLE_CHANGES
+        if before.get(k) != now.get(k)
+        and k not in RESUMABLE_CHANGES
+        and k.rsplit(".", 1)[-1] not in SECRET_KEYS  # a key may move to the environment
     )
     if differ:
         shown = ", ".join(f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in differ[:10])

@@ -305,3 +305,24 @@ def test_a_bad_model_path_leaves_no_run_behind(tmp_path):
     with pytest.raises(OSError, match="missing: no such directory"):
         loop.run(c, tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_an_api_key_in_the_config_is_not_written_to_the_run_directory(tmp_path):
+    """Run directories get copied into results/ and shared; the key stays in the environment."""
+    from mapfjax.engineer import loop
+
+    c = tiny_cpu.engineer_settings("api")
+    run = tiny_cpu.get_config("smoke")
+    run.engineer = c
+    run.engineer.settings.api_key = "sk-secret-123"
+    loop.check_config(run)
+    loop.check_run_dir(tmp_path / "run", run)
+    text = (tmp_path / "run" / "run_config.json").read_text()
+    assert "sk-secret" not in text
+    assert json.loads(text)["engineer"]["settings"]["api_key"] == "<set>"
+    for key in ("sk-another-key", ""):  # a new key, or the key moved to the environment
+        run.engineer.settings.api_key = key
+        loop.check_run_dir(tmp_path / "run", run)
+    run.engineer.settings.model = "another-model"  # other settings still must match
+    with pytest.raises(loop.RunDirError, match="engineer.settings.model: '' -> 'another-model'"):
+        loop.check_run_dir(tmp_path / "run", run)
