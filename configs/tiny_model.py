@@ -138,7 +138,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.validation.hole_ratios = BROAD_HOLES
         c.validation.per_size = 60  # 10 per (size, hole ratio)
         c.validation.spare = 0.25
-    if arg == "quick":
+    if arg == "quick":  # never into the package: a smoke run must not replace the shipped model
+        c.workdir = "/tmp/mapfjax_tiny_quick"
+        c.out_dir = "/tmp/mapfjax_tiny_quick/export"
         c.tokenizer.instances = 200
         c.sft.instances = 256
         c.sft.batch_size = 16

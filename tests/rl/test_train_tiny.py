@@ -101,3 +101,13 @@ def test_the_launch_script_refuses_a_bad_recipe_in_one_line(tmp_path):
         "error: OptimConfig.lr=-1.0 is invalid: allowed a number > 0"
     )
     assert not (tmp_path / "w").exists()
+
+
+def test_only_the_full_recipes_write_into_the_package():
+    """A smoke run ("quick") once exported its 16-update model over the shipped one."""
+    from mapfjax import configfile
+
+    assets = (ROOT / "mapfjax" / "assets").resolve()
+    for arg, ships in (("", True), ("quick", False), ("broad", False)):
+        out = configfile.resolve(configfile.get_config("configs/tiny_model.py", arg).out_dir)
+        assert out.resolve().is_relative_to(assets) == ships, (arg, out)
