@@ -530,3 +530,61 @@ def evaluate(
     rows = score_answers(problems, answers)
     errors = len(getattr(solver, "errors", {}) or {})
     return write_results(out_dir, problems, rows, label, family, errors)
+
+
+def read_verdicts(out_dir) -> dict[str, dict]:
+    """An evaluation's verdict rows (`out_dir/verdicts.jsonl`) by puzzle id."""
+    path = pathlib.Path(out_dir) / "verdicts.jsonl"
+    try:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: not readable as an evaluation's verdicts ({e})") from None
+    return {r["id"]: r for r in rows}
+
+
+def compare_evaluations(
+    out_dirs: Sequence, labels: Sequence[str], problems: Sequence[Problem], groups
+) -> str:
+    """Markdown: for each evaluation (all of the same `problems`) and each group of map sizes,
+    greedy valid % [Wilson 95 %] and the paired change against the first evaluation on the
+    same puzzles [95 %], with the number of puzzles only one side solves."""
+    if len(labels) != len(out_dirs):
+        raise ValueError(f"{len(out_dirs)} evaluations but {len(labels)} labels")
+    ids = {p.id for p in problems}
+    verdicts = []
+    for d in out_dirs:
+        rows = read_verdicts(d)
+        if set(rows) != ids:
+            raise ValueError(
+                f"{d}: {len(set(rows) - ids)} answered puzzles are not in the instances and "
+                f"{len(ids - set(rows))} instances have no answer; compare evaluations of the "
+                f"same instance file"
+            )
+        verdicts.append(rows)
+    header, cols = ["model"], []
+    for group in groups:
+        members = [p.id for p in problems if p.height in set(group)]
+        if not members:
+            raise ValueError(f"sizes {group}: no puzzle of these sizes in the instances")
+        name = f"{min(group)}x{min(group)}-{max(group)}x{max(group)}"
+        header += [f"{name} valid % (n={len(members)})", f"vs {labels[0]} (points)", "discordant"]
+        cols.append(members)
+
+    def cell(e: stats.Estimate, scale: int = 1) -> str:
+        lo, hi = stats.percent(e.low, 0), stats.percent(e.high, 0)
+        return f"{'+' if scale and e.value > 0 else ''}{stats.percent(e.value)} [{lo}, {hi}]"
+
+    table = []
+    for label, rows in zip(labels, verdicts, strict=True):
+        line = [label]
+        for members in cols:
+            mine = [bool(rows[i]["valid"]) for i in members]
+            base = [bool(verdicts[0][i]["valid"]) for i in members]
+            line.append(cell(stats.proportion(mine), scale=0))
+            if rows is verdicts[0]:
+                line += ["-", "-"]
+            else:
+                line.append(cell(stats.paired_proportion_difference(mine, base)))
+                line.append(sum(a != b for a, b in zip(mine, base, strict=True)))
+        table.append(line)
+    return stats.markdown_table(header, table)

@@ -1,0 +1,45 @@
+"""Greedy valid rates of several checkpoints evaluated (launch/evaluate.py) on the same instance
+file, per group of map sizes, paired against the first on the same puzzles.
+
+    python launch/compare_evals.py --instances held_out.jsonl --evals eval_a,eval_b \
+        [--labels "model A,model B"] [--sizes 3-5 --sizes 3-10] [--out table.md]
+"""
+
+import pathlib
+import sys
+
+from absl import app, flags
+from absl import logging as absl_logging
+
+_INSTANCES = flags.DEFINE_string("instances", None, "the instance JSONL every evaluation answered")
+_EVALS = flags.DEFINE_list("evals", None, "launch/evaluate.py --out_dir directories")
+_LABELS = flags.DEFINE_list("labels", None, "one label per evaluation (default: directory names)")
+_SIZES = flags.DEFINE_multi_string("sizes", ["3-10"], "groups of map sizes, e.g. 3-5")
+_OUT = flags.DEFINE_string("out", None, "also write the table here")
+flags.mark_flags_as_required(["instances", "evals"])
+
+
+def main(argv):
+    del argv
+    absl_logging.set_verbosity(absl_logging.WARNING)  # JAX's backend probing is chatty
+    from mapfjax import files
+    from mapfjax.env import io
+    from mapfjax.eval import evaluate as ev
+    from mapfjax.eval.frontier import parse_sizes
+
+    labels = _LABELS.value or [pathlib.Path(d).name for d in _EVALS.value]
+    try:
+        problems = io.load_instances(_INSTANCES.value)
+        groups = [parse_sizes(s) for s in _SIZES.value]
+        table = ev.compare_evaluations(_EVALS.value, labels, problems, groups)
+        if _OUT.value:
+            files.atomic_write(pathlib.Path(_OUT.value), (table + "\n").encode())
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,80 @@
+"""Checkpoints evaluated on the same instances, compared per size group and paired."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from mapfjax import stats
+from mapfjax.configfile import ROOT
+from mapfjax.env import io
+from mapfjax.env.types import Problem
+from mapfjax.eval import evaluate as ev
+
+
+def _problem(i: int, n: int) -> Problem:
+    grid = tuple("F" * n for _ in range(n))
+    return Problem(f"p{i}", grid, ((0, 0), (n - 1, n - 1)), ((n - 1, 0), (0, n - 1)))
+
+
+def _eval_dir(path, valid: dict[str, bool]):
+    path.mkdir()
+    rows = [{"id": k, "valid": v, "optimal": v} for k, v in valid.items()]
+    (path / "verdicts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture
+def case(tmp_path):
+    problems = [_problem(i, 3 if i < 6 else 7) for i in range(10)]
+    a = [True, True, False, False, True, False, True, False, False, False]
+    b = [True, False, True, True, True, True, False, False, True, False]
+    ids = [p.id for p in problems]
+    dirs = [
+        _eval_dir(tmp_path / k, dict(zip(ids, v, strict=True))) for k, v in (("a", a), ("b", b))
+    ]
+    return problems, dirs, a, b
+
+
+def test_rates_and_paired_changes_per_size_group(case):
+    problems, dirs, a, b = case
+    table = ev.compare_evaluations(dirs, ["A", "B"], problems, [(3,), (3, 7)])
+    lines = table.splitlines()
+    assert lines[0].startswith("| model | 3x3-3x3 valid % (n=6) | vs A (points) | discordant |")
+    small = stats.paired_proportion_difference(b[:6], a[:6])
+    assert small.value == pytest.approx(2 / 6)
+    allp = stats.paired_proportion_difference(b, a)
+    assert lines[2] == "| A | 50.0 [19, 81] | - | - | 40.0 [17, 69] | - | - |"
+    want_small = f"+33.3 [{stats.percent(small.low, 0)}, {stats.percent(small.high, 0)}]"
+    want_all = f"+20.0 [{stats.percent(allp.low, 0)}, {stats.percent(allp.high, 0)}]"
+    assert lines[3] == f"| B | 83.3 [44, 97] | {want_small} | 4 | 60.0 [31, 83] | {want_all} | 6 |"
+
+
+def test_mismatched_answers_or_an_empty_group_are_clear_errors(case, tmp_path):
+    problems, dirs, a, _ = case
+    with pytest.raises(ValueError, match="0 answered puzzles are not in the instances and 1"):
+        ev.compare_evaluations(dirs, ["A", "B"], problems + [_problem(99, 3)], [(3,)])
+    with pytest.raises(ValueError, match=r"sizes \(5,\): no puzzle of these sizes"):
+        ev.compare_evaluations(dirs, ["A", "B"], problems, [(5,)])
+    with pytest.raises(ValueError, match="2 evaluations but 1 labels"):
+        ev.compare_evaluations(dirs, ["A"], problems, [(3,)])
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "verdicts.jsonl").write_text("{")
+    with pytest.raises(ValueError, match="broken/verdicts.jsonl: not readable"):
+        ev.compare_evaluations([dirs[0], tmp_path / "broken"], ["A", "B"], problems, [(3,)])
+
+
+def test_command_line(case, tmp_path):
+    problems, dirs, _, _ = case
+    io.save_instances(tmp_path / "inst.jsonl", problems)
+    argv = [sys.executable, "launch/compare_evals.py", f"--instances={tmp_path / 'inst.jsonl'}",
+            f"--evals={dirs[0]},{dirs[1]}", "--sizes=3", "--sizes=3-7",
+            f"--out={tmp_path / 't.md'}"]  # fmt: skip
+    out = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "t.md").read_text().strip() == out.stdout.strip()
+    assert "| b | 83.3 [44, 97] | +33.3" in out.stdout
+    bad = subprocess.run([*argv[:3], f"--evals={dirs[0]},{tmp_path}"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert bad.returncode == 2 and bad.stderr.strip().startswith("error: ")
