@@ -24,8 +24,8 @@ def main(argv):
     absl_logging.set_verbosity(absl_logging.WARNING)  # JAX's backend probing is chatty
     from mapfjax import files
     from mapfjax.env import io
+    from mapfjax.env.config import parse_sizes
     from mapfjax.eval import evaluate as ev
-    from mapfjax.eval.frontier import parse_sizes
 
     labels = _LABELS.value or [pathlib.Path(d).name for d in _EVALS.value]
     try:

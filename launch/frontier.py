@@ -35,6 +35,7 @@ def main(argv):
     import jax.numpy as jnp
 
     from mapfjax import parallel
+    from mapfjax.env import config as env_config
     from mapfjax.eval import frontier
     from mapfjax.models import hf
     from mapfjax.models import tokenizer as tok_lib
@@ -43,7 +44,7 @@ def main(argv):
     try:
         cfg = frontier.FrontierConfig(
             agents=_AGENTS.value,
-            sizes=frontier.parse_sizes(_SIZES.value),
+            sizes=env_config.parse_sizes(_SIZES.value),
             hole_ratios=frontier.parse_ratios(_HOLES.value),
             per_cell=_PER_CELL.value,
             samples=_SAMPLES.value,

@@ -14,6 +14,9 @@ import sys
 
 import jax
 
+from mapfjax.env.config import ConfigError
+from mapfjax.env.config import parse_sizes as config_parse_sizes
+
 
 def _emit(row: dict) -> None:
     sys.stdout.write(json.dumps(row) + "\n")
@@ -72,15 +75,11 @@ def list_of(item, what: str):
 
 
 def parse_sizes(spec: str) -> tuple[int, ...]:
-    """'3-10' -> (3, ..., 10); '3,5,7' -> (3, 5, 7). Map sizes are integers in [2, 40]."""
+    """argparse type: `config.parse_sizes` ('3-10', '3,5,7', '3-5,8'), map sizes in [2, 40]."""
     allowed = "a range like 3-10 or a list like 3,5,7 of map sizes in [2, 40]"
     try:
-        if "-" in spec:
-            lo, hi = spec.split("-")
-            sizes = tuple(range(int(lo), int(hi) + 1))
-        else:
-            sizes = tuple(int(s) for s in spec.split(","))
-    except ValueError:
+        sizes = config_parse_sizes(spec)
+    except ConfigError:
         raise argparse.ArgumentTypeError(f"{spec!r}; allowed: {allowed}") from None
     if not sizes or not all(2 <= n <= 40 for n in sizes):
         raise argparse.ArgumentTypeError(f"{spec!r}; allowed: {allowed}")

@@ -49,6 +49,21 @@ def key_size(key: str) -> int:
     return int(k)
 
 
+def parse_sizes(text: str) -> tuple[int, ...]:
+    """'3-10' or '3,5,7' or '3-5,8' -> sorted map sizes; ConfigError names the bad part."""
+    out: set[int] = set()
+    for part in str(text).split(","):
+        lo, sep, hi = part.strip().partition("-")
+        try:
+            a, b = int(lo), int(hi) if sep else int(lo)
+        except ValueError:
+            raise ConfigError(f"sizes {text!r}: {part!r} is not N or N-M (e.g. 3-10)") from None
+        if a > b:
+            raise ConfigError(f"sizes {text!r}: range {part!r} runs backwards")
+        out.update(range(a, b + 1))
+    return tuple(sorted(out))
+
+
 def default_config(
     num_agents: int = 2,
     sizes: Iterable[int] = PAPER_SIZES,

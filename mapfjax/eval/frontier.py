@@ -120,21 +120,6 @@ class FrontierConfig:
                 raise ValueError(f"frontier: {name} = {values!r} repeats a value")
 
 
-def parse_sizes(text: str) -> tuple[int, ...]:
-    """'3-10' or '3,5,7' or '3-5,8' -> sorted map sizes; ValueError names the bad part."""
-    out: set[int] = set()
-    for part in str(text).split(","):
-        lo, sep, hi = part.strip().partition("-")
-        try:
-            a, b = int(lo), int(hi) if sep else int(lo)
-        except ValueError:
-            raise ValueError(f"sizes {text!r}: {part!r} is not N or N-M (e.g. 3-10)") from None
-        if a > b:
-            raise ValueError(f"sizes {text!r}: range {part!r} runs backwards")
-        out.update(range(a, b + 1))
-    return tuple(sorted(out))
-
-
 def parse_ratios(text: str) -> tuple[float, ...]:
     """'0,0.1,0.2' -> sorted hole ratios; ValueError names the bad part."""
     out = []

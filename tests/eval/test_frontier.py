@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from mapfjax import env
+from mapfjax.env import config as env_config
 from mapfjax.eval import frontier
 from mapfjax.models import hf
 from mapfjax.models import tokenizer as tok_lib
@@ -114,12 +115,12 @@ def test_rows_cover_every_requested_cell_and_name_empty_splits():
 
 
 def test_parse_and_validate_errors():
-    assert frontier.parse_sizes("3-5,8") == (3, 4, 5, 8)
+    assert env_config.parse_sizes("3-5,8") == (3, 4, 5, 8)
     assert frontier.parse_ratios("0.2,0,0.1") == (0.0, 0.1, 0.2)
     with pytest.raises(ValueError, match="'x' is not N or N-M"):
-        frontier.parse_sizes("3,x")
+        env_config.parse_sizes("3,x")
     with pytest.raises(ValueError, match="runs backwards"):
-        frontier.parse_sizes("10-3")
+        env_config.parse_sizes("10-3")
     with pytest.raises(ValueError, match="'a' is not a number"):
         frontier.parse_ratios("0,a")
     with pytest.raises(ValueError, match=r"hole_ratios = \(0.0, 0.7\); allowed"):
