@@ -29,3 +29,18 @@ def require(key: str, value, ok: bool, allowed: str) -> None:
     """Raise ValueError("KEY = VALUE; allowed: ALLOWED") unless `ok`."""
     if not ok:
         raise ValueError(f"{key} = {value!r}; allowed: {allowed}")
+
+
+def require_int(key: str, value, least: int) -> None:
+    """`require` an integer (not a bool) >= least."""
+    require(key, value, is_int(value) and value >= least, f"an integer >= {least}")
+
+
+def require_dtype(key: str, value) -> None:
+    """`require` a name JAX reads as a dtype ('float32', 'bfloat16', ...)."""
+    import jax.numpy as jnp  # only this check needs JAX
+
+    try:
+        jnp.dtype(value)
+    except TypeError:
+        require(key, value, False, "a dtype name, e.g. 'bfloat16', 'float32'")

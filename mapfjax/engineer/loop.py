@@ -19,7 +19,7 @@ import ml_collections
 import numpy as np
 
 from mapfjax import files, parallel, stats
-from mapfjax.checks import is_finite_real, is_int, require
+from mapfjax.checks import is_finite_real, is_int, require, require_dtype, require_int
 from mapfjax.engineer import context as ctx_lib
 from mapfjax.engineer import engineers as eng_lib
 from mapfjax.engineer import policy as policy_fns
@@ -93,15 +93,13 @@ def _check_validation(v: ml_collections.ConfigDict, max_size: int) -> None:
             "validation.sizes", sizes, ok,
             f"map sizes in [{lo}, env.max_size={max_size}] with room for {agents} starts and goals",
         )  # fmt: skip
-    per = v.get("per_size")
-    require("validation.per_size", per, is_int(per) and per >= 1, "an integer >= 1")
+    require_int("validation.per_size", v.get("per_size"), 1)
     env_config.check_hole_ratios((v.get("hole_ratio"),), "validation.hole_ratio")
     env_config.check_hole_ratios(v.get("hole_ratios", ()), "validation.hole_ratios")
     wait = v.get("wait_ratio")
     require("validation.wait_ratio", wait, is_finite_real(wait) and 0 <= wait <= 1, "[0, 1]")
     for key, least in (("samples", 0), ("seed", 0), ("max_new_tokens", 1), ("batch_size", 1)):
-        x = v.get(key, least)
-        require(f"validation.{key}", x, is_int(x) and x >= least, f"an integer >= {least}")
+        require_int(f"validation.{key}", v.get(key, least), least)
 
 
 def _check_engineer(e: ml_collections.ConfigDict) -> None:
@@ -110,7 +108,7 @@ def _check_engineer(e: ml_collections.ConfigDict) -> None:
     eng_lib.make_engineer(e.settings)  # name, keys and values (functions are injected later)
     ctx_lib.check_modules(e.modules)
     tokens, temp = e.get("max_new_tokens", 1), e.get("temperature", 0.0)
-    require("engineer.max_new_tokens", tokens, is_int(tokens) and tokens >= 1, "an integer >= 1")
+    require_int("engineer.max_new_tokens", tokens, 1)
     require("engineer.temperature", temp, is_finite_real(temp) and temp >= 0, "a number >= 0")
     name = e.get("variant")
     if name is None or name == "custom":
@@ -137,15 +135,10 @@ def check_config(c: ml_collections.ConfigDict) -> None:
     """Check a whole run config before anything is loaded or written (a bad key found after
     round 0's training would cost the round): raises ValueError naming the key, its value and
     what is allowed."""
-    require("rounds", c.get("rounds"), is_int(c.get("rounds")) and c.rounds >= 1, "an int >= 1")
-    require("seed", c.get("seed"), is_int(c.get("seed")) and c.seed >= 0, "an integer >= 0")
+    require_int("rounds", c.get("rounds"), 1)
+    require_int("seed", c.get("seed"), 0)
     env_config.validate_at(c.env, "env")
-    try:
-        jnp.dtype(c.model.dtype)
-    except TypeError:
-        raise ValueError(
-            f"model.dtype = {c.model.dtype!r}; allowed: e.g. 'bfloat16', 'float32'"
-        ) from None
+    require_dtype("model.dtype", c.model.dtype)
     settings = driver.GRPOSettings.from_config(c)
     driver.optim_config(c, settings.steps, c.rounds).validate()
     _check_validation(c.validation, c.env.max_size)

@@ -18,7 +18,7 @@ from flax import nnx, struct
 from jax import lax
 
 from mapfjax import parallel
-from mapfjax.checks import is_finite_real, is_int, require
+from mapfjax.checks import is_finite_real, require, require_int
 
 Array = jax.Array
 
@@ -52,7 +52,7 @@ class Qwen3Config:
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             if f.type == "int":
-                require(f.name, v, is_int(v) and v >= 1, "an integer >= 1")
+                require_int(f.name, v, 1)
             elif f.type == "float":
                 require(f.name, v, is_finite_real(v) and v > 0, "a number > 0")
         if self.num_heads % self.num_kv_heads:

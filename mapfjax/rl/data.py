@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 from mapfjax import configfile, files
-from mapfjax.checks import is_finite_real, is_int, require
+from mapfjax.checks import is_finite_real, is_int, require, require_dtype, require_int
 from mapfjax.env import config as env_config
 from mapfjax.env import generator, io, oracle, text
 from mapfjax.env.types import Problem
@@ -276,26 +276,20 @@ def check_recipe(cfg) -> None:
     """Check a tiny-model recipe config (configs/tiny_model.py) before any data is generated or
     any model built: a bad value found after hours of SFT would cost them. Raises ValueError
     naming the key, its value and what is allowed."""
-    import jax.numpy as jnp
-
     from mapfjax.models import qwen3
     from mapfjax.rl import driver
     from mapfjax.rl.optim import OptimConfig
 
     def at_least(key: str, least: int) -> None:
         node, last = configfile.key_path(cfg, key)
-        v = node[last]
-        require(key, v, is_int(v) and v >= least, f"an integer >= {least}")
+        require_int(key, node[last], least)
 
     for key, least in (("seed", 0), ("processes", 0), ("sft.instances", 1),
                        ("sft.checkpoint_every", 1), ("sft.log_every", 1),
                        ("validation.per_size", 1), ("validation.max_new_tokens", 1),
                        ("validation.batch_size", 1), ("rl.train.steps", 1)):  # fmt: skip
         at_least(key, least)
-    try:
-        jnp.dtype(cfg.dtype)
-    except TypeError:
-        raise ValueError(f"dtype = {cfg.dtype!r}; allowed: e.g. 'float32', 'bfloat16'") from None
+    require_dtype("dtype", cfg.dtype)
     if cfg.get("init"):
         init = pathlib.Path(cfg.init)
         require("init", cfg.init, (init / "config.json").is_file(), "a model directory or ''")
