@@ -4,12 +4,19 @@ model checkpoint (no mapfjax imports here, so dependencies keep pointing down)."
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 
 
 class CheckpointError(ValueError):
     """A checkpoint is missing, malformed or does not match the Qwen3 architecture."""
+
+
+def missing_local_dir(path) -> bool:
+    """True when `path` names nothing on disk and cannot be a hub id ("owner/name") either:
+    the one rule for "no such model directory" (checkpoints and tokenizers alike)."""
+    return not Path(path).expanduser().exists() and not re.fullmatch(r"[\w.-]+/[\w.-]+", str(path))
 
 
 def check_dir(path, flag: str) -> None:

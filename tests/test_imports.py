@@ -14,7 +14,7 @@ ALLOWED = {
     "files.py": (),
     "configfile.py": (),
     "stats.py": ("mapfjax.checks",),
-    "models/tokenizer.py": (),
+    "models/tokenizer.py": ("mapfjax.files",),
     "models/bpe.py": ("mapfjax.files", "mapfjax.checks", "mapfjax.models.tokenizer"),
     "models/hf.py": ("mapfjax.parallel", "mapfjax.files", "mapfjax.models.qwen3"),
     "env/io.py": ("mapfjax.files", "mapfjax.checks", "mapfjax.env"),

@@ -21,7 +21,7 @@ import ml_dtypes
 import numpy as np
 from flax import nnx
 
-from mapfjax import parallel
+from mapfjax import files, parallel
 from mapfjax.files import CheckpointError
 from mapfjax.models.qwen3 import Qwen3, Qwen3Config
 
@@ -265,7 +265,7 @@ def _resolve(path_or_hub_id) -> pathlib.Path:
     if path.exists():
         return path
     text = str(path_or_hub_id)
-    if not re.fullmatch(r"[\w.-]+/[\w.-]+", text):
+    if files.missing_local_dir(text):
         raise CheckpointError(f"{text}: no such checkpoint directory")
     try:
         import huggingface_hub  # only hub ids need it (a transformers dependency, not ours)

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 import jax.numpy as jnp
 import numpy as np
 
+from mapfjax import files
+
 # Qwen3's ids (docs/paper.md section 7), declared only here; `special_ids` prefers the
 # tokenizer's own.
 PAD_ID = 151643  # <|endoftext|>
@@ -49,7 +51,7 @@ def load_tokenizer(path):
     import transformers  # slow to import (seconds); only loading a tokenizer needs it
 
     local = pathlib.Path(path).expanduser()
-    if not local.is_dir() and (local.is_absolute() or str(path).startswith((".", "~"))):
+    if files.missing_local_dir(path):
         raise OSError(f"{path}: no such directory (expected a model directory with config.json)")
     try:
         return transformers.AutoTokenizer.from_pretrained(str(local))
