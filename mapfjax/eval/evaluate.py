@@ -570,9 +570,9 @@ def compare_evaluations(
         header += [f"{name} valid % (n={len(members)})", f"vs {labels[0]} (points)", "discordant"]
         cols.append(members)
 
-    def cell(e: stats.Estimate, scale: int = 1) -> str:
+    def cell(e: stats.Estimate, signed: bool) -> str:
         lo, hi = stats.percent(e.low, 0), stats.percent(e.high, 0)
-        return f"{'+' if scale and e.value > 0 else ''}{stats.percent(e.value)} [{lo}, {hi}]"
+        return f"{'+' if signed and e.value > 0 else ''}{stats.percent(e.value)} [{lo}, {hi}]"
 
     table = []
     for label, rows in zip(labels, verdicts, strict=True):
@@ -580,11 +580,11 @@ def compare_evaluations(
         for members in cols:
             mine = [bool(rows[i]["valid"]) for i in members]
             base = [bool(verdicts[0][i]["valid"]) for i in members]
-            line.append(cell(stats.proportion(mine), scale=0))
+            line.append(cell(stats.proportion(mine), signed=False))
             if rows is verdicts[0]:
                 line += ["-", "-"]
             else:
-                line.append(cell(stats.paired_proportion_difference(mine, base)))
+                line.append(cell(stats.paired_proportion_difference(mine, base), signed=True))
                 line.append(sum(a != b for a, b in zip(mine, base, strict=True)))
         table.append(line)
     return stats.markdown_table(header, table)
