@@ -1,12 +1,18 @@
-"""Low-level file helpers every layer may import: atomic writes and the error for a malformed
-model checkpoint (no mapfjax imports here, so dependencies keep pointing down)."""
+"""Low-level file helpers every layer may import: atomic writes, torn JSONL tails, digests and
+the error for a malformed model checkpoint (no mapfjax imports here, so dependencies keep
+pointing down)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import os
 import re
 import tempfile
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(ValueError):
@@ -52,3 +58,63 @@ def atomic_write(path, data: str | bytes) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def torn_tail(data: bytes) -> int | None:
+    """The byte offset where the last line of JSONL `data` starts when a crash mid-append tore
+    it (no newline and not a whole JSON value: an object's text ends with its closing brace),
+    else None. A last line without a newline that parses is complete (valid JSONL may end so)."""
+    start = data.rfind(b"\n") + 1
+    tail = data[start:]
+    if not tail.strip():
+        return None
+    try:
+        json.loads(tail.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return start
+    return None
+
+
+def warn_torn(path, data: bytes, start: int, consequence: str) -> None:
+    """The one warning for a torn last line: file, line, the first bytes and what follows."""
+    log.warning(
+        "%s:%d: the last line is torn (no newline, not valid JSON: %r); %s",
+        path, data.count(b"\n", 0, start) + 1, data[start : start + 60], consequence,
+    )  # fmt: skip
+
+
+def drop_torn_tail(path, consequence: str) -> None:
+    """Cut a torn last line (`torn_tail`) off the JSONL file at `path`, with a warning naming
+    the file, the line and `consequence`."""
+    path = Path(path)
+    data = path.read_bytes()
+    start = torn_tail(data)
+    if start is not None:
+        warn_torn(path, data, start, f"removing its {len(data) - start} bytes; {consequence}")
+        atomic_write(path, data[:start])
+
+
+def append_lines(path, lines, sync: bool = False) -> None:
+    """Append text lines (each ending in a newline) to `path`, each in one write() to an
+    O_APPEND descriptor, so concurrent readers never see half a line; a file whose last line
+    has no newline gets one first. sync: fsync before returning."""
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            os.write(fd, b"\n")
+        for line in lines:
+            os.write(fd, line.encode())
+        if sync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sha256(path) -> str:
+    """Hex SHA-256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

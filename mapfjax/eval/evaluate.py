@@ -12,7 +12,6 @@ import io as std_io
 import json
 import logging
 import math
-import os
 import pathlib
 import re
 from collections.abc import Callable, Sequence
@@ -154,16 +153,6 @@ class ApiSolver(api_chat.Endpoint):
 # --------------------------------------------------------------------------- answers file
 
 
-def _is_complete_line(tail: bytes) -> bool:
-    """A last line without its newline is complete when it is a whole JSON value: a line
-    torn by a crash mid-write never is (an object's text ends with its closing brace)."""
-    try:
-        json.loads(tail.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return False
-    return True
-
-
 def read_answers(path) -> dict[str, io.Answer]:
     """Answers already in `path` (id -> its first `io.Answer`), {} when it does not exist.
 
@@ -174,20 +163,8 @@ def read_answers(path) -> dict[str, io.Answer]:
     path = pathlib.Path(path)
     if not path.exists():
         return {}
-    raw = io.read_bytes(path)
-    start = raw.rfind(b"\n") + 1
-    tail = raw[start:]
-    if tail.strip() and not _is_complete_line(tail):
-        line = raw.count(b"\n") + 1
-        log.warning(
-            "%s:%d: the last line is torn (no newline, not valid JSON: %r); removing its %d "
-            "bytes from the file, its answer will be generated again",
-            path,
-            line,
-            tail[:60],
-            len(tail),
-        )
-        files.atomic_write(path, raw[:start])
+    io.read_bytes(path)  # a directory in the way is one error
+    files.drop_torn_tail(path, "its answer will be generated again")
     out: dict[str, io.Answer] = {}
     for a in io.read_answer_lines(path):
         out.setdefault(a.id, a)
@@ -199,16 +176,7 @@ def append_answers(path, rows: Sequence[dict]) -> None:
     then fsync. A file whose last line has no newline gets one first."""
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        size = os.fstat(fd).st_size
-        if size and os.pread(fd, 1, size - 1) != b"\n":
-            os.write(fd, b"\n")
-        for row in rows:
-            os.write(fd, (json.dumps(row, ensure_ascii=False) + "\n").encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    files.append_lines(path, [json.dumps(row, ensure_ascii=False) + "\n" for row in rows], True)
 
 
 def generate_answers(

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import pathlib
 import warnings
 from collections.abc import Mapping
+
+from mapfjax import files
 
 # Metric keys shown on the progress bar when present.
 BAR_KEYS = ("loss", "reward_mean", "valid_rate", "entropy", "grad_norm", "lr")
@@ -65,6 +66,8 @@ class MetricsLogger:
         self.logdir = pathlib.Path(logdir).expanduser()
         self.logdir.mkdir(parents=True, exist_ok=True)
         self.path = self.logdir / "metrics.jsonl"
+        if self.path.is_file():  # a crash mid-append: the next step must not join the fragment
+            files.drop_torn_tail(self.path, "that step is logged again when it is retrained")
         self.warn_truncation = warn_truncation
         self.tb = None
         if tensorboard:
@@ -95,12 +98,7 @@ class MetricsLogger:
         """Records the metrics of one step; returns the JSON object written."""
         record = {"step": int(step), **{k: _jsonable(v) for k, v in {**metrics, **extra}.items()}}
         line = json.dumps(record, allow_nan=True, sort_keys=False) + "\n"
-        # One write() on an O_APPEND descriptor: concurrent readers never see half a line.
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, line.encode())
-        finally:
-            os.close(fd)
+        files.append_lines(self.path, [line])
         scalars = {k: s for k, v in record.items() if k != "step" and (s := _scalar(v)) is not None}
         if self.tb is not None:
             # flax's writer names it `scalar`, tensorboardX `add_scalar`.
@@ -154,19 +152,32 @@ def _jsonable(value):
 
 def read_metrics(path) -> list[dict]:
     """Reads a metrics JSONL file (gzip-compressed when its name ends in .gz, as in the small
-    copies kept under results/); a malformed line raises ValueError naming file and line."""
+    copies kept under results/). A last line torn by a crash mid-append is skipped with a
+    warning; any other malformed line raises ValueError naming the file, the line and what to
+    delete."""
     path = pathlib.Path(path)
-    records = []
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not a JSON object ({e.msg})") from None
-            if not isinstance(record, dict) or "step" not in record:
-                raise ValueError(f"{path}:{lineno}: expected an object with a 'step' key")
-            records.append(record)
+    with opener(path, "rb") as f:
+        data = f.read()
+    torn = files.torn_tail(data)
+    if torn is not None:
+        files.warn_torn(path, data, torn, "skipped (that step's metrics are lost)")
+        data = data[:torn]
+    records = []
+    for lineno, line in enumerate(data.decode("utf-8", errors="replace").split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(
+                f"{path}:{lineno}: not a JSON object ({e.msg}); delete that line (one step's "
+                "metrics) and rerun"
+            ) from None
+        if not isinstance(record, dict) or "step" not in record:
+            raise ValueError(
+                f"{path}:{lineno}: expected an object with a 'step' key; delete that line (one "
+                "step's metrics) and rerun"
+            )
+        records.append(record)
     return records

@@ -167,3 +167,26 @@ def test_read_metrics_names_the_bad_line(tmp_path):
     path.write_text('{"step": 1, "loss": 0.1}\n{"step": 2, "loss":\n')
     with pytest.raises(ValueError, match=f"{path}:2: not a JSON object"):
         read_metrics(path)
+    path.write_text('{"step": 1, "loss": 0.1}\n{"step": 2, "loss" 0.2}\n{"step": 3}\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl:2: not a JSON object .*delete that line"):
+        read_metrics(path)
+
+
+def test_a_torn_last_metrics_line_is_skipped_and_cut_before_the_next_append(tmp_path, caplog):
+    """A crash mid-append leaves half a line: reading skips it with a warning; a resumed
+    logger cuts it off so the next step does not join the fragment."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 0.1}\n{"step": 2, "lo')
+    with caplog.at_level("WARNING"):
+        assert [r["step"] for r in read_metrics(path)] == [1]
+    assert f"{path}:2: the last line is torn" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"), MetricsLogger(tmp_path, tensorboard=False) as log:
+        log.log(2, {"loss": 0.2})
+    assert "removing its 15 bytes" in caplog.text
+    assert [r["step"] for r in read_metrics(path)] == [1, 2]
+    path.write_text('{"step": 1}\n{"step": 2}')  # a whole last line without its newline
+    assert [r["step"] for r in read_metrics(path)] == [1, 2]
+    with MetricsLogger(tmp_path, tensorboard=False) as log:
+        log.log(3, {"loss": 0.3})
+    assert [r["step"] for r in read_metrics(path)] == [1, 2, 3]
