@@ -1,34 +1,18 @@
-"""Reward as a pure, configurable function of a `Verdict` [ours: the paper does not publish one]."""
+"""Reward as a pure, configurable function of a `Verdict` [ours: the paper does not publish one].
+
+The formula and its settings (`RewardConfig`, `combine`) live in score.py, shared with the
+pure-Python scorer."""
 
 from __future__ import annotations
-
-import dataclasses
 
 import jax.numpy as jnp
 import numpy as np
 
 from mapfjax.env import dynamics, types
 from mapfjax.env.dynamics import Verdict
+from mapfjax.env.score import DEFAULT_REWARD, RewardConfig, combine
 
-
-@dataclasses.dataclass(frozen=True)
-class RewardConfig:
-    """valid_reward for a valid plan, + optimal_bonus when it is also optimal; invalid plans
-    get invalid_reward (+ agent_credit x the share of their agents whose own path is legal and
-    ends on its goal, `agent_success`: a shaped reward, off by default), and unparseable
-    answers invalid_reward - format_penalty."""
-
-    valid_reward: float = 1.0
-    optimal_bonus: float = 0.5
-    invalid_reward: float = 0.0
-    format_penalty: float = 0.0
-    agent_credit: float = 0.0
-
-    def __post_init__(self):
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if not isinstance(v, (int, float)) or v != v:
-                raise ValueError(f"reward.{f.name} = {v!r}; allowed: a finite number")
+__all__ = ["RewardConfig", "agent_success", "rewards"]  # RewardConfig lives in score.py
 
 
 def agent_success(instances, parsed) -> np.ndarray:
@@ -47,7 +31,7 @@ def agent_success(instances, parsed) -> np.ndarray:
 
 
 def rewards(
-    verdict: Verdict, config: RewardConfig = RewardConfig(), agent_share=None
+    verdict: Verdict, config: RewardConfig = DEFAULT_REWARD, agent_share=None
 ) -> jnp.ndarray:
     """float32 [B] rewards for a batch of verdicts; agent_share [B] (`agent_success`) is
     needed when config.agent_credit > 0."""
@@ -56,13 +40,5 @@ def rewards(
     valid = verdict.valid.astype(jnp.float32)
     optimal = verdict.optimal.astype(jnp.float32)
     parse_error = (verdict.failure == types.PARSE_ERROR).astype(jnp.float32)
-    return (
-        valid * (config.valid_reward + config.optimal_bonus * optimal)
-        + (1.0 - valid) * config.invalid_reward
-        - parse_error * config.format_penalty
-        + (
-            (1.0 - valid) * config.agent_credit * jnp.asarray(agent_share, jnp.float32)
-            if config.agent_credit
-            else 0.0
-        )
-    )
+    share = jnp.asarray(agent_share, jnp.float32) if config.agent_credit else 0.0
+    return combine(valid, optimal, parse_error, config, share)

@@ -7,14 +7,19 @@ dynamics.py; the test suite and benchmarks/bench_env.py compare the two.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from mapfjax.env.types import Problem
+if TYPE_CHECKING:  # pure Python at run time: the scorer (score.py) loads this without JAX
+    from mapfjax.env.types import Problem
 
 _MOVES = {0: (0, 0), 1: (-1, 0), 2: (1, 0), 3: (0, -1), 4: (0, 1)}
 
 
 def simulate(problem: Problem, plan: Sequence[Sequence[int]] | None) -> dict:
     """Simulate per-agent action lists; None means the answer did not parse.
+
+    problem: a `Problem`, or any record with its `grid`, `starts` and `goals` (score.py's
+    `Puzzle`).
 
     Returns {"valid", "failure", "failure_time", "failure_agent", "failure_agents",
     "failure_cells", "failure_positions", "soc", "makespan", "positions"}: positions[t] lists
@@ -28,7 +33,9 @@ def simulate(problem: Problem, plan: Sequence[Sequence[int]] | None) -> dict:
     """
     if plan is None:
         return _result("parse_error", -1, (), [])
-    n = problem.num_agents
+    n = len(problem.starts)
+    height = len(problem.grid)
+    width = len(problem.grid[0]) if problem.grid else 0
     plan = [list(plan[i]) if i < len(plan) else [] for i in range(n)]
     horizon = max((len(p) for p in plan), default=0)
     pos = [tuple(s) for s in problem.starts]
@@ -43,7 +50,7 @@ def simulate(problem: Problem, plan: Sequence[Sequence[int]] | None) -> dict:
         illegal = []
         for i in range(n):
             cell = new[i]
-            if cell is None or not (0 <= cell[0] < problem.height and 0 <= cell[1] < problem.width):
+            if cell is None or not (0 <= cell[0] < height and 0 <= cell[1] < width):
                 illegal.append(i)
         if illegal:
             stay = [pos[i] if i in illegal else new[i] for i in range(n)]
