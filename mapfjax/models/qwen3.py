@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import chex
@@ -288,13 +288,57 @@ def _attend(q: Array, segments: Sequence[Keys], scale: float) -> Array:
     return out
 
 
-def _attend_remat(q, segments, scale):
-    return _attend(q, segments, scale)
+def _fused_implementation() -> str | None:
+    """`jax.nn.dot_product_attention`'s implementation here: cuDNN's fused kernel on GPU, the
+    XLA reference elsewhere (CPU, and TPU, where XLA fuses the softmax itself)."""
+    return "cudnn" if jax.default_backend() == "gpu" else None
+
+
+def _attend_fused(q: Array, segments: Sequence[Keys], scale: float) -> Array:
+    """`_attend` through `jax.nn.dot_product_attention`: the same inputs and result. Shared
+    segments are broadcast over their G rows and all segments concatenated into one key axis
+    (the kernel takes one key set per row; the broadcast's gradient sums over the G rows)."""
+    b, g, c, kh, qh, d = q.shape
+    ks, vs, masks = [], [], []
+    for seg in segments:
+        k, v, allowed = seg.k, seg.v, seg.allowed
+        if seg.shared:
+            k = jnp.broadcast_to(k[:, None], (b, g, *k.shape[1:]))
+            v = jnp.broadcast_to(v[:, None], (b, g, *v.shape[1:]))
+            if allowed.ndim == 2:  # [B, S] validity of a shared prefix
+                allowed = allowed[:, None, None, :]
+        s = k.shape[-2]
+        ks.append(jnp.swapaxes(k, 2, 3).reshape(b * g, s, kh, d))  # [B * G, S, K, D]
+        vs.append(jnp.swapaxes(v, 2, 3).reshape(b * g, s, kh, d).astype(q.dtype))
+        masks.append(jnp.broadcast_to(allowed, (b, g, c, s)).reshape(b * g, 1, c, s))
+    out = jax.nn.dot_product_attention(
+        q.reshape(b * g, c, kh * qh, d),  # query head n = kv_head * Q + q, as the kernel's GQA
+        jnp.concatenate(ks, axis=1).astype(q.dtype),
+        jnp.concatenate(vs, axis=1),
+        mask=jnp.concatenate(masks, axis=-1),
+        scale=scale,
+        implementation=_fused_implementation(),
+    )
+    return out.reshape(q.shape)
+
+
+# Attention implementations by name (`Qwen3(attention_impl=...)`), each fn(q [B, G, C, K, Q, D],
+# segments, scale) -> [B, G, C, K, Q, D]: "einsum", the reference written out here (scores and
+# softmax in float32); "fused", `jax.nn.dot_product_attention` (cuDNN's flash kernel on GPU,
+# XLA's elsewhere). Decoding (one query per row) always uses the einsum path.
+ATTENTION_IMPLS: dict[str, Callable[[Array, Sequence[Keys], float], Array]] = {
+    "einsum": _attend,
+    "fused": _attend_fused,
+}
+
+
+def _attend_named(q, segments, scale, impl):
+    return ATTENTION_IMPLS[impl](q, segments, scale)
 
 
 # Long inputs attend in query chunks, each rematerialised in the backward pass, so the scores
 # held at once are [B, G, K, Q, chunk, S] rather than [..., C, S].
-_attend_chunk = jax.checkpoint(_attend_remat, static_argnums=(2,))
+_attend_chunk = jax.checkpoint(_attend_named, static_argnums=(2, 3))
 
 
 # On CPU, attention over many rows at once builds score tensors [rows, .., C, S] far larger
@@ -317,19 +361,25 @@ def _row_blocks(rows: int, per_row: int, block: int | None) -> int:
     return n
 
 
-def attention(q: Array, segments: Sequence[Keys], chunk: int, block: int | None = None) -> Array:
-    """`_attend` over q [B, G, C, K, Q, D] -> [B, G, C, K, Q, D], query-chunked when C > chunk
-    and chunk divides C (a segment's `allowed` must then be [.., C, S] or [.., 1, S]), and
-    otherwise cut into blocks of rows whose scores hold about `block` floats (`_row_blocks`:
-    by default on CPU only). Each chunk or block is rematerialised in the backward pass."""
+def attention(
+    q: Array, segments: Sequence[Keys], chunk: int, block: int | None = None, impl: str = "einsum"
+) -> Array:
+    """Attention of q [B, G, C, K, Q, D] -> [B, G, C, K, Q, D] by the `ATTENTION_IMPLS` entry
+    `impl`, query-chunked when C > chunk and chunk divides C (a segment's `allowed` must then
+    be [.., C, S] or [.., 1, S]), and otherwise cut into blocks of rows whose scores hold
+    about `block` floats (`_row_blocks`: by default on CPU only). Each chunk or block is
+    rematerialised in the backward pass. cuDNN's fused kernel takes the whole input at once
+    (it never holds the [C, S] scores)."""
     b, g, c = q.shape[:3]
     scale = q.shape[-1] ** -0.5
+    if impl == "fused" and _fused_implementation() == "cudnn":
+        return _attend_fused(q, segments, scale)
     if c > chunk and c % chunk == 0:
-        return _query_chunks(q, segments, chunk, scale)
+        return _query_chunks(q, segments, chunk, scale, impl)
     keys = sum(seg.k.shape[-2] for seg in segments)
     n = _row_blocks(b, g * q.shape[3] * q.shape[4] * c * keys, block)
     if n == 1:
-        return _attend(q, segments, scale)
+        return ATTENTION_IMPLS[impl](q, segments, scale)
 
     # Block j holds rows j, j + n, ...: with rows sharded in contiguous slices over devices,
     # every device keeps an equal share of every block.
@@ -343,13 +393,13 @@ def attention(q: Array, segments: Sequence[Keys], chunk: int, block: int | None 
     def one(xs):
         qb, ps = xs
         segs = [Keys(k, v, a, seg.shared) for seg, (k, v, a) in zip(segments, ps, strict=True)]
-        return _attend_chunk(qb, segs, scale)
+        return _attend_chunk(qb, segs, scale, impl)
 
     out = lax.map(one, (split(q), parts))  # [n, B / n, ...]
     return jnp.moveaxis(out, 0, 1).reshape(q.shape)
 
 
-def _query_chunks(q, segments, chunk, scale):
+def _query_chunks(q, segments, chunk, scale, impl):
     """Query blocks of `chunk` positions, one at a time (long sequences)."""
     c = q.shape[2]
     n = c // chunk
@@ -367,7 +417,7 @@ def _query_chunks(q, segments, chunk, scale):
     def one(xs):
         qc, masks = xs
         segs = [seg.replace(allowed=a) for seg, a in zip(segments, masks, strict=True)]
-        return _attend_chunk(qc, segs, scale)
+        return _attend_chunk(qc, segs, scale, impl)
 
     out = lax.map(one, (split(q), allowed))
     return jnp.moveaxis(out, 0, 2).reshape(q.shape)
@@ -488,14 +538,49 @@ def _stacked_layers(config: Qwen3Config, key, **kw) -> DecoderLayer:
     return layers
 
 
+# Remat policies by name: what each layer keeps for the backward pass (the rest is recomputed).
+# "none": everything (no recomputation); "full": only the layer's input; "dots_saveable": the
+# outputs of matmuls, recomputing norms, RoPE, softmax and activations (elementwise work);
+# "dots_with_no_batch_dims_saveable": the weight matmuls' outputs, not attention's batched ones.
+REMAT_POLICIES: dict[str, Callable | None] = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots_saveable": jax.checkpoint_policies.dots_saveable,
+    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def remat_policy_name(remat: bool | str | None) -> str:
+    """The `REMAT_POLICIES` name of a `remat` setting: True is "full", False or None "none";
+    ValueError naming the value and the allowed names otherwise."""
+    if remat is None or isinstance(remat, bool):
+        return "full" if remat else "none"
+    if remat not in REMAT_POLICIES:
+        raise ValueError(
+            f"remat={remat!r}: allowed True, False or a policy name in {sorted(REMAT_POLICIES)}"
+        )
+    return remat
+
+
+def check_attention_impl(impl: str) -> str:
+    """`impl` if it names an `ATTENTION_IMPLS` entry; ValueError naming the allowed ones."""
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(f"attention_impl={impl!r}: allowed {sorted(ATTENTION_IMPLS)}")
+    return impl
+
+
 class Qwen3(nnx.Module):
     """Qwen3 causal language model.
 
     dtype is the activation/matmul dtype; norms, softmax and logits are always float32.
-    remat rematerialises each layer in the backward pass; attention_chunk is the query block
-    length above which attention is computed blockwise (memory O(chunk x S), not O(T x S));
-    attention_block: score floats per block of rows (None: `CPU_SCORE_BLOCK` on CPU, one block
-    elsewhere; 0: one block, e.g. to plan an accelerator's memory on CPU).
+    remat: what each layer keeps for its backward pass, True ("full": its input only), False
+    ("none") or a name in `REMAT_POLICIES`; attention_impl: a name in `ATTENTION_IMPLS` for
+    prefill and training ("einsum", the reference, or "fused", `jax.nn.dot_product_attention`
+    with cuDNN on GPU); attention_chunk is the query block length above which attention is
+    computed blockwise (memory O(chunk x S), not O(T x S)); attention_block: score floats per
+    block of rows (None: `CPU_SCORE_BLOCK` on CPU, one block elsewhere; 0: one block, e.g. to
+    plan an accelerator's memory on CPU). remat and attention_impl may be reassigned on a
+    built model (they are read when a computation is traced).
     Under `jax.set_mesh`, activations are constrained to split rows over data x fsdp.
     The layers are stacked (parameters [L, ...]) and run with `lax.scan`: one compiled layer,
     and FSDP weight gathers happen layer by layer inside the loop.
@@ -507,12 +592,15 @@ class Qwen3(nnx.Module):
         *,
         dtype=jnp.bfloat16,
         param_dtype=jnp.bfloat16,
-        remat: bool = False,
+        remat: bool | str = False,
         rngs: nnx.Rngs | None = None,
         attention_chunk: int = 1024,
         attention_block: int | None = None,
+        attention_impl: str = "einsum",
     ):
         rngs = nnx.Rngs(0) if rngs is None else rngs
+        remat_policy_name(remat)
+        self.attention_impl = check_attention_impl(attention_impl)
         self.config, self.dtype, self.remat = config, dtype, remat
         self.chunk, self.score_block = attention_chunk, attention_block
         v, h = config.vocab_size, config.hidden_size
@@ -524,7 +612,8 @@ class Qwen3(nnx.Module):
             self.unembedding = _param(rngs, (h, v), ("embed", "vocab"), param_dtype)
 
     def _attention(self, q, segments):
-        return attention(q, segments, self.chunk, self.score_block)
+        impl = check_attention_impl(self.attention_impl)
+        return attention(q, segments, self.chunk, self.score_block, impl)
 
     def _embed(self, tokens: Array) -> Array:
         x = jnp.take(self.embedding[...], tokens, axis=0).astype(self.dtype)
@@ -544,8 +633,10 @@ class Qwen3(nnx.Module):
             x, (extra, y) = layer(x, positions, lambda q, k, v: attend(extra, layer_xs, q, k, v))
             return (parallel.constrain(x, _ACT), extra), y
 
-        # remat: keep only each layer's input for the backward pass, recompute the rest.
-        body = jax.checkpoint(body) if self.remat else body
+        # remat: keep what the policy names for the backward pass, recompute the rest.
+        name = remat_policy_name(self.remat)
+        if name != "none":
+            body = jax.checkpoint(body, policy=REMAT_POLICIES[name])
         (x, extra), ys = lax.scan(body, (x, extra), (params, xs))
         return self.final_norm(x), extra, ys
 

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import optax
 
 from mapfjax.checks import is_int
+from mapfjax.models.qwen3 import REMAT_POLICIES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +29,9 @@ class OptimConfig:
     accum_steps: micro-batches per update; the batch's rows must divide by it.
     max_bad_steps: `Trainer.step` raises RuntimeError after this many non-finite updates in a
         row (each one is skipped: parameters and optimiser state stay unchanged).
-    remat: rematerialise each layer in the backward pass (None keeps the model's setting).
+    remat: what each layer keeps for the backward pass: True (its input only, the rest is
+        recomputed), False, or a policy name in `qwen3.REMAT_POLICIES` ("none", "full",
+        "dots_saveable", ...); None keeps the model's setting.
     """
 
     lr: float = 1e-6
@@ -42,7 +45,7 @@ class OptimConfig:
     grad_clip: float = 1.0
     accum_steps: int = 1
     max_bad_steps: int = 5
-    remat: bool | None = None
+    remat: bool | str | None = None
     schedule: str = "cosine"
     cycle_steps: int = 0
 
@@ -68,7 +71,11 @@ class OptimConfig:
                 is_int(self.max_bad_steps) and self.max_bad_steps >= 1,
                 "an int >= 1",
             ),
-            ("remat", self.remat in (None, True, False), "None, True or False"),
+            (
+                "remat",
+                self.remat in (None, True, False) or self.remat in REMAT_POLICIES,
+                f"None, True, False or a policy name in {sorted(REMAT_POLICIES)}",
+            ),
             ("schedule", self.schedule in SCHEDULES, f"one of {sorted(SCHEDULES)}"),
             ("cycle_steps", is_int(self.cycle_steps) and self.cycle_steps >= 0, "an int >= 0"),
         ]

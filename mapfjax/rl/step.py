@@ -139,7 +139,7 @@ def train_step(
     loss_cfg,
     tx: optax.GradientTransformation,
     accum_steps: int,
-    remat: bool | None,
+    remat: bool | str | None,
     schedule: optax.Schedule,
 ) -> tuple[TrainState, dict[str, Array]]:
     """One optimiser update on `batch` (pure; jit it with the keyword arguments static).
@@ -148,7 +148,8 @@ def train_step(
     gradients accumulated as sum_k (w_k / sum w) * grad L_k, w_k = the loss's normaliser on
     micro-batch k, which equals the gradient of the full-batch loss for token-mean and
     sequence-mean aggregations. A non-finite loss or gradient leaves params and optimiser state
-    unchanged and counts the step in bad_steps / skipped.
+    unchanged and counts the step in bad_steps / skipped. remat: the model's remat setting for
+    this step (True, False or a `qwen3.REMAT_POLICIES` name; None keeps the model's own).
     """
 
     def micro_loss(params, mb):

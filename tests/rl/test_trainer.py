@@ -1,6 +1,7 @@
 """Trainer: sharded step == unsharded step, accumulation == one big batch, non-finite skips,
 old log-probs across iterations, no reference pass without KL, GRPO loss vs a NumPy reference."""
 
+import dataclasses
 import functools
 
 import jax
@@ -239,3 +240,19 @@ def test_model_view_and_config_errors():
         Trainer(tiny_model(), OPTIM, "ppo")
     with pytest.raises(ValueError, match="loss_fn='ppo'"):  # before any model is traced
         trainer_lib.lower_train_step(tiny_model, OPTIM, "ppo", None, None, 2, 8, 8)
+
+
+def test_remat_policy_by_name_gives_the_same_update_and_state_is_donated():
+    """OptimConfig.remat names a policy; the update equals the no-remat one, and the step
+    donates the parameters and optimiser moments it replaces (no second copy lives on)."""
+    params, metrics = reference_step("grpo")
+    optim = dataclasses.replace(OPTIM, remat="dots_saveable")
+    tr = Trainer(tiny_model(), optim, "grpo", loss_cfg=_cfg("grpo"))
+    old = tr.state
+    ours = tr.step(BATCH)
+    assert max_diff(tr.params, params) < 1e-5
+    assert ours["loss"] == pytest.approx(metrics["loss"], abs=1e-6)
+    donated = jax.tree.leaves((old.params, old.opt_state))
+    assert donated and all(x.is_deleted() for x in donated if x.ndim > 0)
+    with pytest.raises(ValueError, match="OptimConfig.remat='all'"):
+        OptimConfig(remat="all").validate()
