@@ -70,11 +70,13 @@ def row(item: Mapping, split: str = "train") -> dict:
 
 
 class Written(NamedTuple):
-    """What `write_rows` wrote: the file, its format ('parquet' or 'jsonl') and the row count."""
+    """What `write_rows` wrote: the file, its format ('parquet' or 'jsonl'), the row count and
+    why the format is not the one asked for ('' when it is)."""
 
     path: pathlib.Path
     format: str
     rows: int
+    note: str = ""
 
 
 def _format(path: pathlib.Path) -> str:
@@ -87,22 +89,22 @@ def _format(path: pathlib.Path) -> str:
 def write_rows(path, rows: list[dict]) -> Written:
     """Write rows as Parquet (a .parquet path; needs pyarrow) or JSONL (.jsonl, .json). Without
     pyarrow a .parquet request writes JSONL beside it (same name, .jsonl) and logs a warning."""
-    path = pathlib.Path(path)
+    path, note = pathlib.Path(path), ""
     if _format(path) == "parquet":
         try:
             import pyarrow as pa
             import pyarrow.parquet as pq
         except ImportError:
-            jsonl = path.with_suffix(".jsonl")
-            log.warning("pyarrow is not installed: writing JSONL to %s instead of %s", jsonl, path)
-            path = jsonl
+            note = f"pyarrow is not installed: JSONL instead of {path.name}"
+            path = path.with_suffix(".jsonl")
+            log.warning("%s; writing %s", note, path)
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
             pq.write_table(pa.Table.from_pylist(rows), path)
             return Written(path, "parquet", len(rows))
     path.parent.mkdir(parents=True, exist_ok=True)
     io.save_jsonl(path, rows)
-    return Written(path, "jsonl", len(rows))
+    return Written(path, "jsonl", len(rows), note)
 
 
 def read_rows(path) -> list[dict]:

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mapfjax.configfile import ROOT
 from mapfjax.env import answer, dataset, dynamics, reward, score, simulate, text, types
 from mapfjax.env.config import ConfigError, default_config
 from tests.env.test_dynamics import problem_and_plan
@@ -225,6 +226,7 @@ def test_parquet_without_pyarrow_writes_jsonl_and_says_so(small, tmp_path, monke
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow raises ImportError
     written = small.write(tmp_path / "train.parquet")
     assert written.path == tmp_path / "train.jsonl" and written.format == "jsonl"
+    assert written.note == "pyarrow is not installed: JSONL instead of train.parquet"
     assert "pyarrow is not installed" in caplog.text
     assert dataset.read_rows(written.path) == small.rows()
     with pytest.raises(ValueError, match=r"unknown file type '\.csv'"):
@@ -372,3 +374,23 @@ def test_generator_config_reads_round_files_run_files_and_config_files(tmp_path)
         dataset.generator_config(tmp_path / "odd.json")
     with pytest.raises(FileNotFoundError, match="missing.json"):
         dataset.generator_config(tmp_path / "missing.json")
+
+
+def test_export_command_writes_a_rounds_dataset(tmp_path, one_device_env):
+    cfg = default_config(num_agents=2, sizes=[3, 4], seed=11)
+    (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
+    out = tmp_path / "data" / "round.jsonl"
+    argv = ["--config", str(tmp_path / "config.json"), "--size", "6", "--out", str(out)]
+    command = [sys.executable, "launch/export_dataset.py", *argv, "--split", "test"]
+    done = subprocess.run(command, capture_output=True, text=True, env=one_device_env, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert f"wrote 6 rows as jsonl to {out}, seed 11" in done.stdout
+    rows = dataset.read_rows(out)
+    assert [r["extra_info"]["split"] for r in rows] == ["test"] * 6
+    for r in rows:
+        truth = r["reward_model"]["ground_truth"]
+        assert score.compute_score(r["data_source"], r["extra_info"]["answer"], truth) == 1.5
+    bad = subprocess.run(
+        [*command[:5], "0", *command[6:]], capture_output=True, text=True, cwd=ROOT
+    )
+    assert bad.returncode == 2 and "size = 0; allowed" in bad.stderr
