@@ -5,8 +5,8 @@ the reward definition (`RewardConfig`, `combine`: the one formula the jitted `re
 uses too). `compute_score` is verl's custom reward function, `reward` a TRL reward function.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: verl loads a reward file by path, and a loader that
+# does not register the module in sys.modules leaves dataclasses unable to read string annotations.
 import dataclasses
 import json
 from collections.abc import Mapping, Sequence

@@ -1,5 +1,6 @@
 """The dataset for other trainers and the pure-Python scorer, against the jitted verifier."""
 
+import importlib.util
 import inspect
 import json
 import re
@@ -282,6 +283,14 @@ def test_compute_score_has_verls_signature(small):
     assert score.compute_score(**kwargs, optimal_bonus=2.0) == 3.0  # reward_kwargs
     with pytest.raises(ValueError, match="unknown reward setting.*optimal_bonsu"):
         score.compute_score(**kwargs, optimal_bonsu=2.0)
+
+
+def test_score_file_loads_by_path_as_verl_loads_a_reward_file(small):
+    spec = importlib.util.spec_from_file_location("custom_module_unregistered", score.__file__)
+    module = importlib.util.module_from_spec(spec)  # not put in sys.modules
+    spec.loader.exec_module(module)
+    truth = dataset.row(small[0])["reward_model"]["ground_truth"]
+    assert module.compute_score(score.DATA_SOURCE, small[0]["answer"], truth, {}) == 1.5
 
 
 def test_reward_takes_trls_arguments(small):
