@@ -26,13 +26,25 @@ BROAD_SIZES = {3: 0.2, 4: 0.2, 5: 0.2, 6: 0.1, 7: 0.1, 8: 0.07, 9: 0.07, 10: 0.0
 BROAD_HOLES = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)
 
 
+# The reasoning-trace policy's range: the go/no-go held-out set is 3x3-6x6.
+TRACE_SIZES = {3: 0.25, 4: 0.25, 5: 0.25, 6: 0.25}
+VARIANTS = ("", "quick", "broad", "trace", "trace_quick")
+
+
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
     """arg "quick" shrinks every stage to a few steps (a smoke run of the pipeline); "broad"
     continues the shipped model on SFT data from the whole legal generator space (every size,
     hole ratio 0..0.5, half the instances needing a wait), validated on a held-out set from the
-    same space that shares no puzzle with the SFT data."""
+    same space that shares no puzzle with the SFT data. "trace" trains a policy that thinks
+    before it answers (`mapfjax.env.trace`) from scratch on 3x3-6x6 ("trace_quick": its smoke
+    run)."""
+    if arg not in VARIANTS:
+        raise ValueError(f"configs/tiny_model.py: unknown variant {arg!r}; known: {VARIANTS}")
     c = ml_collections.ConfigDict()
     c.seed = 0
+    # True: the completion is a reasoning trace (think block), then the answer; the tokenizer
+    # makes every "(r, c)" one token. The reward still reads only the answer.
+    c.thinking = False
     c.init = ""  # a checkpoint directory to continue from (its tokenizer too); "" = from scratch
     c.workdir = "/tmp/mapfjax_tiny"  # tokenizer, data cache, checkpoints, logs
     c.out_dir = "mapfjax/assets/tiny"  # exported model + tokenizer + VALIDATION.md
@@ -138,9 +150,35 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.validation.hole_ratios = BROAD_HOLES
         c.validation.per_size = 60  # 10 per (size, hole ratio)
         c.validation.spare = 0.25
+    if arg.startswith("trace"):
+        c.thinking = True
+        c.workdir = "runs/tiny_trace"
+        c.out_dir = "runs/tiny_trace/export"
+        c.tokenizer.vocab_size = 1024
+        # 6 layers: a trace's look-ups are short (match a cell token, copy what follows), and
+        # completions are ~10x longer than an answer alone, so depth is traded for updates.
+        c.model.num_layers = 6
+        c.sft.env = env_config(TRACE_SIZES, seed=21, wait_ratio=0.5)
+        c.sft.hole_ratios = BROAD_HOLES
+        c.sft.instances = 32768
+        c.sft.batch_size = 16
+        c.sft.stages = (1500, 3000, 6000)
+        c.rl.env = env_config(TRACE_SIZES, seed=22, wait_ratio=0.3)
+        c.rl.train.enable_thinking = True
+        c.rl.train.max_new_tokens = 512  # a 6x6 trace: ~240 tokens on average, ~500 at most
+        c.validation.env = env_config(TRACE_SIZES, seed=23456, wait_ratio=0.3)
+        c.validation.hole_ratios = (0.1, 0.2, 0.3)
+        c.validation.per_size = 30  # 10 per (size, hole ratio)
+        c.validation.spare = 0.25
+        c.validation.max_new_tokens = 512
+        c.validation.batch_size = 60
+    if arg == "trace_quick":
+        c.workdir = "/tmp/mapfjax_tiny_trace_quick"
+        c.out_dir = "/tmp/mapfjax_tiny_trace_quick/export"
     if arg == "quick":  # never into the package: a smoke run must not replace the shipped model
         c.workdir = "/tmp/mapfjax_tiny_quick"
         c.out_dir = "/tmp/mapfjax_tiny_quick/export"
+    if arg.endswith("quick"):
         c.tokenizer.instances = 200
         c.sft.instances = 256
         c.sft.batch_size = 16

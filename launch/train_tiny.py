@@ -73,10 +73,13 @@ def main(_):
     )  # fmt: skip
     bpe.attach_tokenizer(hf.save_pretrained(rl.model(), out), tok)
     shipped = hf.from_pretrained(out, dtype=jnp.float32)  # validate exactly what users load
+    thinking = bool(c.get("thinking", False))
     v = rollout.greedy_eval(
-        shipped, tok_lib.load_tokenizer(out), d.validation, c.validation.max_new_tokens
-    )
-    notes = [f"Greedy decoding, thinking off, seed {c.seed}; made by launch/train_tiny.py."]
+        shipped, tok_lib.load_tokenizer(out), d.validation, c.validation.max_new_tokens,
+        enable_thinking=thinking,
+    )  # fmt: skip
+    mode = "thinking on (reasoning trace)" if thinking else "thinking off"
+    notes = [f"Greedy decoding, {mode}, seed {c.seed}; made by launch/train_tiny.py."]
     report = rollout.validation_report(v, "Tiny model", notes, d.validation)
     files.atomic_write(out / "VALIDATION.md", report.encode())
     print(report)

@@ -44,6 +44,24 @@ SPLIT_PATTERN = (
 # (e.g. agents 2..4's symbols in a 2-agent corpus): fed to the trainer as often as the corpus.
 REQUIRED_TEXT = " ".join(GRID_SYMBOLS) + "\n" + ": " + " ".join(ACTIONS) + ", " + ", ".join(ACTIONS)
 
+# With coordinate tokens (a tokenizer for reasoning traces, `mapfjax.env.trace`), every cell
+# "(r, c)" of a map up to 10x10 is one piece and one token, in the prompt's agent lines as in
+# the trace, so a look-up of a cell is a match of one token.
+# The piece takes the space before it, as action words do: " (r, c)" is the token.
+COORDINATE_PATTERN = r" ?\(\d, \d\)"
+COORDINATES = tuple(f" ({r}, {c})" for r in range(10) for c in range(10))
+
+
+def split_pattern(coordinates: bool = False) -> str:
+    """The pre-tokenisation regex (coordinates first: a regex alternation takes the first)."""
+    return f"{COORDINATE_PATTERN}|{SPLIT_PATTERN}" if coordinates else SPLIT_PATTERN
+
+
+def required_text(coordinates: bool = False) -> str:
+    """What every vocabulary must hold as single tokens (see REQUIRED_TEXT)."""
+    return REQUIRED_TEXT + ("".join(COORDINATES) if coordinates else "")
+
+
 # Qwen3-style template: same text as `tokenizer.builtin_chat_text`; `enable_thinking=False`
 # appends the empty think block to the generation prompt.
 CHAT_TEMPLATE = (
@@ -66,10 +84,12 @@ def check_vocab_size(vocab_size, key: str = "vocab_size") -> None:
     require(key, vocab_size, is_int(vocab_size) and vocab_size >= least, allowed)
 
 
-def build_tokenizer(texts: Iterable[str], vocab_size: int):
-    """A trained `tokenizers.Tokenizer` (byte-level BPE, `SPLIT_PATTERN` pre-tokenisation).
+def build_tokenizer(texts: Iterable[str], vocab_size: int, coordinates: bool = False):
+    """A trained `tokenizers.Tokenizer` (byte-level BPE, `split_pattern` pre-tokenisation).
 
     vocab_size counts the 256 byte tokens and the 5 special tokens; it must exceed 261.
+    coordinates: every "(r, c)" with single-digit r and c is one token (raises RuntimeError if
+    vocab_size leaves too few merges for that).
     """
     # Imported here: only training needs it.
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -78,7 +98,7 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated"),
+            pre_tokenizers.Split(Regex(split_pattern(coordinates)), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
@@ -91,10 +111,18 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int):
         show_progress=False,
     )
     texts = list(texts)
-    tok.train_from_iterator(texts + [REQUIRED_TEXT] * max(len(texts), 10), trainer=trainer)
+    required = required_text(coordinates)
+    tok.train_from_iterator(texts + [required] * max(len(texts), 10), trainer=trainer)
     for i, s in enumerate(SPECIAL_TOKENS):
         if tok.token_to_id(s) != i:
             raise RuntimeError(f"special token {s!r} got id {tok.token_to_id(s)}, expected {i}")
+    if coordinates:
+        split = [c for c in COORDINATES if len(tok.encode(c).ids) != 1]
+        if split:
+            raise RuntimeError(
+                f"vocab_size={vocab_size} leaves {len(split)} coordinates (e.g. {split[0]!r}) "
+                "as several tokens: raise vocab_size"
+            )
     return tok
 
 
@@ -138,14 +166,15 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir) -> pathlib.P
     return save_tokenizer(out_dir, build_tokenizer(texts, vocab_size))
 
 
-def corpus(prompts: Sequence[str], answers: Sequence[str]) -> list[str]:
+def corpus(prompts: Sequence[str], answers: Sequence[str], thinking: bool = False) -> list[str]:
     """Training texts: one whole chat turn per (rendered prompt, rendered answer) pair, so the
     role names and the think block get merged too, plus the empty think block alone.
 
-    prompts: `env.text.render_prompt` outputs; answers: `env.text.render_answer` outputs.
+    prompts: `env.text.render_prompt` outputs; answers: `env.text.render_answer` outputs, or
+    with `thinking` the model's whole turn (`env.trace.render_thinking` + the answer).
     """
     return [
-        builtin_chat_text([{"role": "user", "content": p}], False) + f"{a}{IM_END}\n"
+        builtin_chat_text([{"role": "user", "content": p}], thinking) + f"{a}{IM_END}\n"
         for p, a in zip(prompts, answers, strict=True)
     ] + [EMPTY_THINK]
 

@@ -1,5 +1,6 @@
-"""SFT data: generated instances -> chat prompts (thinking off) + canonical oracle answers ->
-shuffled `SequenceBatch`es, deterministic given a seed."""
+"""SFT data: generated instances -> chat prompts + canonical oracle answers (with thinking on,
+the reasoning trace of `env.trace` before each) -> shuffled `SequenceBatch`es, deterministic
+given a seed."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import numpy as np
 from mapfjax import configfile, files
 from mapfjax.checks import is_finite_real, is_int, require, require_dtype, require_int
 from mapfjax.env import config as env_config
-from mapfjax.env import generator, io, oracle, text
+from mapfjax.env import generator, io, oracle, text, trace
 from mapfjax.env.types import Problem
 from mapfjax.models import bpe
 from mapfjax.models import tokenizer as tok_lib
@@ -54,14 +55,25 @@ def encode_prompts(tokenizer, problems: Sequence[Problem], enable_thinking: bool
     return tok_lib.encode_chat(tokenizer, prompts, enable_thinking=enable_thinking)
 
 
-def sft_examples(tokenizer, problems: Sequence[Problem], answers=None) -> list[Example]:
-    """Examples for `problems`; `answers` (per-problem action lists) default to the oracle's."""
+def response(problem: Problem, actions, thinking: bool = False) -> str:
+    """The text a policy is trained to write for `actions`: the answer block, after the
+    reasoning trace's think block when `thinking` (`env.trace`)."""
+    answer = text.render_answer(actions)
+    return trace.render_thinking(problem, actions) + answer if thinking else answer
+
+
+def sft_examples(
+    tokenizer, problems: Sequence[Problem], answers=None, thinking: bool = False
+) -> list[Example]:
+    """Examples for `problems`; `answers` (per-problem action lists) default to the oracle's.
+    thinking: the prompt opens the assistant turn without the empty think block and the
+    completion is the reasoning trace, then the answer (`response`)."""
     answers = oracle_answers(problems) if answers is None else answers
     im_end = tok_lib.special_ids(tokenizer).im_end
-    prompts = encode_prompts(tokenizer, problems)
+    prompts = encode_prompts(tokenizer, problems, enable_thinking=thinking)
     out = []
     for p, ids, a in zip(problems, prompts, answers, strict=True):
-        ans = tokenizer(text.render_answer(a), add_special_tokens=False)["input_ids"]
+        ans = tokenizer(response(p, a, thinking), add_special_tokens=False)["input_ids"]
         out.append(Example(p.id, tuple(ids), (*ans, im_end), io.puzzle_hash(p)))
     return out
 
@@ -311,6 +323,10 @@ def check_recipe(cfg) -> None:
         OptimConfig(**cfg.sft.optim, total_steps=steps).validate()
     if not isinstance(cfg.sft.get("coordinate_targets", False), bool):
         require("sft.coordinate_targets", cfg.sft.coordinate_targets, False, "True or False")
+    if not isinstance(cfg.get("thinking", False), bool):
+        require("thinking", cfg.thinking, False, "True or False")
+    if cfg.get("thinking", False) and not cfg.rl.train.get("enable_thinking", False):
+        require("rl.train.enable_thinking", False, False, "True when thinking=True")
     for where in ("sft.env", "rl.env", "validation.env"):
         node, last = configfile.key_path(cfg, where)
         env_config.validate_at(node[last], where)
@@ -339,27 +355,35 @@ def prepare(cfg, workdir) -> RunData:
     def problems(env, n, offset, hole_ratios=()):
         return generate_problems(env, n, cfg.seed + offset, cfg.processes, tuple(hole_ratios))
 
+    thinking = bool(cfg.get("thinking", False))
+
     def tokenizer():
         ps = problems(cfg.sft.env, cfg.tokenizer.instances, 100)
         prompts = [text.render_prompt(p) for p in ps]
-        answers = [text.render_answer(a) for a in oracle_answers(ps)]
-        return bpe.build_tokenizer(bpe.corpus(prompts, answers), cfg.tokenizer.vocab_size)
+        turns = [response(p, a, thinking) for p, a in zip(ps, oracle_answers(ps), strict=True)]
+        texts = bpe.corpus(prompts, turns, thinking)
+        # A trace's look-ups match cells: each "(r, c)" is one token.
+        return bpe.build_tokenizer(texts, cfg.tokenizer.vocab_size, coordinates=thinking)
 
     init = cfg.get("init", "")
     if init:  # continue from a checkpoint: its tokenizer, unchanged
         tok_dir = pathlib.Path(init)
         tok = tok_lib.load_tokenizer(tok_dir)
     else:
-        tok_dir = name("tokenizer", "", cfg.seed, cfg.sft.env, cfg.tokenizer)
+        parts = (cfg.seed, cfg.sft.env, cfg.tokenizer) + (("thinking",) if thinking else ())
+        tok_dir = name("tokenizer", "", *parts)
         tok = cached(tok_dir, tokenizer, bpe.save_tokenizer, tok_lib.load_tokenizer)
     sft_holes = tuple(cfg.sft.get("hole_ratios", ()))
     val_holes = tuple(cfg.validation.get("hole_ratios", ()))
 
     def sft():
-        return sft_examples(tok, problems(cfg.sft.env, cfg.sft.instances, 1, sft_holes))
+        return sft_examples(
+            tok, problems(cfg.sft.env, cfg.sft.instances, 1, sft_holes), thinking=thinking
+        )
 
+    sft_parts = (tok_dir.name, cfg.sft.env, cfg.sft.instances, sft_holes)
     sft_data = cached(
-        name("sft", ".jsonl", tok_dir.name, cfg.sft.env, cfg.sft.instances, sft_holes),
+        name("sft", ".jsonl", *sft_parts + (("thinking",) if thinking else ())),
         sft,
         save_examples,
         load_examples,

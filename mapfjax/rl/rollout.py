@@ -13,7 +13,7 @@ import numpy as np
 from flax import nnx
 
 from mapfjax import stats
-from mapfjax.env import dynamics, reward, text, types
+from mapfjax.env import dynamics, reward, text, trace, types
 from mapfjax.env.types import Problem
 from mapfjax.models import sampler
 from mapfjax.models import tokenizer as tok_lib
@@ -289,10 +289,12 @@ def greedy_eval(
     reward_cfg = reward.RewardConfig() if reward_cfg is None else reward_cfg
     cfg = SamplingConfig(max_new_tokens, 0.0, enable_thinking=enable_thinking)
     problems = list(problems)
-    valid, optimal, failure, length, finished = [], [], [], [], []
+    valid, optimal, failure, length, finished, traces = [], [], [], [], [], []
     for i in range(0, len(problems), batch_size):
         chunk = problems[i : i + batch_size]
         _, sampled, completions, texts = sample(model, tokenizer, chunk, 1, cfg, None)
+        if enable_thinking:  # which look-up of the reasoning trace went wrong first
+            traces += [trace.check_trace(p, t)[1] for p, t in zip(chunk, texts, strict=True)]
         finished += list(np.asarray(sampled.finished)[: len(chunk)])
         verdict, _ = score(chunk, 1, texts, reward_cfg)
         valid += list(np.asarray(verdict.valid))
@@ -310,6 +312,7 @@ def greedy_eval(
             "response_tokens": int(length[j]),
             "truncated": not bool(finished[j]),
         }
+        | ({"trace_error": traces[j]} if enable_thinking else {})
         for j, p in enumerate(problems)
     )
     counts = stats.tally(
@@ -343,7 +346,20 @@ def validation_report(
     holes = [(p.meta or {}).get("hole_ratio") for p in problems]
     if any(h is not None for h in holes):
         lines += ["## Per hole ratio", "", rates_by(v.rows, holes, "hole ratio"), ""]
+    if v.rows and "trace_error" in v.rows[0]:
+        lines += ["## Reasoning traces: the first wrong line", "", trace_table(v.rows), ""]
     return "\n".join(lines)
+
+
+def trace_table(rows: Sequence[dict]) -> str:
+    """Markdown: per answer outcome (valid or not), how many traces were right throughout and
+    what kind of look-up went wrong first in the others (`env.trace.ERROR_KINDS`)."""
+    kinds = ("none", *trace.ERROR_KINDS)
+    table = []
+    for label, want in (("valid", True), ("invalid", False)):
+        sel = [r["trace_error"] or "none" for r in rows if r["valid"] == want]
+        table.append([label, len(sel), *(sel.count(k) for k in kinds)])
+    return stats.markdown_table(["answer", "n", "trace right", *kinds[1:]], table)
 
 
 def rates_by(rows: Sequence[dict], labels: Sequence, name: str) -> str:

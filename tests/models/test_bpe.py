@@ -157,3 +157,29 @@ def test_shipped_tiny_model_loads_and_matches_transformers():
     with torch.no_grad():
         ref = ref_model(torch.tensor(ids)).logits[0].numpy()
     np.testing.assert_allclose(logits, ref, atol=2e-4, rtol=1e-4)
+
+
+def test_coordinate_tokenizer_makes_every_cell_one_token(tmp_path):
+    """A tokenizer for reasoning traces: every " (r, c)" of a 10x10 map is one token, in the
+    prompt's agent lines and in the trace, and trace turns decode back to their text."""
+    from mapfjax.env import trace
+
+    problems, answers = corpus_and_answers(30, seed=4)
+    prompts = [text.render_prompt(p) for p in problems]
+    turns = [trace.render_thinking(p, a) + text.render_answer(a) for p, a in zip(problems, answers)]
+    out = bpe.save_tokenizer(
+        tmp_path, bpe.build_tokenizer(bpe.corpus(prompts, turns, True), 1024, coordinates=True)
+    )
+    tok = tok_lib.load_tokenizer(out)
+    for c in bpe.COORDINATES:
+        assert len(tok(c, add_special_tokens=False)["input_ids"]) == 1, c
+    for prompt, turn in zip(prompts[:10], turns[:10]):
+        for s in (prompt, turn):
+            ids = tok(s, add_special_tokens=False)["input_ids"]
+            assert tok.decode(ids) == s
+        n_cells = len(re.findall(r" \(\d, \d\)", turn))
+        ids = tok(turn, add_special_tokens=False)["input_ids"]
+        cell_tokens = [i for i in ids if re.fullmatch(r" \(\d, \d\)", tok.decode([i]))]
+        assert len(cell_tokens) == n_cells > 0
+    with pytest.raises(RuntimeError, match="raise vocab_size"):
+        bpe.build_tokenizer(bpe.corpus(prompts, turns, True), 300, coordinates=True)

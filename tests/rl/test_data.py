@@ -155,3 +155,40 @@ def test_cached_builds_once(tmp_path):
     first = data.cached(path, build, lambda p, v: p.write_text(v), load)
     second = data.cached(path, build, lambda p, v: p.write_text(v), load)
     assert first == second == "payload" and len(calls) == 1
+
+
+def test_thinking_examples_are_trace_then_answer(tok, problems):
+    """With thinking, the prompt opens the assistant turn (no empty think block) and the
+    completion is the oracle plan's reasoning trace, then its answer, then <|im_end|>."""
+    from mapfjax.env import trace
+
+    examples = data.sft_examples(tok, problems[:6], thinking=True)
+    ids = tok_lib.special_ids(tok)
+    for e, p in zip(examples, problems[:6]):
+        want = tok_lib.builtin_chat_text([{"role": "user", "content": text.render_prompt(p)}])
+        assert tok.decode(list(e.prompt)) == want
+        assert e.completion[-1] == ids.im_end
+        turn = tok.decode(list(e.completion[:-1]))
+        plans, reason = text.parse_answer(turn, p.num_agents)
+        assert reason is None and turn.startswith("<think>\n")
+        assert trace.check_trace(p, turn)[1] is None
+        assert turn == data.response(p, plans, thinking=True)
+
+
+def test_sft_on_traces_lowers_the_loss(tok, problems):
+    """A micro model fits trace examples: the loss over the whole turn falls by half."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from mapfjax.models.qwen3 import PRESETS, Qwen3
+    from mapfjax.rl.trainer import OptimConfig, Trainer
+
+    examples = data.sft_examples(tok, problems[:8], thinking=True)
+    cfg = PRESETS["tiny"].__class__(
+        **{**PRESETS["tiny"].__dict__, "vocab_size": len(tok), "max_position_embeddings": 1024}
+    )
+    model = Qwen3(cfg, dtype=jnp.float32, param_dtype=jnp.float32, rngs=nnx.Rngs(0))
+    tr = Trainer(model, OptimConfig(lr=3e-3, warmup_steps=2, total_steps=30), "sft")
+    batches = data.sft_batches(examples, 8, tok_lib.special_ids(tok).pad, seed=0, epochs=30)
+    losses = [float(tr.step(b)["loss"]) for b in batches]
+    assert len(losses) == 30 and losses[-1] < 0.5 * losses[0], losses

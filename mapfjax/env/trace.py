@@ -1,0 +1,221 @@
+"""A reasoning trace for MAPF-FrozenLake: the puzzle transcribed as coordinates, then every
+move of every agent with the four cells it could enter and what each holds, written from a
+plan (the oracle's, for SFT) and read back into that plan.
+
+The trace turns the two look-ups a small model gets wrong (what is in the cell next to an
+agent; is another agent going there) into token matches against lines it wrote itself:
+
+    H: (0, 2) (1, 1)
+    A0 S (0, 0) G (2, 2)
+    A1 s (2, 0) g (0, 0)
+    t1
+    A0 (0, 0) UP off DOWN (1, 0) F LEFT off RIGHT (0, 1) F = DOWN (1, 0)
+    A1 (2, 0) UP (1, 0) taken DOWN off LEFT off RIGHT (2, 1) H = WAIT (2, 0)
+    ...
+
+Line `H:` lists the holes in row-major order (`none` if there are none); one line per agent
+gives its start and goal with the grid's symbols. A step block `t<k>` has a line for each agent
+whose plan still has an action at step k: its cell, then for UP, DOWN, LEFT, RIGHT the cell that
+move enters and what is there (`off` the map; `taken` if an agent written earlier in this step
+goes there, or stands there and comes to this agent's cell: a vertex or an edge conflict; else
+the grid's symbol: F, H, or a start/goal letter), then `= ACTION (r, c)` with the cell the
+agent will be in (the next line of this agent starts there; a later agent's `taken` matches
+it). The answer block that follows (`text.render_answer`) is what the reward reads; the trace
+is never scored.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from mapfjax.env.text import GOAL_SYMBOLS, START_SYMBOLS
+from mapfjax.env.types import ACTION_DELTAS, ACTION_NAMES, HOLE_CELL, WAIT, Problem
+
+MOVES = ("UP", "DOWN", "LEFT", "RIGHT")  # the order of the four cells on a move line
+OFF, TAKEN, NONE = "off", "taken", "none"
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+def cell(rc: Sequence[int]) -> str:
+    """'(r, c)': the form the prompt uses, one token in a tokenizer built with coordinates."""
+    return f"({int(rc[0])}, {int(rc[1])})"
+
+
+def _symbols(problem: Problem) -> dict[tuple[int, int], str]:
+    """The grid's symbol at every non-frozen cell, as the prompt draws it (starts win)."""
+    out = {
+        (r, c): HOLE_CELL
+        for r, row in enumerate(problem.grid)
+        for c, ch in enumerate(row)
+        if ch == HOLE_CELL
+    }
+    for i, g in enumerate(problem.goals):
+        out[tuple(g)] = GOAL_SYMBOLS[i]
+    for i, s in enumerate(problem.starts):
+        out[tuple(s)] = START_SYMBOLS[i]
+    return out
+
+
+def _header(problem: Problem) -> list[str]:
+    holes = [
+        cell((r, c))
+        for r, row in enumerate(problem.grid)
+        for c, ch in enumerate(row)
+        if ch == HOLE_CELL
+    ]
+    lines = [f"{HOLE_CELL}: " + (" ".join(holes) if holes else NONE)]
+    for i, (s, g) in enumerate(zip(problem.starts, problem.goals, strict=True)):
+        lines.append(f"A{i} {START_SYMBOLS[i]} {cell(s)} {GOAL_SYMBOLS[i]} {cell(g)}")
+    return lines
+
+
+def render_trace(problem: Problem, plans: Sequence[Sequence[int]]) -> str:
+    """The trace of `plans` (per-agent action codes, as `oracle.answer_actions` gives) on
+    `problem`. Moves are followed as written (an illegal plan still gets a trace: its cells are
+    what the moves say, `off` cells included), so any plan can be rendered and read back."""
+    n = problem.num_agents
+    if len(plans) != n:
+        raise ValueError(f"{len(plans)} plans for {n} agents")
+    symbols = _symbols(problem)
+    h, w = problem.height, problem.width
+    pos = [tuple(int(v) for v in s) for s in problem.starts]
+    lines = _header(problem)
+    for t in range(max((len(p) for p in plans), default=0)):
+        lines.append(f"t{t + 1}")
+        moved: dict[int, tuple[int, int]] = {}  # agents written earlier this step -> target
+        for i in range(n):
+            if t >= len(plans[i]):
+                continue
+            a = int(plans[i][t])
+            if not 0 <= a < len(ACTION_NAMES):
+                raise ValueError(f"agent {i}, step {t + 1}: action code {a} out of range")
+            parts = [f"A{i}", cell(pos[i])]
+            for name in MOVES:
+                dr, dc = ACTION_DELTAS[ACTION_NAMES.index(name)]
+                r, c = pos[i][0] + int(dr), pos[i][1] + int(dc)
+                if not (0 <= r < h and 0 <= c < w):
+                    parts += [name, OFF]
+                    continue
+                taken = any(
+                    goes == (r, c) or (pos[j] == (r, c) and goes == pos[i])
+                    for j, goes in moved.items()
+                )
+                parts += [name, cell((r, c)), TAKEN if taken else symbols.get((r, c), "F")]
+            dr, dc = ACTION_DELTAS[a]
+            moved[i] = (pos[i][0] + int(dr), pos[i][1] + int(dc))
+            parts += ["=", ACTION_NAMES[a], cell(moved[i])]
+            lines.append(" ".join(parts))
+        for i, goes in moved.items():
+            pos[i] = goes
+    return "\n".join(lines)
+
+
+def render_thinking(problem: Problem, plans: Sequence[Sequence[int]]) -> str:
+    """The think block of `plans`: '<think>\\n' + trace + '\\n</think>\\n\\n' (the answer follows,
+    as Qwen3 writes it)."""
+    return f"{THINK_OPEN}\n{render_trace(problem, plans)}\n{THINK_CLOSE}\n\n"
+
+
+_STEP = re.compile(r"^t(\d{1,4})$")
+_MOVE = re.compile(r"^A(\d{1,2}) .* = ([A-Z]+) \(-?\d+, -?\d+\)$")
+
+
+def parse_trace(trace: str, num_agents: int) -> tuple[list[list[int]] | None, str | None]:
+    """The plans a trace's move lines choose -> (plans, None), or (None, reason). Reads only
+    the step lines and the `= ACTION (r, c)` ending each move line (the header and the cells
+    are checked by `check_trace`); never raises on any text."""
+    plans: list[list[int]] = [[] for _ in range(num_agents)]
+    step = 0
+    for k, line in enumerate(trace.splitlines(), 1):
+        line = line.strip()
+        if m := _STEP.match(line):
+            if int(m.group(1)) != step + 1:
+                return None, f"line {k}: step {m.group(1)} after step {step}"
+            step += 1
+            continue
+        m = _MOVE.match(line)
+        if m is None:
+            if step and line:
+                return None, f"line {k}: not a move line: {line[:60]!r}"
+            continue  # header lines
+        i, name = int(m.group(1)), m.group(2)
+        if i >= num_agents or name not in ACTION_NAMES:
+            return None, f"line {k}: agent {i} or action {name!r} not allowed"
+        if len(plans[i]) != step - 1:
+            return None, f"line {k}: agent {i} has no line at an earlier step, or two at t{step}"
+        plans[i].append(ACTION_NAMES.index(name))
+    return plans, None
+
+
+def thinking_text(response: str) -> str | None:
+    """The text inside a response's first think block (the prompt may have opened it: a
+    response that starts inside the block has only its closing tag), or None without one."""
+    close = response.find(THINK_CLOSE)
+    if close < 0:
+        return None
+    open_ = response.find(THINK_OPEN)
+    start = open_ + len(THINK_OPEN) if 0 <= open_ < close else 0
+    return response[start:close].strip("\n")
+
+
+# What a wrong trace line got wrong, by the first field that differs from the true line.
+ERROR_KINDS = ("no_trace", "unreadable", "holes", "agents", "position", "cell", "content",
+               "target", "length")  # fmt: skip
+
+
+def _field_kind(got: str, want: str) -> str:
+    """The kind of the first differing field of a move line (see ERROR_KINDS)."""
+    g, w = got.split(" "), want.split(" ")
+    j = next((j for j, (a, b) in enumerate(zip(g, w, strict=False)) if a != b), None)
+    if j is None:
+        return "length"
+    # Fields, with "(r, c)" as two words: A<i> (r, c) then per move NAME (r, c) SYMBOL or
+    # NAME off, then = ACTION (r, c).
+    if j <= 2:
+        return "position"
+    if "=" in g[:j]:
+        return "target"
+    field = w[j]
+    return (
+        "cell"
+        if field == OFF or field in MOVES or field[:1] == "(" or field[-1:] == ")"
+        else "content"
+    )
+
+
+def check_trace(problem: Problem, response: str) -> tuple[int, str | None]:
+    """Where a response's trace first departs from the true trace of the plan it chooses:
+    (number of correct lines before it, the kind of error or None if the trace is right; see
+    ERROR_KINDS). A diagnostic of which look-up a policy gets wrong: transcribing the holes or
+    the agents, tracking its position, naming a neighbouring cell, what the cell holds, or the
+    cell its move enters."""
+    trace = thinking_text(response)
+    if trace is None:
+        return 0, "no_trace"
+    plans, _ = parse_trace(trace, problem.num_agents)
+    if plans is None:
+        return 0, "unreadable"
+    want = render_trace(problem, plans).splitlines()
+    got = [line.strip() for line in trace.splitlines()]
+    header = 1 + problem.num_agents
+    for k, (a, b) in enumerate(zip(got, want, strict=False)):
+        if a != b:
+            if k == 0:
+                return k, "holes"
+            return k, "agents" if k < header else _field_kind(a, b)
+    if len(got) != len(want):
+        return min(len(got), len(want)), "length"
+    return len(want), None
+
+
+def trailing_wait_free(plans: Sequence[Sequence[int]]) -> list[list[int]]:
+    """Plans without trailing WAITs (an agent with no action left stays, so they mean the same
+    and the trace writes no line for them)."""
+    out = []
+    for p in plans:
+        p = list(p)
+        while p and p[-1] == WAIT:
+            p.pop()
+        out.append(p)
+    return out

@@ -1,0 +1,156 @@
+"""The reasoning trace: written from a plan and read back into the same plan (property-based),
+checked line by line, scored by the answer only, and parse errors (never a crash, never a
+reward) for a cut-off trace, a think block with no answer, or an answer inside an unclosed
+think block."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mapfjax.env import oracle, simulate, text, trace
+from mapfjax.env.reward import RewardConfig
+from mapfjax.env.types import DOWN, FAILURES, LEFT, RIGHT, UP, WAIT, Problem
+from mapfjax.rl import rollout
+from tests.env.test_text import problems as problem_strategy
+from tests.models.test_bpe import random_problems
+
+HAND = Problem(
+    id="hand",
+    grid=("FFF", "FHF", "FFF"),
+    starts=((0, 0), (2, 0)),
+    goals=((0, 2), (1, 0)),
+)
+
+
+def test_hand_example_exact_lines():
+    plans = [[RIGHT, RIGHT], [WAIT, UP]]
+    assert trace.render_trace(HAND, plans).splitlines() == [
+        "H: (1, 1)",
+        "A0 S (0, 0) G (0, 2)",
+        "A1 s (2, 0) g (1, 0)",
+        "t1",
+        "A0 (0, 0) UP off DOWN (1, 0) g LEFT off RIGHT (0, 1) F = RIGHT (0, 1)",
+        "A1 (2, 0) UP (1, 0) g DOWN off LEFT off RIGHT (2, 1) F = WAIT (2, 0)",
+        "t2",
+        "A0 (0, 1) UP off DOWN (1, 1) H LEFT (0, 0) S RIGHT (0, 2) G = RIGHT (0, 2)",
+        "A1 (2, 0) UP (1, 0) g DOWN off LEFT off RIGHT (2, 1) F = UP (1, 0)",
+    ]
+
+
+def test_taken_marks_vertex_and_edge_conflicts_with_agents_written_earlier():
+    p = Problem(id="c", grid=("FFF",), starts=((0, 0), (0, 2)), goals=((0, 2), (0, 0)))
+    lines = trace.render_trace(p, [[RIGHT], [LEFT]]).splitlines()
+    # Agent 0 goes to (0, 1), written first: agent 1's LEFT would enter it too (vertex).
+    assert lines[5] == "A1 (0, 2) UP off DOWN off LEFT (0, 1) taken RIGHT off = LEFT (0, 1)"
+    swap = Problem(id="e", grid=("FF",), starts=((0, 0), (0, 1)), goals=((0, 1), (0, 0)))
+    lines = trace.render_trace(swap, [[RIGHT], [LEFT]]).splitlines()
+    assert "LEFT (0, 0) taken" in lines[5]  # agent 0 stands there and comes to (0, 1): a swap
+    assert trace.render_trace(Problem("n", ("F",), ((0, 0),), ((0, 0),)), [[]]) == (
+        "H: none\nA0 S (0, 0) G (0, 0)"
+    )
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problem_strategy(max_size=6), st.data())
+def test_any_plan_round_trips_and_checks_clean(p, data):
+    k = p.num_agents
+    plans = data.draw(st.lists(st.lists(st.integers(0, 4), max_size=8), min_size=k, max_size=k))
+    tr = trace.render_trace(p, plans)
+    assert trace.parse_trace(tr, k) == (plans, None)
+    response = trace.render_thinking(p, plans) + text.render_answer(plans)
+    want_lines = len(tr.splitlines())
+    assert trace.check_trace(p, response) == (want_lines, None)
+
+
+def test_oracle_plans_round_trip_on_generated_puzzles():
+    for p in random_problems(40, seed=11, sizes=(3, 4, 5, 6)):
+        plans = oracle.answer_actions(oracle.solve(p))
+        response = trace.render_thinking(p, plans) + text.render_answer(plans)
+        assert trace.parse_trace(trace.thinking_text(response), 2) == (plans, None)
+        got, _ = text.parse_answer(response, 2)
+        assert got == plans and simulate.simulate(p, got)["valid"]
+        # Every cell a valid plan enters holds no hole and is on the map.
+        assert " = " in response and "H (" not in response.split("</think>")[0].split("t1")[-1]
+
+
+def test_check_trace_names_the_first_wrong_lookup():
+    plans = [[RIGHT, RIGHT], [WAIT, UP]]
+    good = trace.render_thinking(HAND, plans) + text.render_answer(plans)
+
+    def edit(old, new):
+        assert old in good
+        return good.replace(old, new, 1)
+
+    assert trace.check_trace(HAND, edit("H: (1, 1)", "H: (1, 2)")) == (0, "holes")
+    assert trace.check_trace(HAND, edit("G (0, 2)", "G (0, 1)"))[1] == "agents"
+    assert trace.check_trace(HAND, edit("A1 (2, 0) UP", "A1 (2, 1) UP")) == (5, "position")
+    assert trace.check_trace(HAND, edit("DOWN (1, 0) g", "DOWN (1, 1) g")) == (4, "cell")
+    assert trace.check_trace(HAND, edit("(1, 1) H", "(1, 1) F")) == (7, "content")
+    assert trace.check_trace(HAND, edit("= RIGHT (0, 1)", "= RIGHT (1, 1)")) == (4, "target")
+    assert trace.check_trace(HAND, text.render_answer(plans)) == (0, "no_trace")
+    assert trace.check_trace(HAND, "<think>\nt1\nA0 ???\n</think>") == (0, "unreadable")
+
+
+@pytest.mark.parametrize(
+    "bad,reason",
+    [
+        ("t2\nA0 (0, 0) = UP (0, 0)", "step 2 after step 0"),
+        ("t1\nA0 (0, 0) = FLY (0, 0)", "action 'FLY'"),
+        ("t1\nA7 (0, 0) = UP (0, 0)", "agent 7"),
+        ("t1\nA0 x = UP (0, 0)\nA0 x = UP (0, 0)", "two at t1"),
+        ("t1\nnonsense", "not a move line"),
+    ],
+)
+def test_parse_trace_reasons(bad, reason):
+    plans, why = trace.parse_trace(bad, 2)
+    assert plans is None and reason in why
+
+
+def test_render_trace_rejects_bad_plans():
+    with pytest.raises(ValueError, match="1 plans for 2 agents"):
+        trace.render_trace(HAND, [[UP]])
+    with pytest.raises(ValueError, match="action code 9"):
+        trace.render_trace(HAND, [[9], []])
+
+
+def _scores(problem, responses):
+    verdict, rewards = rollout.score([problem] * len(responses), 1, responses, RewardConfig())
+    return np.asarray(verdict.valid).tolist(), np.asarray(rewards).tolist()
+
+
+def test_the_answer_alone_is_scored():
+    right = [[RIGHT, RIGHT], [WAIT, UP]]
+    wrong = [[DOWN, DOWN], []]  # legal moves that end away from agent 0's goal
+    right_trace = trace.render_thinking(HAND, right)
+    wrong_trace = trace.render_thinking(HAND, wrong)
+    garbage = "<think>\nH: everywhere\nt1\nA0 fly away\n</think>\n\n"
+    valid, rewards = _scores(
+        HAND,
+        [
+            right_trace + text.render_answer(wrong),  # a correct trace, a wrong answer
+            wrong_trace + text.render_answer(right),  # a wrong trace, a right answer
+            garbage + text.render_answer(right),  # a malformed trace, a right answer
+        ],
+    )
+    assert valid == [False, True, True]
+    assert rewards[0] == 0.0 and rewards[1] == rewards[2] > 0.0
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        # a trace cut off by the token budget: no closing tag, no answer
+        "<think>\nH: (1, 1)\nA0 S (0, 0) G (0, 2)\nt1\nA0 (0, 0) UP off DO",
+        # a think block with no answer after it
+        "<think>\nH: (1, 1)\n</think>\n\n",
+        # an answer inside an unclosed think block
+        "<think>\nH: (1, 1)\n<answer>\nAgent 0: RIGHT, RIGHT\nAgent 1: WAIT, UP\n</answer>",
+    ],
+)
+def test_cut_off_or_unanswered_traces_are_parse_errors(response):
+    plans, reason = text.parse_answer(response, 2)
+    assert plans is None and reason
+    verdict, rewards = rollout.score([HAND], 1, [response], RewardConfig())
+    assert not bool(verdict.valid[0]) and float(rewards[0]) == 0.0
+    assert FAILURES[int(verdict.failure[0])] == "parse_error"
