@@ -23,7 +23,14 @@ def engineer_settings(name: str = "policy", variant: str = "V6") -> ml_collectio
     return e
 
 
+# The variants after the colon (`configs/tiny_cpu.py:smoke`); "" is the main job.
+VARIANTS = ("", "laptop", "laptop_smoke", "grpo_effect", "smoke")
+
+
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
+    if arg not in VARIANTS:  # a typo would otherwise start the full job
+        known = ", ".join(repr(v) for v in VARIANTS)
+        raise ValueError(f"configs/tiny_cpu.py:{arg}: no such variant; allowed: {known}")
     c = ml_collections.ConfigDict()
     c.seed = 0
     c.rounds = 3  # R0 (default config) + 2 engineered rounds [paper]

@@ -4,11 +4,13 @@ pointing down)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import re
+import socket
 import tempfile
 from pathlib import Path
 
@@ -118,3 +120,65 @@ def sha256(path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+class LockedError(OSError):
+    """A directory is held by another running process (`dir_lock`)."""
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _take_lock(path: Path, me: dict, flag: str) -> None:
+    tmp = path.with_name(f".{path.name}.{me['pid']}")
+    tmp.write_text(json.dumps(me) + "\n")
+    try:
+        for _ in range(3):
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, path)  # atomic and refused when the lock exists: never half-written
+                return
+            try:
+                holder = json.loads(path.read_text())
+                pid, host = int(holder["pid"]), str(holder["host"])
+            except FileNotFoundError:
+                continue  # released meanwhile
+            except (OSError, ValueError, KeyError, TypeError):
+                raise LockedError(
+                    f"{path}: unreadable lock file; if no run is using {flag} {path.parent}, "
+                    "delete it and rerun"
+                ) from None
+            if host == me["host"] and not _pid_alive(pid):
+                log.warning("%s: taking over the lock of pid %d on %s (gone)", path, pid, host)
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                continue
+            raise LockedError(
+                f"{flag} {path.parent} is in use by pid {pid} on {host} ({path}); wait for that "
+                f"run to finish, or delete {path} if it is no longer running"
+            )
+        raise LockedError(f"{path}: could not take the lock; rerun")
+    finally:
+        tmp.unlink()
+
+
+@contextlib.contextmanager
+def dir_lock(directory, flag: str):
+    """Hold `directory/LOCK` ({"pid", "host"}) while the block runs. A second holder is refused
+    with LockedError naming the holder and `flag`; a lock left by a dead process on this host
+    is taken over with a warning."""
+    path = Path(directory) / "LOCK"
+    me = {"pid": os.getpid(), "host": socket.gethostname()}
+    _take_lock(path, me, flag)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            if json.loads(path.read_text()) == me:
+                path.unlink()

@@ -142,6 +142,19 @@ def softmax_shares(values: Mapping[str, float], temperature: float) -> dict[str,
     return {k: x / total for k, x in w.items()}
 
 
+def engineer_failed(current, name: str, reason: str, **kw) -> Decision:
+    """The engineer could not run (unreachable endpoint, missing key or package, a sampling or
+    scoring error): the config is kept, and extra["failure"] says why, so the loop can warn
+    (or stop) rather than silently run the fixed baseline."""
+    extra = {**kw.pop("extra", {}), "failure": reason}
+    return keep_current(current, name, reason, extra=extra, **kw)
+
+
+def failure(decision: Decision) -> str:
+    """Why the engineer failed to run, or "" when it ran (a kept config may be its choice)."""
+    return str(decision.extra.get("failure", ""))
+
+
 def _decide(name: str, diff: Diff, notes: Sequence[str], current, **extra) -> Decision:
     """A baseline's edits as a Decision through the same projection as any answer."""
     summary = "; ".join(notes) + "." if notes else ""
@@ -494,11 +507,12 @@ class ApiEngineer(api_chat.Endpoint):
         base_url, model, key = self.settings()
         extra: dict[str, Any] = {"base_url": base_url or "(openai default)", "model": model}
         if importlib.util.find_spec("openai") is None:
-            return keep_current(current, self.name, "the openai package is not installed")
+            return engineer_failed(current, self.name, "the openai package is not installed")
         if not model:
-            return keep_current(current, self.name, "no model: set engineer.model or OPENAI_MODEL")
+            why = "no model: set engineer.model or OPENAI_MODEL"
+            return engineer_failed(current, self.name, why)
         if not key:
-            return keep_current(
+            return engineer_failed(
                 current, self.name, "no API key: set engineer.api_key or OPENAI_API_KEY"
             )
         prompt = build_prompt(context, current, self.max_edits)
@@ -506,7 +520,7 @@ class ApiEngineer(api_chat.Endpoint):
             text, errors = self.chat(self.client(), prompt)
         except api_chat.ChatError as e:
             extra["errors"] = e.errors
-            return keep_current(current, self.name, str(e), extra=extra, prompt=prompt)
+            return engineer_failed(current, self.name, str(e), extra=extra, prompt=prompt)
         extra.update(errors=errors, attempts=len(errors) + 1)
         proposal = parse_proposal(text, self.max_edits)
         return apply_proposal(proposal, current, self.name, prompt=prompt, **extra)
@@ -559,7 +573,8 @@ class PolicyEngineer:
         try:
             texts = list(self.generate_fn([prompt], self.num_samples))
         except Exception as e:  # a sampling failure keeps the config, says why
-            return keep_current(current, self.name, f"generate_fn failed: {type(e).__name__}: {e}")
+            why = f"generate_fn failed: {type(e).__name__}: {e}"
+            return engineer_failed(current, self.name, why)
         samples = []
         for i, text in enumerate(texts):
             d = apply_proposal(parse_proposal(text, self.max_edits), current, self.name)
@@ -588,7 +603,7 @@ class PolicyEngineer:
         try:
             best, scores = choose_by_likelihood(self.score_fn, prompt, candidates)
         except Exception as e:  # a scoring failure keeps the config, says why
-            return keep_current(current, self.name, f"score_fn failed: {type(e).__name__}: {e}")
+            return engineer_failed(current, self.name, f"score_fn failed: {type(e).__name__}: {e}")
         extra = {
             "mode": "constrained",
             "chosen": best,

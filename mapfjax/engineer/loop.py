@@ -8,6 +8,7 @@ checkpoint (its data position is saved with it) and nothing finished is recomput
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -69,6 +70,76 @@ def _redo_advice(workdir: pathlib.Path, n: int, position: dict) -> str:
         f"round {n} cannot be recomputed (the checkpoint is at round {position['round']}); "
         "restore the file from a copy, or start another --workdir"
     )
+
+
+START_OVER = "start over: rerun the same command with a new --workdir"
+
+
+# ------------------------------------------------------------------------ digests
+
+DIGESTS = "digests.json"  # SHA-256 of the files a resume trusts, by path under the workdir
+
+
+def _digests(workdir: pathlib.Path) -> dict:
+    path = workdir / DIGESTS
+    if not path.exists():
+        return {}
+    advice = "it records what this run wrote: restore it from a copy, or " + START_OVER
+    digests = _read_json(path, advice)
+    if not isinstance(digests, dict):
+        raise RunDirError(f"{path}: not a JSON object; {advice}")
+    return digests
+
+
+def _record_digests(workdir: pathlib.Path, *paths: pathlib.Path) -> None:
+    """Remember what `paths` hold now (checked by `_check_digest` when they are read back)."""
+    digests = _digests(workdir)
+    digests.update({p.relative_to(workdir).as_posix(): files.sha256(p) for p in paths})
+    _write_json(workdir / DIGESTS, digests)
+
+
+def _check_digest(workdir: pathlib.Path, path: pathlib.Path) -> None:
+    """Refuse a file the run wrote and then someone changed: results paired over "the same
+    puzzles" would silently compare different ones. A run written before digests existed gets
+    its files recorded as they are."""
+    want = _digests(workdir).get(path.relative_to(workdir).as_posix())
+    if want is None:
+        _record_digests(workdir, path)
+    elif files.sha256(path) != want:
+        raise RunDirError(
+            f"{path}: changed since this run wrote it (its SHA-256 differs from the one in "
+            f"{workdir / DIGESTS}); restore the original, or {START_OVER}"
+        )
+
+
+# ------------------------------------------------------------------------ the data position
+
+
+def _check_position(position: dict, workdir: pathlib.Path, ckpt_dir: pathlib.Path, steps: int):
+    """Refuse a checkpoint whose data position disagrees with the round records: training
+    would skip updates (a step past the round's end) or redo finished rounds."""
+    names = [p.name for p in ckpt_dir.iterdir()] if ckpt_dir.is_dir() else []
+    saved = sorted(int(n) for n in names if n.isdigit())
+    where = f"{ckpt_dir / str(saved[-1])}" if saved else str(ckpt_dir)
+    advice = (
+        f"delete {where} to resume from the checkpoint before it, or {START_OVER}"
+        if saved and len(saved) > 1
+        else START_OVER
+    )
+    r, st = position.get("round"), position.get("step")
+    if not (is_int(r) and is_int(st) and r >= 0 and 0 <= st <= steps):
+        raise RunDirError(
+            f"{where}: data position {position} is not a round >= 0 and a step in [0, {steps}] "
+            f"(train.* gives {steps} updates per round); {advice}"
+        )
+    done = [p.parent.name[6:] for p in workdir.glob("round_*/DONE")]
+    last = max((int(n) for n in done if n.isdigit()), default=-1)
+    if r < last or (r == last and st != steps):
+        raise RunDirError(
+            f"{where}: data position {position} disagrees with the round records "
+            f"({workdir / f'round_{last}' / 'DONE'} exists, so the checkpoint must be at round "
+            f"{last} step {steps} or later); {advice}"
+        )
 
 
 VALIDATION_KEYS = (
@@ -143,6 +214,14 @@ def check_config(c: ml_collections.ConfigDict) -> None:
     driver.optim_config(c, settings.steps, c.rounds).validate()
     _check_validation(c.validation, c.env.max_size)
     _check_engineer(c.engineer)
+    try:  # a size that cannot take effect (mesh.tp=3 on one device) is refused, not ignored
+        parallel.make_mesh(c.mesh.to_dict())
+    except (ValueError, TypeError) as e:
+        n = jax.device_count()
+        raise ValueError(
+            f"mesh = {c.mesh.to_dict()}: {e}; allowed: --config.mesh.data/fsdp/tp sizes whose "
+            f"product is the {n} device(s) here (one of them may be -1)"
+        ) from None
 
 
 SECRET_KEYS = ("api_key",)  # never written to a run directory (results get copied and shared)
@@ -193,13 +272,23 @@ def _validation_set(workdir: pathlib.Path, c) -> list:
     per size, spread over validation.hole_ratios when given (else validation.hole_ratio)."""
     path = workdir / "validation_set.jsonl"
     if path.exists():
-        return io.load_instances(path)
+        return _read_instances(workdir, path)
     v = c.validation
     cfg = env_config.default_config(v.num_agents, tuple(v.sizes), v.hole_ratio, v.wait_ratio)
     holes = tuple(v.get("hole_ratios", ()))
     probs = generate_problems(cfg, v.per_size * len(v.sizes), v.seed, 1, holes)
     io.save_instances(path, probs)
+    _record_digests(workdir, path)
     return probs
+
+
+def _read_instances(workdir: pathlib.Path, path: pathlib.Path) -> list:
+    """A problem set this run wrote, checked against its digest."""
+    _check_digest(workdir, path)
+    problems = io.load_instances(path)
+    if not problems:
+        raise RunDirError(f"{path}: no instances; {START_OVER}")
+    return problems
 
 
 def _steps_per_round(c) -> int:
@@ -226,6 +315,11 @@ def _previous_summary(workdir: pathlib.Path, n: int, position: dict) -> str:
     if n == 0 or not prev.exists():
         return ""
     return _read_json(prev, _redo_advice(workdir, n - 1, position)).get("summary", "")
+
+
+# A finished round's files that its successors and the report trust (record.json is derived
+# from them and recomputed when unreadable).
+ROUND_FILES = ("config.json", "validation.json", "decision.json")
 
 
 def finished_round(workdir: pathlib.Path, n: int, c, position: dict):
@@ -267,6 +361,11 @@ def finished_round(workdir: pathlib.Path, n: int, c, position: dict):
             decision = Decision.from_dict(d)
         except (KeyError, TypeError, ValueError) as e:
             raise RunDirError(f"{out / 'decision.json'}: not a decision ({e!r}); {advice}") from e
+    # The report reads the rows: a torn file is named here, not in a traceback later.
+    _read_json(out / "validation.json", advice)
+    for name in ROUND_FILES:
+        if (out / name).exists():
+            _check_digest(workdir, out / name)
     return record, decision
 
 
@@ -360,7 +459,11 @@ def validation_table(rows) -> str:
     return stats.markdown_table(header, table)
 
 
-def _engineer(n, records, current, c, trainer, tokenizer, base_model, out_dir) -> Decision:
+class EngineerError(RuntimeError):
+    """The engineer could not run and the run was asked to stop then (strict_engineer)."""
+
+
+def _engineer(n, records, current, c, trainer, tokenizer, base_model, out_dir, strict) -> Decision:
     inject = {}
     name = c.engineer.settings.name
     if name in ("policy", "base"):
@@ -374,6 +477,17 @@ def _engineer(n, records, current, c, trainer, tokenizer, base_model, out_dir) -
     context = ctx_lib.build_context(records, current, c.engineer.modules)
     rng = np.random.default_rng([c.seed, n, 7])
     decision = engineer.propose(context, current, rng, records=tuple(records))
+    failed = eng_lib.failure(decision)
+    if failed and strict:
+        raise EngineerError(
+            f"round {n}: the {name} engineer failed ({failed}); fix it and rerun (round {n} "
+            "resumes at its engineer step), or run without --strict_engineer to keep the config"
+        )
+    if failed:  # else a long run quietly becomes the fixed baseline
+        log.warning(
+            "round %d: the %s engineer failed (%s); the config is kept for round %d "
+            "(--strict_engineer stops the run instead)", n, name, failed, n + 1,
+        )  # fmt: skip
     # The prompt the engineer actually sent (its context when it sends none).
     files.atomic_write(out_dir / "engineer_prompt.md", (decision.prompt or context).encode())
     _write_json(out_dir / "decision.json", decision.to_dict())
@@ -385,26 +499,38 @@ def _train_set(out_dir: pathlib.Path, cfg_n, c, n: int, held: set[str]) -> list:
     held-out validation set."""
     path = out_dir / "train_set.jsonl"
     if path.exists():
-        return io.load_instances(path)
+        return _read_instances(out_dir.parent, path)
     gen = cfg_n.copy_and_resolve_references()
     drawn = generate_problems(gen, c.train.instances, seed=c.seed * 1000 + n, processes=0)
     problems, dropped = held_out(drawn, held)
     if dropped:
         log.info("round %d: %d training puzzles are in the validation set; dropped", n, dropped)
     io.save_instances(path, problems)
+    _record_digests(out_dir.parent, path)
     return problems
 
 
-def run(config: ml_collections.ConfigDict, workdir, progress: bool = True) -> list:
+def run(
+    config: ml_collections.ConfigDict, workdir, progress: bool = True, strict_engineer=False
+) -> list:
     """Run (or continue) the loop; returns the finished rounds' RoundRecords.
 
     Before round 0 the starting model is validated (workdir/start/); each round trains with
-    `driver.run_phase` on its own training set and is validated on the same held-out set."""
+    `driver.run_phase` on its own training set and is validated on the same held-out set.
+    The workdir is locked meanwhile (`files.dir_lock`). An engineer that fails to run keeps the
+    config with a warning, or with strict_engineer raises EngineerError."""
     c = config
     workdir = pathlib.Path(workdir)
     check_config(c)
     tokenizer = tok_lib.load_tokenizer(c.model.path)  # a bad model.path fails before the record
     check_run_dir(workdir, c)
+    # One run per workdir (only process 0 of a multi-process job holds the lock).
+    lock = files.dir_lock(workdir, "--workdir") if jax.process_index() == 0 else None
+    with lock or contextlib.nullcontext():
+        return _run(c, workdir, tokenizer, progress, strict_engineer)
+
+
+def _run(c, workdir: pathlib.Path, tokenizer, progress: bool, strict_engineer: bool) -> list:
     dtype = jnp.dtype(c.model.dtype)
     mesh = parallel.make_mesh(c.mesh.to_dict()) if jax.device_count() > 1 else None
     model = hf.from_pretrained(c.model.path, dtype=dtype, param_dtype=dtype, mesh=mesh)
@@ -420,6 +546,8 @@ def run(config: ml_collections.ConfigDict, workdir, progress: bool = True) -> li
     trainer = Trainer(model, optim, loss_name, mesh, loss_cfg=loss_cfg, seed=c.seed)
     ckpt_dir = (workdir / "checkpoints").absolute()
     position = driver.restore(trainer, ckpt_dir) or {"round": 0, "step": 0}
+    if not all((workdir / f"round_{n}" / "DONE").exists() for n in range(c.rounds)):
+        _check_position(position, workdir, ckpt_dir, steps)  # training continues from it
     val_set = _validation_set(workdir, c)
     held = {io.puzzle_hash(p) for p in val_set}
     start = workdir / "start"
@@ -428,17 +556,24 @@ def run(config: ml_collections.ConfigDict, workdir, progress: bool = True) -> li
             raise RunDirError(f"{start} is not DONE but {ckpt_dir} has trained past it")
         start.mkdir(exist_ok=True)
         _validate(trainer, tokenizer, val_set, c, start, key_seed=c.seed * 1000 - 1)
+        _record_digests(workdir, start / "validation.json")
         files.atomic_write(start / "DONE", b"")
+    else:
+        _check_digest(workdir, start / "validation.json")
+        _read_json(start / "validation.json", f"restore it from a copy, or {START_OVER}")
     records: list[ctx_lib.RoundRecord] = []
     current = c.env.copy_and_resolve_references()
     for n in range(c.rounds):
         out = workdir / f"round_{n}"
         out.mkdir(exist_ok=True)
+        export = c.export_every_round or n + 1 == c.rounds
         if (out / "DONE").exists():
             record, decision = finished_round(workdir, n, c, position)
             records.append(record)
             if decision is not None:
                 current = decision.config
+            if export and not (out / "model").exists():
+                _export_again(trainer, out, c, position, n, steps)
             continue
         _write_json(out / "config.json", current.to_dict())
         done_steps = position["step"] if position["round"] == n else 0
@@ -461,14 +596,30 @@ def run(config: ml_collections.ConfigDict, workdir, progress: bool = True) -> li
         )
         records.append(record)
         if n + 1 < c.rounds:
-            decision = _engineer(n, records, current, c, trainer, tokenizer, base_model, out)
+            decision = _engineer(
+                n, records, current, c, trainer, tokenizer, base_model, out, strict_engineer
+            )
             current = decision.config
         _write_json(out / "record.json", record.to_dict())
-        if c.export_every_round or n + 1 == c.rounds:
+        if export:
             hf.save_pretrained(trainer.model(), out / "model", copy_from=c.model.path)
+        _record_digests(workdir, *(out / f for f in ROUND_FILES if (out / f).exists()))
         files.atomic_write(out / "DONE", b"")
     trainer.close()
     return records
+
+
+def _export_again(trainer, out: pathlib.Path, c, position: dict, n: int, steps: int) -> None:
+    """A finished round's exported model that was deleted: written again from the checkpoint
+    when it still holds that round's weights, else a warning."""
+    if position == {"round": n, "step": steps}:
+        log.warning("%s: missing; exported again from the round's checkpoint", out / "model")
+        hf.save_pretrained(trainer.model(), out / "model", copy_from=c.model.path)
+    else:
+        log.warning(
+            "%s: missing and cannot be exported again (the checkpoint is at round %s)",
+            out / "model", position["round"],
+        )  # fmt: skip
 
 
 def records_summary(records) -> list[dict]:

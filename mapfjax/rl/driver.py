@@ -24,6 +24,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from mapfjax.checks import is_finite_real, is_int, is_real, require, require_int
 from mapfjax.env import reward
 from mapfjax.env.types import Problem
 from mapfjax.rl import grpo, metrics, rollout
@@ -34,6 +35,9 @@ from mapfjax.rl.sft import SFTConfig
 # What a phase optimises on its rollouts: "grpo" (group-relative policy gradient) or "rft"
 # (rejection-sampling fine-tuning: cross-entropy on the policy's own valid samples).
 OBJECTIVES = ("grpo", "rft")
+# Training puzzles per round at most: generating more takes hours before the first update
+# (the paper: 4,000).
+MAX_INSTANCES = 1_000_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +63,7 @@ class GRPOSettings:
     @classmethod
     def from_config(cls, c: ml_collections.ConfigDict, steps: int | None = None) -> GRPOSettings:
         t = c.train
+        check_train(t)
         if steps is None:
             steps = t.get("steps") or max(1, (t.instances * t.epochs) // t.problems_per_step)
         sampling = rollout.SamplingConfig(
@@ -99,10 +104,37 @@ class GRPOSettings:
         return math.ceil(self.oversample * self.problems_per_step)
 
 
+def check_train(t: ml_collections.ConfigDict) -> None:
+    """The c.train values nothing else checks before they are divided by or sampled with;
+    ValueError naming the key, its value and what is allowed."""
+    if t.get("steps") is None:  # the closed loop: steps = instances x epochs / problems_per_step
+        n = t.get("instances")
+        ok = is_int(n) and 1 <= n <= MAX_INSTANCES
+        require("train.instances", n, ok, f"an integer in [1, {MAX_INSTANCES:,}] (per round)")
+        require_int("train.epochs", t.get("epochs"), 1)
+    else:
+        require_int("train.steps", t.get("steps"), 1)
+    require_int("train.problems_per_step", t.get("problems_per_step"), 1)
+    require_int("train.checkpoint_every", t.get("checkpoint_every", 10), 1)
+    require_int("train.num_iterations", t.get("num_iterations", 1), 1)
+    require_int("train.max_new_tokens", t.get("max_new_tokens"), 1)
+    top_p = t.get("top_p", 1.0)
+    require("train.top_p", top_p, is_finite_real(top_p) and 0 < top_p <= 1, "a number in (0, 1]")
+
+
 def optim_config(c: ml_collections.ConfigDict, steps_per_phase: int, phases: int) -> OptimConfig:
     """`OptimConfig` from c.optim; a "constant" schedule restarts every phase (its warmup
-    included), "cosine" spans all phases (the old behaviour)."""
+    included), "cosine" spans all phases (the old behaviour). A learning rate that is not
+    finite, or micro-batches that would split a step's groups, raise ValueError naming the key."""
     o = c.optim.to_dict()
+    lr = o.get("lr")
+    # inf passes OptimConfig's lr > 0, then every update is non-finite and skipped.
+    require("optim.lr", lr, not is_real(lr) or is_finite_real(lr), "a finite number > 0")
+    accum, groups = o.get("accum_steps", 1), c.train.problems_per_step
+    require(
+        "optim.accum_steps", accum, not is_int(accum) or accum < 1 or groups % accum == 0,
+        f"a divisor of train.problems_per_step = {groups} (micro-batches take whole groups)",
+    )  # fmt: skip
     total = max(1, steps_per_phase * phases)
     if o.get("schedule", "cosine") == "constant":
         o.setdefault("cycle_steps", steps_per_phase)

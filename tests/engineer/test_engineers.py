@@ -337,9 +337,9 @@ def test_policy_failures_keep_the_config_and_say_why():
         raise RuntimeError("out of memory")
 
     d = E.PolicyEngineer(generate_fn=boom, mode="free").propose(CONTEXT, CUR, 0)
-    assert d.kept_current and "out of memory" in d.reason
+    assert d.kept_current and "out of memory" in d.reason and "out of memory" in E.failure(d)
     d = E.PolicyEngineer(score_fn=lambda p, t: [0.0], mode="constrained").propose(CONTEXT, CUR, 0)
-    assert d.kept_current and "score_fn failed" in d.reason
+    assert d.kept_current and "score_fn failed" in d.reason and "score_fn" in E.failure(d)
     with pytest.raises(ValueError, match="mode.*allowed"):
         E.PolicyEngineer(mode="greedy")
 
@@ -449,6 +449,7 @@ def test_api_malformed_content_keeps_config(server):
     queue.append((200, completion("Make it harder everywhere!")))
     d = api(url, []).propose(CONTEXT, CUR, 0)
     assert d.kept_current and "no ```yaml" in d.reason and d.raw.startswith("Make it")
+    assert E.failure(d) == ""  # it answered: keeping the config was the projection's choice
     queue.append((200, b"this is not json"))
     d = api(url, []).propose(CONTEXT, CUR, 0)
     assert d.kept_current and "API request failed" in d.reason
@@ -478,6 +479,7 @@ def test_api_unreachable_keeps_config_with_reason():
     sleeps = []
     d = api(f"http://127.0.0.1:{port}/v1", sleeps, max_retries=2).propose(CONTEXT, CUR, 0)
     assert d.kept_current and "after 3 attempt(s)" in d.reason and "Connection" in d.reason
+    assert E.failure(d) == d.reason  # an engineer that could not run, not a kept choice
     assert sleeps == [0.5, 1.0] and d.config.to_dict() == CUR.to_dict()
 
 
@@ -493,4 +495,4 @@ def test_api_settings_from_environment(server, monkeypatch):
     assert requests[0][2] == "Bearer env-key"
     monkeypatch.delenv("OPENAI_MODEL")
     d = E.ApiEngineer().propose(CONTEXT, CUR, 0)
-    assert d.kept_current and "OPENAI_MODEL" in d.reason
+    assert d.kept_current and "OPENAI_MODEL" in d.reason and "OPENAI_MODEL" in E.failure(d)

@@ -257,6 +257,17 @@ BAD_CONFIGS = [
     (("train", "objective"), "ppo", r"train\.objective = 'ppo'"),
     (("rounds",), 0, r"rounds = 0; allowed"),
     (("model", "dtype"), "float7", r"model\.dtype = 'float7'"),
+    # Values that used to claim the workdir before failing (or never failing).
+    (("train", "instances"), 0, r"train\.instances = 0; allowed: an integer in \[1, "),
+    (("train", "instances"), 10**8, r"train\.instances = 100000000; allowed: an integer in"),
+    (("train", "epochs"), 0, r"train\.epochs = 0; allowed: an integer >= 1"),
+    (("train", "checkpoint_every"), 0, r"train\.checkpoint_every = 0; allowed"),
+    (("train", "problems_per_step"), 0, r"train\.problems_per_step = 0; allowed"),
+    (("train", "max_new_tokens"), 0, r"train\.max_new_tokens = 0; allowed"),
+    (("train", "top_p"), 0.0, r"train\.top_p = 0\.0; allowed: a number in \(0, 1\]"),
+    (("optim", "lr"), float("inf"), r"optim\.lr = inf; allowed: a finite number > 0"),
+    (("optim", "accum_steps"), 3, r"optim\.accum_steps = 3; allowed: a divisor of train\.prob"),
+    (("mesh", "tp"), 3, r"mesh = \{.*'tp': 3\}: .*allowed: --config\.mesh"),
 ]
 
 
@@ -326,3 +337,172 @@ def test_an_api_key_in_the_config_is_not_written_to_the_run_directory(tmp_path):
     run.engineer.settings.model = "another-model"  # other settings still must match
     with pytest.raises(loop.RunDirError, match="engineer.settings.model: '' -> 'another-model'"):
         loop.check_run_dir(tmp_path / "run", run)
+
+
+def test_an_unknown_config_variant_is_one_line_naming_the_known_ones(tmp_path):
+    """A typo after the colon used to start the full ~15-minute job."""
+    with pytest.raises(ValueError, match=r"tiny_cpu\.py:nosuch: no such variant; allowed: '', "):
+        tiny_cpu.get_config("nosuch")
+    work = tmp_path / "run"
+    args = [sys.executable, str(ROOT / "launch" / "train.py")]
+    config = f"{ROOT / 'configs' / 'tiny_cpu.py'}:nosuch"
+    for how in ([f"--config={config}"], ["--config", config]):
+        done = subprocess.run(
+            [*args, *how, f"--workdir={work}"], capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 2 and "Traceback" not in done.stderr
+        assert done.stderr.strip().splitlines() == [
+            "error: configs/tiny_cpu.py:nosuch: no such variant; allowed: '', 'laptop', "
+            "'laptop_smoke', 'grpo_effect', 'smoke'"
+        ]
+    assert not work.exists()
+
+
+def test_a_checkpoint_position_that_disagrees_with_the_rounds_is_refused(tmp_path):
+    """A data position past the round's end would skip its updates and mark it done."""
+    from mapfjax.engineer import loop
+
+    work, ckpt = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    for step in (2, 4):
+        (ckpt / str(step)).mkdir(parents=True)
+    loop._check_position({"round": 0, "step": 2}, work, ckpt, 4)
+    with pytest.raises(loop.RunDirError) as e:
+        loop._check_position({"round": 0, "step": 99}, work, ckpt, 4)
+    msg = str(e.value)
+    assert msg.startswith(f"{ckpt / '4'}: data position {{'round': 0, 'step': 99}} is not")
+    assert f"delete {ckpt / '4'} to resume from the checkpoint before it" in msg
+    (work / "round_0").mkdir()
+    (work / "round_0" / "DONE").write_bytes(b"")
+    loop._check_position({"round": 0, "step": 4}, work, ckpt, 4)
+    loop._check_position({"round": 1, "step": 1}, work, ckpt, 4)
+    for bad in ({"round": 0, "step": 2}, {"step": 4}, {"round": "1", "step": 0}):
+        with pytest.raises(loop.RunDirError, match="data position"):
+            loop._check_position(bad, work, ckpt, 4)
+
+
+def test_an_edited_run_file_is_refused_naming_it(tmp_path):
+    """Held-out set, training sets and finished rounds' files are checked against the digests
+    recorded when they were written (an edited held-out set used to be paired silently)."""
+    from mapfjax.engineer import loop
+
+    c = tiny_cpu.get_config("smoke")
+    c.validation.per_size = 1
+    work = tmp_path / "run"
+    work.mkdir()
+    first = loop._validation_set(work, c)
+    assert [p.id for p in loop._validation_set(work, c)] == [p.id for p in first]
+    path = work / "validation_set.jsonl"
+    rows = path.read_text().splitlines()
+    path.write_text("\n".join([rows[1], rows[0], *rows[2:]]) + "\n")  # same puzzles, reordered
+    with pytest.raises(loop.RunDirError) as e:
+        loop._validation_set(work, c)
+    assert str(e.value).startswith(f"{path}: changed since this run wrote it")
+    assert "rerun the same command with a new --workdir" in str(e.value)
+
+    _finished_rounds(work, c)  # written without digests: recorded as they are on first read
+    loop.finished_round(work, 1, c, {"round": 1, "step": 4})
+    val = work / "round_1" / "validation.json"
+    val.write_text(val.read_text().replace('"valid": false', '"valid": true'))
+    with pytest.raises(loop.RunDirError, match=r"round_1/validation\.json: changed since"):
+        loop.finished_round(work, 1, c, {"round": 1, "step": 4})
+    (work / "round_0" / "validation.json").write_text('{"rows": [')  # torn: named, no traceback
+    (work / "digests.json").unlink()
+    with pytest.raises(loop.RunDirError, match=r"round_0/validation\.json: unreadable"):
+        loop.finished_round(work, 0, c, {"round": 1, "step": 4})
+
+
+def test_a_second_run_on_a_workdir_is_refused_and_a_stale_lock_taken_over(
+    tiny_model_dir, tmp_path, caplog
+):
+    from mapfjax import files
+    from mapfjax.engineer import loop
+
+    work = tmp_path / "run"
+    work.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; time.sleep(600)"], stdout=subprocess.DEVNULL
+    )
+    try:
+        lock = json.dumps({"pid": holder.pid, "host": __import__("socket").gethostname()})
+        (work / "LOCK").write_text(lock)
+        with pytest.raises(files.LockedError) as e:
+            loop.run(smoke_config(tiny_model_dir), work)
+        assert str(e.value).startswith(f"--workdir {work} is in use by pid {holder.pid} on ")
+        assert f"delete {work / 'LOCK'} if it is no longer running" in str(e.value)
+        assert (work / "LOCK").read_text() == lock
+    finally:
+        holder.kill()
+        holder.wait()
+    # the holder is gone: its lock is taken over, and released when the block ends
+    with caplog.at_level("WARNING"), files.dir_lock(work, "--workdir"):
+        assert json.loads((work / "LOCK").read_text())["pid"] == os.getpid()
+        with pytest.raises(files.LockedError, match=f"in use by pid {os.getpid()}"):
+            with files.dir_lock(work, "--workdir"):
+                pass
+    assert f"taking over the lock of pid {holder.pid}" in caplog.text
+    assert sorted(p.name for p in work.iterdir()) == ["run_config.json"]  # no LOCK, no temp
+
+
+def test_an_engineer_that_cannot_run_warns_or_stops_the_run(tmp_path, caplog, monkeypatch):
+    """An unreachable API engineer used to be recorded in decision.json only."""
+    from mapfjax.engineer import loop
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    c = tiny_cpu.get_config("smoke")
+    c.engineer = tiny_cpu.engineer_settings("api")
+    c.engineer.settings.model = "some-model"
+    records = _finished_rounds(tmp_path / "run", c)
+    out = tmp_path / "run" / "round_1"
+    args = (1, records, c.env, c, None, None, None, out)
+    with caplog.at_level("WARNING"):
+        d = loop._engineer(*args, False)
+    assert d.kept_current and d.config.to_dict() == c.env.to_dict()
+    [line] = [r.getMessage() for r in caplog.records if "engineer failed" in r.getMessage()]
+    assert line.startswith("round 1: the api engineer failed (")
+    assert "--strict_engineer stops the run" in line
+    (out / "decision.json").unlink()
+    with pytest.raises(loop.EngineerError, match=r"round 1: the api engineer failed \("):
+        loop._engineer(*args, True)
+    assert not (out / "decision.json").exists()
+
+
+def test_a_torn_metrics_line_or_edited_held_out_set_on_resume(
+    tiny_model_dir, reference_run, tmp_path, caplog
+):
+    """Killed mid-append: the torn last line is dropped with a warning and the rerun finishes
+    (it used to fail at the end of the round, on every rerun). An edited held-out set is
+    refused before anything is trained on it."""
+    import shutil
+
+    from mapfjax.engineer import loop
+    from mapfjax.eval import report
+
+    ref, records = reference_run
+    work = tmp_path / "copy"
+    shutil.copytree(ref, work)
+    (work / "round_1" / "DONE").unlink()
+    shutil.rmtree(work / "round_1" / "model")
+    for n in (0, 1):
+        with open(work / f"round_{n}" / "metrics.jsonl", "a") as f:
+            f.write('{"step": 5, "round": 1, "seconds": 0.')
+    with caplog.at_level("WARNING"):
+        again = loop.run(smoke_config(tiny_model_dir), work)
+        md = report.write_report(work).read_text()
+    assert [r.to_dict() for r in again] == [r.to_dict() for r in records]
+    assert "| R1 |" in md and (work / "round_1" / "model" / "model.safetensors").exists()
+    lines = (work / "round_1" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == [1, 2, 3, 4]
+    assert f"{work / 'round_1' / 'metrics.jsonl'}:5: the last line is torn" in caplog.text
+    assert f"{work / 'round_0' / 'metrics.jsonl'}:5: the last line is torn" in caplog.text
+    # a finished run's deleted export is written again from the last round's checkpoint
+    shutil.rmtree(work / "round_1" / "model")
+    loop.run(smoke_config(tiny_model_dir), work)
+    assert (work / "round_1" / "model" / "model.safetensors").exists()
+
+    path = work / "validation_set.jsonl"
+    path.write_text(path.read_text().replace('"id": "', '"id": "x', 1))
+    c = smoke_config(tiny_model_dir)
+    c.rounds = 3
+    with pytest.raises(loop.RunDirError, match=r"validation_set\.jsonl: changed since this run"):
+        loop.run(c, work)
+    assert not (work / "round_2").exists()
