@@ -18,7 +18,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from mapfjax import configfile, files, parallel  # noqa: E402
 from mapfjax.models import bpe, hf, qwen3  # noqa: E402
 from mapfjax.models import tokenizer as tok_lib  # noqa: E402
-from mapfjax.rl import data, driver, rollout  # noqa: E402
+from mapfjax.rl import data, driver, recipe, rollout  # noqa: E402
 from mapfjax.rl.trainer import OptimConfig, Trainer  # noqa: E402
 
 CONFIG = config_flags.DEFINE_config_file("config", "configs/tiny_model.py")
@@ -39,14 +39,14 @@ def fit(trainer, ckpt, total, batches, every, log, name):  # resumes from ckpt; 
 def main(_):
     c = CONFIG.value
     try:
-        data.check_recipe(c)  # before hours of data generation and SFT
+        recipe.check_recipe(c)  # before hours of data generation and SFT
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     parallel.enable_compilation_cache()  # a rerun or resume skips recompiling
     logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint write at INFO
     work, out = pathlib.Path(c.workdir), pathlib.Path(c.out_dir)
-    d = data.prepare(c, work)
+    d = recipe.prepare(c, work)
     tok, pad, dtype = d.tokenizer, tok_lib.special_ids(d.tokenizer).pad, jnp.dtype(c.dtype)
     if c.get("init"):  # continue from a checkpoint (its architecture and tokenizer)
         model = hf.from_pretrained(c.init, dtype=dtype)

@@ -43,3 +43,84 @@ def test_low_level_modules_import_only_below_them(module):
         if not any(m == a or m.startswith(a + ".") for a in allowed)
     )
     assert not bad, f"mapfjax/{module} imports {bad}; allowed: {allowed or 'no mapfjax module'}"
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    out = {}
+    for f in PACKAGE.rglob("*.py"):
+        parts = f.relative_to(PACKAGE.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    return out
+
+
+def _edges(path: pathlib.Path, modules) -> set[str]:
+    """The mapfjax modules a file imports, anywhere in it ("from mapfjax.rl import driver"
+    imports mapfjax.rl.driver; "from mapfjax.rl.data import x" imports mapfjax.rl.data)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [f"{node.module}.{a.name}" for a in node.names] + [node.module]
+        for name in names:
+            if name in modules and modules[name].name != "__init__.py":
+                out.add(name)
+            elif name.rpartition(".")[0] in modules and name not in modules:
+                parent = name.rpartition(".")[0]
+                if modules[parent].name != "__init__.py":
+                    out.add(parent)
+    return out
+
+
+def test_no_import_cycles():
+    """No module imports, directly or through others, a module that imports it back (imports
+    inside functions count: a cycle hidden in a function still ties the layers together)."""
+    modules = _modules()
+    graph = {name: _edges(path, modules) - {name} for name, path in modules.items()}
+    cycles, state = [], {}
+
+    def visit(name, stack):
+        state[name] = "open"
+        for dep in sorted(graph.get(name, ())):
+            if state.get(dep) == "open":
+                cycles.append(" -> ".join(stack[stack.index(dep) :] + [dep]))
+            elif dep not in state:
+                visit(dep, stack + [dep])
+        state[name] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert len(graph) > 40 and any(graph.values())
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+_ONE_BY_ONE = """
+import importlib, sys
+failed = []
+for name in sys.argv[1:]:
+    for m in [m for m in sys.modules if m == "mapfjax" or m.startswith("mapfjax.")]:
+        del sys.modules[m]  # each module imported first, as a user's script would
+    try:
+        importlib.import_module(name)
+    except Exception as e:
+        failed.append(f"{name}: {type(e).__name__}: {e}")
+print("\\n".join(failed))
+sys.exit(1 if failed else 0)
+"""
+
+
+def test_every_module_imports_on_its_own():
+    import subprocess
+    import sys
+
+    names = sorted(_modules())
+    out = subprocess.run(
+        [sys.executable, "-c", _ONE_BY_ONE, *names],
+        cwd=PACKAGE.parent,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

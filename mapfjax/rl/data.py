@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import hashlib
 import json
 import pathlib
 from collections.abc import Iterator, Sequence
@@ -14,12 +13,9 @@ from collections.abc import Iterator, Sequence
 import jax
 import numpy as np
 
-from mapfjax import configfile, files
-from mapfjax.checks import is_finite_real, is_int, require, require_dtype, require_int
-from mapfjax.env import config as env_config
+from mapfjax import files
 from mapfjax.env import generator, io, oracle, text, trace
 from mapfjax.env.types import Problem
-from mapfjax.models import bpe
 from mapfjax.models import tokenizer as tok_lib
 from mapfjax.rl.batch import SequenceBatch, make_batch
 
@@ -261,167 +257,3 @@ def cached(path, build, save, load):
     if not path.exists():
         save(path, build())
     return load(path)
-
-
-def _balanced(problems: Sequence[Problem], n: int, cells: int) -> list[Problem]:
-    """n problems, an equal number from each (size, id prefix) cell where possible."""
-    by_cell: dict[tuple, list[Problem]] = {}
-    for p in problems:
-        by_cell.setdefault((p.height, p.id.split("_")[0]), []).append(p)
-    per = n // max(1, len(by_cell))
-    out = [p for ps in by_cell.values() for p in ps[:per]]
-    rest = [p for ps in by_cell.values() for p in ps[per:]]
-    return (out + rest)[:n]
-
-
-@dataclasses.dataclass(frozen=True)
-class RunData:
-    """Everything a tiny-model run reads: tokenizer, SFT examples, validation set, GRPO pool."""
-
-    tokenizer: object
-    sft: list[Example]
-    validation: list[Problem]
-    grpo_pool: list[Problem]
-
-
-def check_recipe(cfg) -> None:
-    """Check a tiny-model recipe config (configs/tiny_model.py) before any data is generated or
-    any model built: a bad value found after hours of SFT would cost them. Raises ValueError
-    naming the key, its value and what is allowed."""
-    from mapfjax.models import qwen3
-    from mapfjax.rl import driver
-    from mapfjax.rl.optim import OptimConfig
-
-    def at_least(key: str, least: int) -> None:
-        node, last = configfile.key_path(cfg, key)
-        require_int(key, node[last], least)
-
-    for key, least in (("seed", 0), ("processes", 0), ("sft.instances", 1),
-                       ("sft.checkpoint_every", 1), ("sft.log_every", 1),
-                       ("validation.per_size", 1), ("validation.max_new_tokens", 1),
-                       ("validation.batch_size", 1), ("rl.train.steps", 1)):  # fmt: skip
-        at_least(key, least)
-    require_dtype("dtype", cfg.dtype)
-    if cfg.get("init"):
-        init = pathlib.Path(cfg.init)
-        require("init", cfg.init, (init / "config.json").is_file(), "a model directory or ''")
-    else:  # a model from scratch, with a tokenizer of its own
-        at_least("tokenizer.instances", 1)
-        bpe.check_vocab_size(cfg.tokenizer.vocab_size, "tokenizer.vocab_size")
-        try:
-            qwen3.Qwen3Config(vocab_size=cfg.tokenizer.vocab_size, **cfg.model)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"model.{e}") from None
-    b = cfg.sft.batch_size
-    ok = is_int(b) and 1 <= b <= cfg.sft.instances
-    require("sft.batch_size", b, ok, f"an integer in [1, sft.instances={cfg.sft.instances}]")
-    stages = tuple(cfg.sft.stages)
-    ok = len(stages) > 0 and all(is_int(s) and s >= 1 for s in stages)
-    ok = ok and all(a < b for a, b in zip(stages, stages[1:], strict=False))
-    require("sft.stages", stages, ok, "update counts >= 1, increasing (each stage extends)")
-    for steps in stages:
-        OptimConfig(**cfg.sft.optim, total_steps=steps).validate()
-    if not isinstance(cfg.sft.get("coordinate_targets", False), bool):
-        require("sft.coordinate_targets", cfg.sft.coordinate_targets, False, "True or False")
-    if not isinstance(cfg.get("thinking", False), bool):
-        require("thinking", cfg.thinking, False, "True or False")
-    if cfg.get("thinking", False) and not cfg.rl.train.get("enable_thinking", False):
-        require("rl.train.enable_thinking", False, False, "True when thinking=True")
-    for where in ("sft.env", "rl.env", "validation.env"):
-        node, last = configfile.key_path(cfg, where)
-        env_config.validate_at(node[last], where)
-    for where in ("sft.hole_ratios", "validation.hole_ratios"):
-        part, key = where.split(".")
-        env_config.check_hole_ratios(cfg[part].get(key, ()), where)
-    spare = cfg.validation.get("spare", 0.0)
-    require("validation.spare", spare, is_finite_real(spare) and spare >= 0, "a number >= 0")
-    settings = driver.GRPOSettings.from_config(cfg.rl)
-    driver.optim_config(cfg.rl, settings.steps, 1).validate()
-
-
-def prepare(cfg, workdir) -> RunData:
-    """Build (first run) or load (later runs) a run's data under `workdir`, from the config
-    fields tokenizer.{instances, vocab_size}, sft.{env, instances}, validation.{env,
-    per_size}, rl.env, rl.train.{steps, problems_per_step, oversample}, seed and processes
-    (configs/tiny_model.py).
-    Each part has its own seed offset, so changing one size does not change the others."""
-    work = pathlib.Path(workdir)
-
-    def name(stem: str, ext: str, *parts) -> pathlib.Path:
-        """A cache path keyed by the config parts it depends on (a config change rebuilds)."""
-        key = json.dumps([p.to_dict() if hasattr(p, "to_dict") else p for p in parts])
-        return work / f"{stem}-{hashlib.sha256(key.encode()).hexdigest()[:10]}{ext}"
-
-    def problems(env, n, offset, hole_ratios=()):
-        return generate_problems(env, n, cfg.seed + offset, cfg.processes, tuple(hole_ratios))
-
-    thinking = bool(cfg.get("thinking", False))
-
-    def tokenizer():
-        ps = problems(cfg.sft.env, cfg.tokenizer.instances, 100)
-        prompts = [text.render_prompt(p) for p in ps]
-        turns = [response(p, a, thinking) for p, a in zip(ps, oracle_answers(ps), strict=True)]
-        texts = bpe.corpus(prompts, turns, thinking)
-        # A trace's look-ups match cells: each "(r, c)" is one token.
-        return bpe.build_tokenizer(texts, cfg.tokenizer.vocab_size, coordinates=thinking)
-
-    init = cfg.get("init", "")
-    if init:  # continue from a checkpoint: its tokenizer, unchanged
-        tok_dir = pathlib.Path(init)
-        tok = tok_lib.load_tokenizer(tok_dir)
-    else:
-        parts = (cfg.seed, cfg.sft.env, cfg.tokenizer) + (("thinking",) if thinking else ())
-        tok_dir = name("tokenizer", "", *parts)
-        tok = cached(tok_dir, tokenizer, bpe.save_tokenizer, tok_lib.load_tokenizer)
-    sft_holes = tuple(cfg.sft.get("hole_ratios", ()))
-    val_holes = tuple(cfg.validation.get("hole_ratios", ()))
-
-    def sft():
-        return sft_examples(
-            tok, problems(cfg.sft.env, cfg.sft.instances, 1, sft_holes), thinking=thinking
-        )
-
-    sft_parts = (tok_dir.name, cfg.sft.env, cfg.sft.instances, sft_holes)
-    sft_data = cached(
-        name("sft", ".jsonl", *sft_parts + (("thinking",) if thinking else ())),
-        sft,
-        save_examples,
-        load_examples,
-    )
-
-    def val():
-        n = len(cfg.validation.env.sizes) * cfg.validation.per_size
-        # Draw a few more than needed: puzzles the SFT data holds are dropped.
-        extra = 1 + cfg.validation.get("spare", 0.0)
-        drawn = problems(cfg.validation.env, int(n * extra), 2, val_holes)
-        kept, dropped = held_out(drawn, {e.puzzle for e in sft_data})
-        if len(kept) < n:
-            raise ValueError(
-                f"validation: {dropped} of {len(drawn)} drawn puzzles are in the SFT data, "
-                f"{len(kept)} left for the {n} asked: raise validation.spare"
-            )
-        # Keep the per-cell balance: an equal count per (size, hole ratio) part.
-        return _balanced(kept, n, len(cfg.validation.env.sizes) * max(1, len(val_holes)))
-
-    rl = cfg.rl.train
-
-    def pool():
-        drawn = int(-(-rl.problems_per_step * rl.get("oversample", 1.0) // 1))
-        return problems(cfg.rl.env, rl.steps * drawn, 3)
-
-    return RunData(
-        tok,
-        sft_data,
-        cached(
-            name("validation", ".jsonl", cfg.seed, cfg.validation),
-            val,
-            io.save_instances,
-            io.load_instances,
-        ),
-        cached(
-            name("grpo", ".jsonl", cfg.seed, cfg.rl.env, rl.steps, rl.problems_per_step),
-            pool,
-            io.save_instances,
-            io.load_instances,
-        ),
-    )

@@ -80,14 +80,14 @@ BAD_RECIPES = [
 @pytest.mark.parametrize("key,value,message", BAD_RECIPES, ids=lambda x: str(x)[:30])
 def test_a_bad_recipe_is_refused_before_any_work(key, value, message):
     from mapfjax import configfile
-    from mapfjax.rl import data
+    from mapfjax.rl import recipe
 
     c = configfile.get_config("configs/tiny_model.py", "quick")
-    data.check_recipe(c)
+    recipe.check_recipe(c)
     node, last = configfile.key_path(c, key)
     node[last] = value
     with pytest.raises(ValueError, match=message):
-        data.check_recipe(c)
+        recipe.check_recipe(c)
 
 
 def test_the_launch_script_refuses_a_bad_recipe_in_one_line(tmp_path):
