@@ -29,6 +29,7 @@ _THINK = flags.DEFINE_bool("enable_thinking", False, "Qwen3 thinking mode (check
 _BATCH = flags.DEFINE_integer("batch_size", 32, "problems per generation call")
 _DTYPE = flags.DEFINE_string("dtype", "float32", "checkpoint compute dtype")
 _SEED = flags.DEFINE_integer("seed", 0, "sampling seed when temperature > 0")
+_DUPS = flags.DEFINE_enum("duplicates", "error", ["error", "first", "last"], "id answered twice")
 flags.mark_flag_as_required("instances")
 
 
@@ -48,7 +49,7 @@ def main(argv):
         print("error: give exactly one of --checkpoint DIR or --api_model NAME", file=sys.stderr)
         return 2
     try:
-        problems = io.load_instances(_INSTANCES.value)
+        problems = io.require_instances(_INSTANCES.value)
         ev.check_out_dir(_OUT.value)
         if _LABEL.value and any(p.optimal_soc is None for p in problems):
             problems, summary = ev.label_unlabelled(problems)
@@ -65,8 +66,9 @@ def main(argv):
             )
             label, family = _API.value, paper.model_family(api_model=_API.value)
         paths = ev.evaluate(
-            solver, problems, _OUT.value, label, family, _ANSWERS.value, _BATCH.value
-        )
+            solver, problems, _OUT.value, label, family, _ANSWERS.value, _BATCH.value,
+            duplicates=_DUPS.value,
+        )  # fmt: skip
     except (ValueError, OSError, ev.ApiUnavailable) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

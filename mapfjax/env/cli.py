@@ -130,12 +130,19 @@ def _verify_args(p):
         action="store_true",
         help="exit 0 even when some instances have no answer (still reported as 'missing')",
     )
+    p.add_argument(
+        "--duplicates",
+        choices=("error", "first", "last", "all"),
+        default="error",
+        help="an id answered on several lines: refuse (default), score its first or last "
+        "answer, or all of them (several samples per instance)",
+    )
 
 
 def _verify(args) -> int:
     from mapfjax.env import dynamics, io, text, types
 
-    problems = {p.id: p for p in io.load_instances(args.instances)}
+    problems = {p.id: p for p in io.require_instances(args.instances)}
     answers = io.read_answer_lines(args.answers)
     for a in answers:
         if a.id not in problems:
@@ -143,6 +150,7 @@ def _verify(args) -> int:
                 f"{args.answers}:{a.line}: field 'id': {a.id!r} is not in {args.instances}"
             )
     io.check_answers_match(args.answers, answers, problems)
+    answers = io.one_answer_per_id(args.answers, answers, args.duplicates)
     keys = ("valid", "optimal", "failure", "soc", "makespan")
     below = []  # (id, soc, label): a valid plan cheaper than the "optimal" label
     for start in range(0, len(answers), 4096):
@@ -194,7 +202,7 @@ def _solve_args(p):
 def _solve(args):
     from mapfjax.env import io, oracle, text
 
-    problems = io.load_instances(args.instances)
+    problems = io.require_instances(args.instances)
     sols = oracle.solve_many(
         problems, args.max_nodes, args.time_limit, args.processes, progress=sys.stderr.isatty()
     )
@@ -261,7 +269,7 @@ def _label(args):
     from mapfjax.env import io
 
     _check_out(args.out, "--out")
-    problems = io.load_instances(args.instances)
+    problems = io.require_instances(args.instances)
     progress = sys.stderr.isatty()
     out, summary = label_problems(
         problems, args.max_nodes, args.time_limit, args.processes, progress
@@ -438,7 +446,7 @@ def _render(args):
     if ext == ".gif" and not args.answers:
         raise ValueError(f"--out {args.out}: a .gif animates a plan; give --answers or use .png")
     _check_out(args.out, "--out")
-    problems = {p.id: p for p in io.load_instances(args.instances)}
+    problems = {p.id: p for p in io.require_instances(args.instances)}
     if args.id not in problems:
         raise ValueError(f"--id {args.id!r} is not in {args.instances}")
     p = problems[args.id]

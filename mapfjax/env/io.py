@@ -216,6 +216,15 @@ def load_instances(path) -> list[Problem]:
     return problems
 
 
+def require_instances(path) -> list[Problem]:
+    """`load_instances` for commands that work on the problems: a file with none (empty, or
+    blank lines only) raises ValueError naming it, instead of a run that scores nothing."""
+    problems = load_instances(path)
+    if not problems:
+        raise ValueError(f"{path}: no instances (the file is empty); give an instance JSONL file")
+    return problems
+
+
 def save_instances(path, problems: Sequence[Problem]) -> None:
     """Write problems as instance JSONL (atomically) after validating them."""
     seen = set()
@@ -257,6 +266,39 @@ def read_answer_lines(path) -> list[Answer]:
         _check_fields(path, n, row, ANSWER_FIELDS, allow_extra=True)
         out.append(Answer(n, row["id"], row["text"], row.get("puzzle_hash")))
     return out
+
+
+# What to do with an id answered on several lines: refuse (the default: which one counts would
+# otherwise be a silent choice), keep its first or last answer, or keep them all (samples).
+DUPLICATES = ("error", "first", "last", "all")
+
+
+def one_answer_per_id(path, answers: Sequence[Answer], duplicates: str = "error") -> list[Answer]:
+    """`answers` (of the file `path`) with one per id, in first-appearance order. An id on
+    several lines raises JsonlError listing the ids and their lines unless `duplicates` is
+    "first" or "last" ("all" returns `answers` as they are: several samples per id)."""
+    if duplicates not in DUPLICATES:
+        raise ValueError(f"duplicates = {duplicates!r}; allowed: {', '.join(DUPLICATES)}")
+    if duplicates == "all":
+        return list(answers)
+    lines: dict[str, list[int]] = {}
+    for a in answers:
+        lines.setdefault(a.id, []).append(a.line)
+    repeated = {i: ls for i, ls in lines.items() if len(ls) > 1}
+    if repeated and duplicates == "error":
+        shown = "; ".join(f"{i!r} on lines {ls}" for i, ls in list(repeated.items())[:5])
+        first = min(ls[1] for ls in repeated.values())
+        raise JsonlError(
+            path, first, "id",
+            f"{len(repeated)} id(s) answered more than once ({shown}"
+            f"{' ...' if len(repeated) > 5 else ''}); keep one answer per id, or choose one "
+            "with --duplicates=first or --duplicates=last",
+        )  # fmt: skip
+    keep: dict[str, Answer] = {}
+    for a in answers:
+        if duplicates == "last" or a.id not in keep:
+            keep[a.id] = a
+    return list(keep.values())
 
 
 def load_answers(path) -> list[tuple[str, str]]:

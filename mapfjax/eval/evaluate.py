@@ -68,10 +68,8 @@ class CheckpointSolver:
     def __call__(self, problems: Sequence[Problem], start: int) -> list[str]:
         cfg = self.sampling
         key = None if cfg.temperature == 0 else jax.random.fold_in(jax.random.key(self.seed), start)
-        _, _, _, texts = rollout.sample(
-            self.model, self.tokenizer, problems, 1, cfg, key, mesh=self.mesh
-        )
-        return texts[: len(problems)]
+        samples = rollout.sample(self.model, self.tokenizer, problems, 1, cfg, key, mesh=self.mesh)
+        return samples.texts[: len(problems)]
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -153,8 +151,9 @@ class ApiSolver(api_chat.Endpoint):
 # --------------------------------------------------------------------------- answers file
 
 
-def read_answers(path) -> dict[str, io.Answer]:
-    """Answers already in `path` (id -> its first `io.Answer`), {} when it does not exist.
+def read_answers(path, duplicates: str = "error") -> dict[str, io.Answer]:
+    """Answers already in `path` (id -> its `io.Answer`), {} when it does not exist. An id on
+    several lines is refused, naming the ids, unless `duplicates` is "first" or "last".
 
     A last line without a newline is kept when it parses (valid JSONL may end that way); only
     an unparseable one, torn by a crash while appending, is cut off, with a warning naming the
@@ -165,10 +164,8 @@ def read_answers(path) -> dict[str, io.Answer]:
         return {}
     io.read_bytes(path)  # a directory in the way is one error
     files.drop_torn_tail(path, "its answer will be generated again")
-    out: dict[str, io.Answer] = {}
-    for a in io.read_answer_lines(path):
-        out.setdefault(a.id, a)
-    return out
+    answers = io.one_answer_per_id(path, io.read_answer_lines(path), duplicates)
+    return {a.id: a for a in answers}
 
 
 def append_answers(path, rows: Sequence[dict]) -> None:
@@ -185,9 +182,11 @@ def generate_answers(
     answers_out=None,
     batch_size: int = 32,
     progress: bool = True,
+    duplicates: str = "error",
 ) -> dict[str, str]:
     """id -> response text for every problem. With `answers_out`, answers already there are
-    reused and new ones are appended after each batch (rerunning continues where it stopped).
+    reused and new ones are appended after each batch (rerunning continues where it stopped);
+    an id already there on several lines is refused unless `duplicates` picks "first"/"last".
 
     Each written answer carries `io.puzzle_hash` of its puzzle; an answer already in the file is
     reused only when that hash matches its instance (same id, same grid, starts and goals), so
@@ -196,7 +195,7 @@ def generate_answers(
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size}: allowed >= 1")
     by_id = {p.id: p for p in problems}
-    found = read_answers(answers_out) if answers_out else {}
+    found = read_answers(answers_out, duplicates) if answers_out else {}
     stray = sorted(set(found) - set(by_id))
     if stray:
         raise ValueError(
@@ -490,11 +489,13 @@ def evaluate(
     answers_out=None,
     batch_size: int = 32,
     progress: bool = True,
+    duplicates: str = "error",
 ) -> dict[str, pathlib.Path]:
     """Answer (resumably), verify and write the result tables; returns the written paths.
-    Unlabelled instances are scored for validity; their optimal % is reported as unknown."""
+    Unlabelled instances are scored for validity; their optimal % is reported as unknown.
+    duplicates: for ids answered on several lines of `answers_out` (`generate_answers`)."""
     check_out_dir(out_dir)
-    answers = generate_answers(solver, problems, answers_out, batch_size, progress)
+    answers = generate_answers(solver, problems, answers_out, batch_size, progress, duplicates)
     rows = score_answers(problems, answers)
     errors = len(getattr(solver, "errors", {}) or {})
     return write_results(out_dir, problems, rows, label, family, errors)

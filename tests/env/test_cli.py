@@ -60,7 +60,8 @@ def test_solve_then_verify_is_optimal(bench_file, tmp_path):
     rows = [{"id": r["id"], "text": "Sure!\n" + r["answer"]} for r in solved]
     rows.append({"id": solved[0]["id"], "text": "<answer>\nAgent 0: UP\n</answer>"})
     io.save_jsonl(answers, rows)
-    code, out, err = run("verify", "--instances", str(bench_file), "--answers", str(answers))
+    args = ("verify", "--instances", str(bench_file), "--answers", str(answers))
+    code, out, err = run(*args, "--duplicates", "all")  # two samples of one instance
     assert code == 0, err
     verdicts = [json.loads(line) for line in out.splitlines()]
     assert len(verdicts) == len(rows)
@@ -273,3 +274,33 @@ def test_render_format_follows_the_extension(capsys, tmp_path):
     code, _, err = main(capsys, "render", "--instances", inst, "--id", "easy", "--out", gif,
                         "--answers", ans)  # fmt: skip
     assert code == 0 and gif.read_bytes()[:3] == b"GIF"
+
+
+def test_verify_refuses_duplicate_ids_unless_told_which_and_an_empty_instance_file(
+    capsys, tmp_path
+):
+    inst = tmp_path / "i.jsonl"
+    io.save_instances(inst, [EASY, SWAP])
+    right = {"id": "easy", "text": "<answer>Agent 0: RIGHT, RIGHT</answer>"}
+    wrong = {"id": "easy", "text": "<answer>Agent 0: UP</answer>"}
+    swap = {"id": "swap", "text": ""}
+    ans = _answers(tmp_path / "a.jsonl", [right, swap, wrong])
+    code, out, err = main(capsys, "verify", "--instances", inst, "--answers", ans)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "a.jsonl:3: field 'id': 1 id(s) answered more than once ('easy' on lines [1, 3])" in err
+    assert "--duplicates=first or --duplicates=last" in err
+    for choice, valid in (("first", True), ("last", False)):
+        code, out, err = main(capsys, "verify", "--instances", inst, "--answers", ans,
+                              "--duplicates", choice)  # fmt: skip
+        rows = [json.loads(line) for line in out.splitlines()]
+        assert code == 0 and [r["id"] for r in rows] == ["easy", "swap"]
+        assert rows[0]["valid"] is valid
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    for command in (("verify", "--answers", ans), ("solve",)):
+        code, out, err = main(capsys, *command, "--instances", empty)
+        assert code == 2 and out == ""
+        assert (
+            err.strip() == f"error: {empty}: no instances (the file is empty); give an "
+            "instance JSONL file"
+        )

@@ -389,3 +389,19 @@ def test_answers_for_another_puzzle_are_refused(tmp_path):
     io.check_answers_match("a.jsonl", answers[::2], {"hand": HAND})  # matching or unhashed: fine
     with pytest.raises(ValueError, match=r"a\.jsonl: field 'puzzle_hash': 1 answer.*line 3 'hand'"):
         io.check_answers_match("a.jsonl", answers, {"hand": HAND})
+
+
+def test_one_answer_per_id_and_an_empty_instance_file(tmp_path):
+    answers = [io.Answer(1, "a", "x"), io.Answer(2, "b", "y"), io.Answer(4, "a", "z")]
+    with pytest.raises(io.JsonlError, match=r"f\.jsonl:4: field 'id': 1 id\(s\) answered more"):
+        io.one_answer_per_id("f.jsonl", answers)
+    assert [a.text for a in io.one_answer_per_id("f.jsonl", answers, "first")] == ["x", "y"]
+    assert [a.text for a in io.one_answer_per_id("f.jsonl", answers, "last")] == ["z", "y"]
+    assert io.one_answer_per_id("f.jsonl", answers, "all") == answers
+    with pytest.raises(ValueError, match="duplicates = 'keep'; allowed: error, first, last, all"):
+        io.one_answer_per_id("f.jsonl", answers, "keep")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert io.load_instances(empty) == []
+    with pytest.raises(ValueError, match=r"empty\.jsonl: no instances \(the file is empty\)"):
+        io.require_instances(empty)

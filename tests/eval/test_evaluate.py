@@ -499,3 +499,17 @@ def test_launch_evaluate_bad_paths_are_one_line(tmp_path):
         res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
         assert res.returncode == 2 and words in res.stderr, res.stderr[-2000:]
         assert "Traceback" not in res.stderr
+
+
+def test_an_answers_file_with_an_id_twice_is_refused_unless_told_which(tmp_path):
+    """It used to keep the first answer silently."""
+    path = tmp_path / "answers.jsonl"
+    h = io.puzzle_hash(_tiny("a", 0))
+    rows = [{"id": "a", "text": t, "puzzle_hash": h} for t in ("first", "second")]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(io.JsonlError) as e:
+        ev.read_answers(path)
+    assert str(e.value).startswith(f"{path}:2: field 'id': 1 id(s) answered more than once")
+    assert "'a' on lines [1, 2]" in str(e.value)
+    assert ev.read_answers(path, "first")["a"].text == "first"
+    assert ev.read_answers(path, "last")["a"].text == "second"
