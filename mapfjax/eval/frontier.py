@@ -301,7 +301,8 @@ def answer_grid(
     def run(lo, hi, repeats, temperature, key):
         sampling = rollout.SamplingConfig(cfg.max_new_tokens, temperature)
         chunk = list(problems[lo:hi])
-        _, out, _, texts = rollout.sample(model, tokenizer, chunk, repeats, sampling, key, mesh)
+        samples = rollout.sample(model, tokenizer, chunk, repeats, sampling, key, mesh)
+        out, texts = samples.output, samples.texts
         verdict, _ = rollout.score(chunk, repeats, texts, RewardConfig())
         finished = np.asarray(out.finished)[: len(texts)]
         return np.asarray(verdict.valid, bool).reshape(hi - lo, repeats), int((~finished).sum())

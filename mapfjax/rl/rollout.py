@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import warnings
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 import numpy as np
@@ -87,10 +88,21 @@ def policy_model(policy):
     raise TypeError(f"expected an nnx model or a Trainer with .model(), got {type(policy)}")
 
 
-def sample(model, tokenizer, problems, repeats, cfg: SamplingConfig, key, mesh=None):
+class Samples(NamedTuple):
+    """What `sample` returns, one row per (problem, repeat), `repeats` consecutive rows per
+    problem: prompts (token ids), output (the sampler's `SampleOutput`), completions (token
+    id lists, cut at the stop token) and texts (decoded completions)."""
+
+    prompts: list[list[int]]
+    output: sampler.SampleOutput
+    completions: list[list[int]]
+    texts: list[str]
+
+
+def sample(model, tokenizer, problems, repeats, cfg: SamplingConfig, key, mesh=None) -> Samples:
     """Generate `repeats` completions per problem (consecutive rows) with the trainer's prompt
-    and stop tokens -> (prompt ids, SampleOutput, completion id lists, decoded texts).
-    Evaluation uses the same function, so train-time and eval-time prompts never drift."""
+    and stop tokens (`Samples`). Evaluation uses the same function, so train-time and eval-time
+    prompts never drift."""
     ids = tok_lib.special_ids(tokenizer)
     distinct = encode_prompts(tokenizer, problems, cfg.enable_thinking)
     # Each prompt is prefilled once; its `repeats` samples share its keys and values.
@@ -111,7 +123,7 @@ def sample(model, tokenizer, problems, repeats, cfg: SamplingConfig, key, mesh=N
     prompts = [p for p in distinct for _ in range(repeats)]
     completions = sampler.to_lists(out)
     texts = tokenizer.batch_decode(completions, skip_special_tokens=False)
-    return prompts, out, completions, texts
+    return Samples(prompts, out, completions, texts)
 
 
 def score(problems, repeats: int, texts, reward_cfg: reward.RewardConfig):
@@ -171,8 +183,9 @@ def rollout(
         )
     model = policy_model(policy)
     pad = tok_lib.special_ids(tokenizer).pad
-    prompts, out, completions, texts = sample(model, tokenizer, problems, group_size, sampling, key)
-    verdict, rew = score(problems, group_size, texts, reward_cfg)
+    samples = sample(model, tokenizer, problems, group_size, sampling, key)
+    completions, out = samples.completions, samples.output
+    verdict, rew = score(problems, group_size, samples.texts, reward_cfg)
     adv = np.asarray(
         grpo.group_advantages(
             rew, group_size, grpo_cfg.scale_by_std, grpo_cfg.std_eps, grpo_cfg.std_ddof
@@ -183,7 +196,7 @@ def rollout(
     # budget), so a batch of short answers trains on short rows; the prompt is run once per
     # group (`GroupBatch`).
     batch = make_batch(
-        prompts,
+        samples.prompts,
         completions,
         pad,
         prompt_bucket=sampling.bucket,
@@ -292,7 +305,8 @@ def greedy_eval(
     valid, optimal, failure, length, finished, traces = [], [], [], [], [], []
     for i in range(0, len(problems), batch_size):
         chunk = problems[i : i + batch_size]
-        _, sampled, completions, texts = sample(model, tokenizer, chunk, 1, cfg, None)
+        samples = sample(model, tokenizer, chunk, 1, cfg, None)
+        sampled, completions, texts = samples.output, samples.completions, samples.texts
         if enable_thinking:  # which look-up of the reasoning trace went wrong first
             traces += [trace.check_trace(p, t)[1] for p, t in zip(chunk, texts, strict=True)]
         finished += list(np.asarray(sampled.finished)[: len(chunk)])
