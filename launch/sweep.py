@@ -47,7 +47,7 @@ def main(argv):
             print(shlex.join(argv_))
         return 0
     failed = sw.run_local(runs, _CONFIG.value, sweep_file, sys.executable)
-    print(sw.write_summary(runs, workdir).read_text())
+    print(sw.write_summary(runs, workdir, failed).read_text())
     if _CONFIG.value.get("results"):  # the small files that stay (results/<experiment>/)
         try:
             rel = lambda p: os.path.relpath(p) if str(p).startswith(os.getcwd()) else p

@@ -13,8 +13,9 @@ import math
 import pathlib
 import shlex
 import subprocess
+import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import ml_collections
 
@@ -225,18 +226,42 @@ def checkout() -> pathlib.Path:
     return script.parents[1]
 
 
+class Exit(NamedTuple):
+    """How a command of the sweep ended: its exit status and, when it failed, the first line
+    of its error (its last `error: ...` line on stderr, else its last line there)."""
+
+    code: int
+    error: str = ""
+
+
+def run_command(argv: list[str]) -> Exit:
+    """Run `argv` from the checkout, its stderr passed through as it comes (progress bars
+    included) and its tail kept for the error line."""
+    proc = subprocess.Popen(argv, cwd=checkout(), stderr=subprocess.PIPE)
+    tail = b""
+    while chunk := proc.stderr.read1(1 << 16):
+        sys.stderr.buffer.write(chunk)
+        sys.stderr.buffer.flush()
+        tail = (tail + chunk)[-(1 << 14) :]
+    code = proc.wait()
+    lines = [x.strip() for x in tail.decode("utf-8", "replace").splitlines() if x.strip()]
+    errors = [x.removeprefix("error: ") for x in lines if x.startswith("error: ")]
+    return Exit(code, "" if code == 0 else (errors or lines or [""])[-1])
+
+
 def run_local(
     runs: Sequence[Run],
     sweep,
     sweep_file,
     python: str,
-    execute: Callable[[list[str]], int] | None = None,
+    execute: Callable[[list[str]], Exit] | None = None,
     log: Callable[[str], None] = print,
-) -> list[str]:
+) -> dict[str, str]:
     """Run the sweep here, one command after another, skipping finished training runs and
-    finished evaluations; returns the names of runs whose commands failed (others go on)."""
-    execute = execute or (lambda argv: subprocess.run(argv, cwd=checkout(), check=False).returncode)
-    failed = []
+    finished evaluations; returns {run name: why} for the runs whose commands failed (the
+    others go on), for `write_summary`."""
+    execute = execute or run_command
+    failed: dict[str, str] = {}
     for i, run in enumerate(runs, 1):
         head = f"[{i}/{len(runs)}] {run.name}"
         if run.finished:
@@ -244,28 +269,34 @@ def run_local(
         else:
             argv = train_command(run, sweep_file, python)
             log(f"{head}: {shlex.join(argv)}")
-            if execute(argv) != 0 or not run.finished:
-                log(f"{head}: training failed or stopped early")
-                failed.append(run.name)
+            done = execute(argv)
+            if done.code != 0 or not run.finished:
+                why = done.error or "stopped before its last round"
+                log(f"{head}: training failed: {why}")
+                failed[run.name] = f"training: {why}"
                 continue
         if sweep.evaluate.instances and not (run.eval_dir / "results.json").exists():
             argv = eval_command(run, sweep.evaluate, python)
             log(f"{head}: {shlex.join(argv)}")
-            if execute(argv) != 0:
-                log(f"{head}: evaluation failed")
-                failed.append(run.name)
+            done = execute(argv)
+            if done.code != 0:
+                log(f"{head}: evaluation failed: {done.error}")
+                failed[run.name] = f"evaluation: {done.error}"
     return failed
 
 
-def run_summary(run: Run) -> dict[str, Any]:
-    """One row: the run's last finished round's mean valid/optimal over sizes (validation set)
-    and, when present, its benchmark means per agent count (eval/results.json)."""
+def run_summary(run: Run, failure: str = "") -> dict[str, Any]:
+    """One row: the run's status ("finished", "unfinished" or "failed (<failure>)"), its last
+    finished round's mean valid/optimal over sizes (validation set) and, when present, its
+    benchmark means per agent count (eval/results.json)."""
+    status = "finished" if run.finished else "unfinished"
     row: dict[str, Any] = {
         "run": run.name,
         "engineer": run.engineer,
         "variant": run.variant,
         "t_detail": run.t_detail,
         "seed": run.seed,
+        "status": f"failed ({failure})" if failure else status,
         "rounds_done": 0,
         "valid": math.nan,
         "optimal": math.nan,
@@ -316,10 +347,11 @@ def summary_tables(rows: Sequence[dict]) -> tuple[str, str]:
     return md + "\n", buf.getvalue()
 
 
-def write_summary(runs: Sequence[Run], workdir) -> pathlib.Path:
-    """`workdir/summary.md` and `summary.csv` across the runs; returns the markdown path."""
-    workdir = pathlib.Path(workdir)
-    md, table_csv = summary_tables([run_summary(r) for r in runs])
+def write_summary(runs: Sequence[Run], workdir, failed: Mapping[str, str] | None = None):
+    """`workdir/summary.md` and `summary.csv` across the runs (`failed`: {run name: why}, as
+    `run_local` returns it); returns the markdown path."""
+    workdir, failed = pathlib.Path(workdir), failed or {}
+    md, table_csv = summary_tables([run_summary(r, failed.get(r.name, "")) for r in runs])
     head = (
         "# Sweep summary\n\nvalid / optimal: mean % over map sizes on the run's validation set "
         "after its last finished round; bench_*: benchmark means per agent count.\n\n"

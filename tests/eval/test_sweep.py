@@ -120,14 +120,19 @@ def test_finished_runs_are_skipped(tmp_path):
             run = next(r for r in runs if f"--workdir={r.workdir}" in argv)
             if run is not runs[2]:
                 _finish(run)
-            return 0
+                return sw.Exit(0)
+            return sw.Exit(2, "train.epochs = 0; allowed: an integer >= 1")
         out = pathlib.Path(argv[5].split("=", 1)[1])
         out.mkdir(parents=True, exist_ok=True)
         (out / "results.json").write_text("{}")
-        return 0
+        return sw.Exit(0)
 
     failed = sw.run_local(runs, sweep, SWEEP_FILE, "py", execute, log=lambda s: None)
-    assert failed == [runs[2].name]
+    why = "training: train.epochs = 0; allowed: an integer >= 1"
+    assert failed == {runs[2].name: why}
+    row = sw.run_summary(runs[2], failed[runs[2].name])
+    assert row["status"] == f"failed ({why})" and row["rounds_done"] == 0
+    assert f"| failed ({why}) |" in sw.summary_tables([row])[0]
     trained = [a for a in executed if a[1] == "launch/train.py"]
     assert len(trained) == len(runs) - 1 and all(a[0] == "py" for a in executed)
     assert sw.plan(runs, sweep, SWEEP_FILE) == [sw.train_command(runs[2], SWEEP_FILE)] + [
@@ -157,6 +162,7 @@ def test_summary_reads_records_and_evaluations(tmp_path):
     assert got[0]["bench_4ag_optimal"] == 5.0
     assert got[1]["rounds_done"] == 1 and got[1]["valid"] == 100.0
     assert got[2]["rounds_done"] == 0 and "bench_3ag_valid" not in got[2]
+    assert [g["status"] for g in got] == ["finished", "unfinished", "unfinished"]
     md_path = sw.write_summary(runs, tmp_path)
     md = md_path.read_text()
     assert f"| {runs[0].name} |" in md and "| 62.5 | 37.5 |" in md
@@ -205,10 +211,21 @@ def test_local_sweep_end_to_end(tiny_model_dir, tmp_path, monkeypatch, one_devic
     runs = sw.expand(sweep, tmp_path / "sweep", sweep_ablation.get_config)
     assert [r.name for r in runs] == ["fixed_s0"]
     logs = []
-    assert sw.run_local(runs, sweep, SWEEP_FILE, sys.executable, log=logs.append) == []
+    assert sw.run_local(runs, sweep, SWEEP_FILE, sys.executable, log=logs.append) == {}
     assert runs[0].finished and (runs[0].eval_dir / "results.json").exists()
-    assert sw.run_local(runs, sweep, SWEEP_FILE, sys.executable, log=logs.append) == []
+    assert sw.run_local(runs, sweep, SWEEP_FILE, sys.executable, log=logs.append) == {}
     assert logs[-1].endswith("finished, skipped")
     row = sw.run_summary(runs[0])
     assert row["rounds_done"] == 2 and 0.0 <= row["valid"] <= 100.0
     assert 0.0 <= row["bench_3ag_valid"] <= 100.0
+
+
+def test_a_failed_command_keeps_its_error_line(capfd):
+    """The summary shows why a run failed, not `rounds_done 0` and blanks."""
+    say = "import sys; sys.stderr.write('step 1\\r step 2\\nerror: {}\\n'); sys.exit({})"
+    done = sw.run_command([sys.executable, "-c", say.format("rounds = 0; allowed", 2)])
+    assert done == sw.Exit(2, "rounds = 0; allowed")
+    assert "step 1\r step 2\nerror: rounds = 0" in capfd.readouterr().err  # passed through
+    code = "import sys; sys.stderr.write('Traceback\\nKeyError: 3\\n'); sys.exit(1)"
+    assert sw.run_command([sys.executable, "-c", code]) == sw.Exit(1, "KeyError: 3")
+    assert sw.run_command([sys.executable, "-c", "print(1)"]) == sw.Exit(0, "")
