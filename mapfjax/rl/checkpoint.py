@@ -12,6 +12,18 @@ import orbax.checkpoint as ocp
 from mapfjax.files import CheckpointError
 
 
+class CorruptCheckpoint(CheckpointError):
+    """A checkpoint step that cannot be read (truncated or half-written files), as opposed to
+    one written for another model: an older step may still be good."""
+
+
+def _first_line(e: Exception) -> str:
+    """`Type: first line of the message` (TensorStore errors run to a hundred lines of spec)."""
+    text = str(e).strip().splitlines()
+    line = text[0] if text else ""
+    return f"{type(e).__name__}: {line[:200]}{'...' if len(line) > 200 or len(text) > 1 else ''}"
+
+
 def _name(path) -> str:
     parts = []
     for k in path:
@@ -103,7 +115,7 @@ def _check_metadata(ckpt: Checkpointer, step: int, expected: dict[str, jax.Shape
     try:
         meta = ckpt.manager.item_metadata(step)["state"]
     except Exception as e:  # noqa: BLE001  orbax raises many types for unreadable metadata
-        raise CheckpointError(f"{where}: unreadable metadata ({type(e).__name__}: {e})") from e
+        raise CorruptCheckpoint(f"{where}: unreadable metadata ({_first_line(e)})") from e
     if meta is None:
         raise CheckpointError(f"{where}: no 'state' item (not a train-state checkpoint)")
     saved = {k: tuple(getattr(v, "shape", ())) for k, v in dict(meta).items()}
@@ -139,9 +151,9 @@ def restore_state(ckpt: Checkpointer, template, step: int | None = None):
     try:
         restored = ckpt.manager.restore(step, args=args)
     except Exception as e:  # noqa: BLE001  re-raised with the directory named
-        raise CheckpointError(
+        raise CorruptCheckpoint(
             f"checkpoint {ckpt.directory / str(step)} could not be read "
-            f"({type(e).__name__}: {e}); it may be corrupt or incomplete"
+            f"({_first_line(e)}); it may be corrupt or incomplete"
         ) from e
     flat = dict(restored["state"])
     for k, spec in expected.items():

@@ -15,6 +15,7 @@ loop (`engineer/loop.py`, one phase per round) and the tiny-model recipe
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import pathlib
 import time
@@ -27,10 +28,12 @@ import numpy as np
 from mapfjax.checks import is_finite_real, is_int, is_real, require, require_int
 from mapfjax.env import reward
 from mapfjax.env.types import Problem
-from mapfjax.rl import grpo, metrics, rollout
+from mapfjax.rl import checkpoint, grpo, metrics, rollout
 from mapfjax.rl.batch import GroupBatch
 from mapfjax.rl.optim import OptimConfig
 from mapfjax.rl.sft import SFTConfig
+
+log = logging.getLogger(__name__)
 
 # What a phase optimises on its rollouts: "grpo" (group-relative policy gradient) or "rft"
 # (rejection-sampling fine-tuning: cross-entropy on the policy's own valid samples).
@@ -142,11 +145,34 @@ def optim_config(c: ml_collections.ConfigDict, steps_per_phase: int, phases: int
 
 
 def restore(trainer, ckpt_dir: pathlib.Path) -> dict:
-    """Loads the latest checkpoint in `ckpt_dir` into `trainer` and returns its data position
-    (e.g. {"round": 2, "step": 40}); {} when there is none yet."""
-    if ckpt_dir.exists() and any(p.name.isdigit() for p in ckpt_dir.iterdir()):
-        return trainer.restore(ckpt_dir)
-    return {}
+    """Loads the latest readable checkpoint in `ckpt_dir` into `trainer` and returns its data
+    position (e.g. {"round": 2, "step": 40}); {} when there is none yet.
+
+    A newer step that cannot be read (a crash or a full disk mid-write) is renamed
+    `<step>.corrupt`, with a warning, once an older one has loaded; when none can be read,
+    CheckpointError names the directory to delete."""
+    if not (ckpt_dir.exists() and any(p.name.isdigit() for p in ckpt_dir.iterdir())):
+        return {}
+    ckpt = checkpoint.Checkpointer(ckpt_dir)
+    bad: list[int] = []
+    try:
+        for step in reversed(ckpt.steps()):
+            try:
+                trainer.state, data = checkpoint.restore_state(ckpt, trainer.state, step)
+                break
+            except checkpoint.CorruptCheckpoint as e:
+                log.warning("%s; trying the checkpoint before it", e)
+                bad.append(step)
+        else:
+            raise checkpoint.CheckpointError(
+                f"{ckpt_dir}: no readable checkpoint (steps {bad} are corrupt); restore the "
+                "directory from a copy, or start the training over in a new directory"
+            )
+    finally:
+        ckpt.close()
+    for step in bad:  # set aside: the step is saved again when training reaches it
+        (ckpt_dir / str(step)).rename(ckpt_dir / f"{step}.corrupt")
+    return data
 
 
 def step_problems(problems: Sequence[Problem], n: int, step: int, seed) -> list[Problem]:

@@ -190,3 +190,45 @@ def test_a_torn_last_metrics_line_is_skipped_and_cut_before_the_next_append(tmp_
     with MetricsLogger(tmp_path, tensorboard=False) as log:
         log.log(3, {"loss": 0.3})
     assert [r["step"] for r in read_metrics(path)] == [1, 2, 3]
+
+
+def _truncate(step_dir: pathlib.Path) -> None:
+    """Truncate every array data file of a saved state (a crash or a full disk mid-write)."""
+    files = [p for p in (step_dir / "state").rglob("*") if p.is_file()]
+    data_files = [p for p in files if p.parent.name == "d"]
+    assert data_files
+    for p in data_files:
+        p.write_bytes(b"\0" * 7)
+
+
+def test_a_corrupt_latest_checkpoint_falls_back_to_the_one_before(tmp_path, caplog):
+    from mapfjax.rl import driver
+
+    src = Trainer(tiny_model(), OPTIM, "sft")
+    for i in range(2):
+        src.step(data_stream(i))
+        src.save(tmp_path, {"round": 0, "step": i + 1}, wait=True)
+    src.close()
+    _truncate(tmp_path / "2")
+    fresh = Trainer(tiny_model(seed=3), OPTIM, "sft")
+    with caplog.at_level("WARNING"):
+        assert driver.restore(fresh, tmp_path) == {"round": 0, "step": 1}
+    assert int(fresh.state.step) == 1
+    [line] = [r.getMessage() for r in caplog.records]
+    assert line.startswith(f"checkpoint {tmp_path / '2'}") and len(line) < 600
+    assert line.endswith("trying the checkpoint before it") and "\n" not in line
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name[0] != ".") == ["1", "2.corrupt"]
+    fresh.step(data_stream(1))  # training goes on and saves step 2 again
+    fresh.save(tmp_path, {"round": 0, "step": 2}, wait=True)
+    fresh.close()
+    again = Trainer(tiny_model(seed=4), OPTIM, "sft")
+    assert driver.restore(again, tmp_path) == {"round": 0, "step": 2}
+    again.close()
+    for step in ("1", "2"):
+        _truncate(tmp_path / step)
+    with pytest.raises(CheckpointError) as e:
+        driver.restore(Trainer(tiny_model(), OPTIM, "sft"), tmp_path)
+    assert str(e.value) == (
+        f"{tmp_path}: no readable checkpoint (steps [2, 1] are corrupt); restore the directory "
+        "from a copy, or start the training over in a new directory"
+    )
