@@ -55,7 +55,7 @@ def main(argv):
     try:
         loop.run(_CONFIG.value, _WORKDIR.value, strict_engineer=_STRICT.value)
         path = report.write_report(_WORKDIR.value)
-    except (OSError, ValueError) as e:  # RunDirError is a ValueError
+    except (OSError, ValueError, loop.EngineerError) as e:  # RunDirError is a ValueError
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"report: {path}")

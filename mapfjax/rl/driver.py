@@ -113,7 +113,7 @@ def check_train(t: ml_collections.ConfigDict) -> None:
     if t.get("steps") is None:  # the closed loop: steps = instances x epochs / problems_per_step
         n = t.get("instances")
         ok = is_int(n) and 1 <= n <= MAX_INSTANCES
-        require("train.instances", n, ok, f"an integer in [1, {MAX_INSTANCES:,}] (per round)")
+        require("train.instances", n, ok, f"an integer in [1, {MAX_INSTANCES}] (per round)")
         require_int("train.epochs", t.get("epochs"), 1)
     else:
         require_int("train.steps", t.get("steps"), 1)
