@@ -65,10 +65,8 @@ def main(argv):
                 _API.value, _API_URL.value, temperature=_TEMP.value, concurrency=_API_CONC.value
             )
             label, family = _API.value, paper.model_family(api_model=_API.value)
-        paths = ev.evaluate(
-            solver, problems, _OUT.value, label, family, _ANSWERS.value, _BATCH.value,
-            duplicates=_DUPS.value,
-        )  # fmt: skip
+        args = (solver, problems, _OUT.value, label, family, _ANSWERS.value, _BATCH.value)
+        paths = ev.evaluate(*args, duplicates=_DUPS.value)
     except (ValueError, OSError, ev.ApiUnavailable) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
