@@ -419,12 +419,14 @@ def test_a_second_run_on_a_workdir_is_refused_and_a_stale_lock_taken_over(
 
     work = tmp_path / "run"
     work.mkdir()
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; time.sleep(600)"], stdout=subprocess.DEVNULL
-    )
+    hold = f"from mapfjax import files\nwith files.dir_lock({str(work)!r}, 'x'): input()"
+    holder = subprocess.Popen([sys.executable, "-c", hold], stdin=subprocess.PIPE)
     try:
-        lock = json.dumps({"pid": holder.pid, "host": __import__("socket").gethostname()})
-        (work / "LOCK").write_text(lock)
+        deadline = time.time() + 120
+        while not (work / "LOCK").exists() and time.time() < deadline:
+            time.sleep(0.1)
+        lock = (work / "LOCK").read_text()
+        assert json.loads(lock)["pid"] == holder.pid
         with pytest.raises(files.LockedError) as e:
             loop.run(smoke_config(tiny_model_dir), work)
         assert str(e.value).startswith(f"--workdir {work} is in use by pid {holder.pid} on ")
