@@ -413,7 +413,7 @@ def _sample_hits(trainer, tokenizer, problems, k: int, c, key_seed: int) -> list
     for i in range(0, len(problems), per):
         chunk = problems[i : i + per]
         key = jax.random.fold_in(jax.random.key(key_seed), i)
-        _, _, _, texts = rollout.sample(model, tokenizer, chunk, k, cfg, key)
+        texts = rollout.sample(model, tokenizer, chunk, k, cfg, key).texts
         verdict, _ = rollout.score(chunk, k, texts, reward.RewardConfig())
         hits += np.asarray(verdict.valid).reshape(-1, k).sum(1).tolist()
     return hits
