@@ -26,6 +26,11 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     configs/sweep_ablation.py)."""
     if arg.startswith("train"):
         return ABLATION.get_config(arg)
+    if arg:
+        raise ValueError(
+            f"configs/laptop_effect.py:{arg}: no such variant; allowed: '' (the sweep) or "
+            "'train,engineer=NAME,...' (one run)"
+        )
     c = ABLATION.get_config("")
     c.train_config = "configs/tiny_cpu.py"
     c.train_arg = "laptop"

@@ -45,6 +45,11 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     training config."""
     if arg.startswith("train"):
         return train_config(**_parse_train_arg(arg))
+    if arg:
+        raise ValueError(
+            f"configs/sweep_ablation.py:{arg}: no such variant; allowed: '' (the sweep) or "
+            "'train,engineer=NAME,...' (one run)"
+        )
     c = ml_collections.ConfigDict()
     c.train_config = "configs/tiny_cpu.py"  # relative to the repository root, or absolute
     c.train_arg = ""  # its get_config argument ("smoke" for a quick pass)

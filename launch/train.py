@@ -23,24 +23,6 @@ _STRICT = flags.DEFINE_bool(
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-def parse_flags(argv):
-    """`configfile.parse_flags`, after loading the --config file once so that its own refusal
-    (an unknown variant after the colon) is one line, not absl's traceback."""
-    args = argv[1:]
-    specs = [a.split("=", 1)[1] for a in args if a.startswith("--config=")]
-    specs += [b for a, b in zip(args, args[1:], strict=False) if a == "--config"]
-    for spec in specs[-1:]:
-        path, _, arg = spec.partition(":")
-        try:
-            configfile.get_config(path, arg)
-        except ValueError as e:
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(2)
-        except Exception:  # noqa: BLE001  a broken file: absl's own message says so
-            pass
-    return configfile.parse_flags(argv)
-
-
 def main(argv):
     del argv
     from mapfjax import parallel
@@ -63,4 +45,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=parse_flags)
+    app.run(main, flags_parser=configfile.parse_flags)

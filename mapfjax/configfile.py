@@ -89,12 +89,31 @@ def _bad_override(argv, flag: str) -> str | None:
     return None
 
 
+def _check_config_spec(argv, flag: str) -> None:
+    """Load the `--flag=path[:arg]` config file once, so that its own refusal (an unknown
+    variant after the colon, a bad value) is one line and exit 2, not absl's traceback."""
+    args = list(argv[1:])
+    specs = [a.split("=", 1)[1] for a in args if a.startswith(f"--{flag}=")]
+    specs += [b for a, b in zip(args, args[1:], strict=False) if a == f"--{flag}"]
+    for spec in specs[-1:]:
+        path, _, arg = spec.partition(":")
+        try:
+            get_config(path, arg)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+        except Exception:  # noqa: BLE001  a missing or broken file: absl's message says so
+            pass
+
+
 def parse_flags(argv, flag: str = "config"):
-    """absl's flag parsing for launch scripts (`app.run(main, flags_parser=parse_flags)`), with
-    an override of a key the config does not have (`--config.train.step=4`) reported in one
-    line naming the key and the keys allowed there, instead of a traceback."""
+    """absl's flag parsing for launch scripts (`app.run(main, flags_parser=parse_flags)`): a
+    config file that refuses its argument (`configs/tiny_cpu.py:nosuch`) and an override of a
+    key the config does not have (`--config.train.step=4`) are each reported in one line naming
+    what is allowed, instead of a traceback."""
     from absl import app
 
+    _check_config_spec(argv, flag)
     try:
         return app.parse_flags_with_usage(argv)
     except (AttributeError, KeyError) as e:

@@ -74,3 +74,24 @@ def test_a_launch_override_of_a_missing_key_is_one_line(tmp_path, script):
     assert last.startswith(f"error: --config.{section}.stepz: configs/tiny_")
     assert f"has no key 'stepz' under {section}; allowed: [" in last
     assert "Traceback" not in out.stderr and not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ("configs/tiny_model.py:nosuch", "configs/tiny_model.py: unknown variant 'nosuch'"),
+        ("configs/laptop_effect.py:trian", "configs/laptop_effect.py:trian: no such variant"),
+        ("configs/sweep_ablation.py:x", "configs/sweep_ablation.py:x: no such variant"),
+        ("configs/paper_qwen3_4b.py:x", "configs/paper_qwen3_4b.py:x: no such variant"),
+    ],
+)
+def test_a_config_that_refuses_its_variant_is_one_line_in_every_launch_script(
+    spec, message, capsys
+):
+    """A typo after the colon used to run the file's default (the full job, or a sweep)."""
+    for argv in (["prog", f"--config={spec}"], ["prog", "--config", spec]):
+        with pytest.raises(SystemExit) as e:
+            configfile.parse_flags(argv)
+        assert e.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: {message}"), err

@@ -344,12 +344,33 @@ def _group_size(workdir: pathlib.Path) -> int | None:
     return json.loads(path.read_text()).get("train", {}).get("group_size")
 
 
+def engineer_failures(workdir: pathlib.Path, found) -> list[str]:
+    """'R<n>: why' for each finished round whose engineer could not run (`extra.failure` in
+    its decision.json, written by `engineers.engineer_failed`)."""
+    out = []
+    for n, d in found:
+        path = d / "decision.json"
+        if path.exists():
+            why = json.loads(path.read_text()).get("extra", {}).get("failure")
+            if why:
+                out.append(f"R{n}: {str(why).splitlines()[0][:160]}")
+    return out
+
+
 def write_report(workdir) -> pathlib.Path:
     """Write `workdir/report.md` (+ validation.png, configs.png); returns the markdown path."""
     workdir = pathlib.Path(workdir)
     found = _rounds(workdir)
     records = [RoundRecord.from_dict(json.loads((d / "record.json").read_text())) for _, d in found]
     parts = [f"# Run report: {workdir}", ""]
+    failed = engineer_failures(workdir, found)
+    if failed:
+        steps = sum((d / "decision.json").exists() for _, d in found)
+        parts += [
+            f"**The engineer failed to run in {len(failed)} of {steps} steps** "
+            f"({'; '.join(failed)}); those rounds kept the config, as the fixed baseline would.",
+            "",
+        ]
     if not records:
         parts.append("No finished round yet.")
     else:

@@ -130,3 +130,20 @@ def test_launch_compare_runs_exports_and_reports_errors(tmp_path):
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert bad.returncode == 2
     assert bad.stderr.strip() == f"error: {tmp_path / 'nope'}: no such run directory"
+
+
+def test_engineer_failures_are_counted_in_the_report_header(tmp_path):
+    """A round whose engineer could not run (decision.json extra.failure) is named in the
+    report's first lines: a long run must not quietly become the fixed baseline."""
+    found = []
+    for n, failure in enumerate(["API unreachable: connection refused\nretry 3", None, "no key"]):
+        d = tmp_path / f"round_{n}"
+        d.mkdir()
+        extra = {"failure": failure} if failure else {}
+        (d / "decision.json").write_text(json.dumps({"engineer": "api", "extra": extra}))
+        found.append((n, d))
+    assert report.engineer_failures(tmp_path, found) == [
+        "R0: API unreachable: connection refused",
+        "R2: no key",
+    ]
+    assert report.engineer_failures(tmp_path, found[1:2]) == []
