@@ -130,7 +130,7 @@ def _window_shares(curve: list[tuple[int, dict]], group_size: int, window: int =
     """(w, first, last): each sampled group's valid share over the first and the last w
     updates, w = `window` or a quarter of the run when it is shorter than 4 x window."""
     w = max(1, min(window, len(curve) // 4))
-    shares = lambda rows: [n / group_size for _, r in rows for _, n, *_ in r.get("groups", [])]
+    shares = lambda rows: [o.valid / group_size for _, r in rows for o in metrics.group_outcomes(r)]
     return w, shares(curve[:w]), shares(curve[-w:])
 
 

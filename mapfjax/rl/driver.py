@@ -273,7 +273,7 @@ def run_phase(
     seed: ints that fix the phase's problem order and sampling keys. position: the data
     position saved with each checkpoint, e.g. {"round": 3}; "step" (updates done in the
     phase) is added. Each step's metrics, the kept share of dynamic sampling and its sampled
-    groups' outcomes ("groups": [size, valid samples, sum |advantage|, mixed]) go to
+    groups' outcomes ("groups": `metrics.GroupOutcome` records) go to
     out_dir/metrics.jsonl, from which `phase_size_stats` rebuilds the per-size statistics
     (a resumed phase included).
     """
@@ -297,12 +297,12 @@ def run_phase(
         if s.objective == "rft":
             batch = imitate_valid(batch, rs.valid, kept, g)
         groups = [
-            [
-                max(p.height, p.width),
-                int(rs.valid[j * g : (j + 1) * g].sum()),
-                float(np.abs(adv[j * g : (j + 1) * g]).sum()),
-                bool(np.ptp(rs.rewards[j * g : (j + 1) * g]) > 0),
-            ]
+            metrics.GroupOutcome(
+                size=max(p.height, p.width),
+                valid=int(rs.valid[j * g : (j + 1) * g].sum()),
+                abs_advantage=float(np.abs(adv[j * g : (j + 1) * g]).sum()),
+                mixed=bool(np.ptp(rs.rewards[j * g : (j + 1) * g]) > 0),
+            ).to_record()
             for j, p in enumerate(drawn)
         ]
         updates = trainer.train_on(batch, s.num_iterations)
@@ -336,13 +336,13 @@ def phase_size_stats(metrics_path: pathlib.Path, group_size: int) -> dict[int, S
     )
     stats: dict[int, SizeStats] = {}
     for row in rows.values():
-        for size, n_valid, abs_adv, mixed in row.get("groups", []):
-            s = stats.setdefault(int(size), SizeStats())
-            p = n_valid / group_size
+        for o in metrics.group_outcomes(row):
+            s = stats.setdefault(o.size, SizeStats())
+            p = o.valid / group_size
             s.groups += 1
             s.samples += group_size
-            s.valid += int(n_valid)
-            s.mixed += int(mixed)
+            s.valid += o.valid
+            s.mixed += int(o.mixed)
             s.learnability += p * (1 - p)
-            s.abs_advantage += float(abs_adv)
+            s.abs_advantage += o.abs_advantage
     return stats

@@ -8,6 +8,7 @@ import json
 import pathlib
 import warnings
 from collections.abc import Mapping
+from typing import NamedTuple
 
 from mapfjax import files
 
@@ -181,3 +182,32 @@ def read_metrics(path) -> list[dict]:
             )
         records.append(record)
     return records
+
+
+class GroupOutcome(NamedTuple):
+    """One sampled group of a GRPO step, as logged in metrics.jsonl under "groups": the map
+    size, how many of its samples were valid, the sum of |advantage| over them, and whether
+    its rewards differed (a group with equal rewards carries no gradient)."""
+
+    size: int
+    valid: int
+    abs_advantage: float
+    mixed: bool
+
+    def to_record(self) -> dict:
+        return {"size": self.size, "valid": self.valid,
+                "abs_advantage": self.abs_advantage, "mixed": self.mixed}  # fmt: skip
+
+    @classmethod
+    def from_record(cls, x) -> GroupOutcome:
+        """From a logged record: a dict with the field names, or the positional list of runs
+        logged before the names (committed results keep them)."""
+        if isinstance(x, Mapping):
+            return cls(int(x["size"]), int(x["valid"]), float(x["abs_advantage"]), bool(x["mixed"]))
+        size, valid, abs_advantage, mixed = x
+        return cls(int(size), int(valid), float(abs_advantage), bool(mixed))
+
+
+def group_outcomes(row: Mapping) -> list[GroupOutcome]:
+    """The groups of one logged step (none for a row without them)."""
+    return [GroupOutcome.from_record(x) for x in row.get("groups", [])]

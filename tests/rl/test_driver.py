@@ -112,3 +112,21 @@ def test_settings_and_schedule_from_the_shared_schema():
     with pytest.raises(ValueError, match="train.objective = 'ppo'; allowed: grpo, rft"):
         driver.GRPOSettings.from_config(rft)
     assert isinstance(c.optim, ml_collections.ConfigDict)
+
+
+def test_group_outcomes_are_named_records_and_old_positional_rows_still_read(tmp_path):
+    from mapfjax.rl import metrics
+
+    o = metrics.GroupOutcome(size=4, valid=3, abs_advantage=2.5, mixed=True)
+    assert o.to_record() == {"size": 4, "valid": 3, "abs_advantage": 2.5, "mixed": True}
+    assert metrics.GroupOutcome.from_record(o.to_record()) == o
+    assert metrics.GroupOutcome.from_record([4, 3, 2.5, True]) == o  # runs logged before names
+    rows = [
+        {"step": 1, "groups": [o.to_record(), [4, 8, 0.0, False]]},
+        {"step": 2, "groups": [{"size": 5, "valid": 0, "abs_advantage": 0.0, "mixed": False}]},
+    ]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = driver.phase_size_stats(path, group_size=8)
+    assert (got[4].groups, got[4].valid, got[4].mixed, got[4].samples) == (2, 11, 1, 16)
+    assert got[4].abs_advantage == 2.5 and got[5].groups == 1 and got[5].valid == 0
