@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import functools
 import math
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -410,6 +411,7 @@ def generate(
     num_samples: int = 1,
     window: int = 64,
     split_layers: bool | None = None,
+    timings: dict | None = None,
 ) -> SampleOutput:
     """Sample up to `max_new_tokens` tokens after each prompt (lists of token ids),
     `num_samples` times per prompt: rows i * num_samples ... (i + 1) * num_samples - 1 of the
@@ -429,7 +431,9 @@ def generate(
     slice of the stack would otherwise be copied at every step). With a mesh (passed or set
     by `jax.set_mesh`), rows and caches are sharded as `parallel.RULES["sample"]` says; place
     the model first with `parallel.shard_model(model, mesh, "sample")`, else weights that are
-    not on the mesh are replicated onto it on every call.
+    not on the mesh are replicated onto it on every call. timings: a dict that receives the
+    seconds of the prefill (first token included) and of the decode loop, "prefill_s" and
+    "decode_s" (the call then waits for the prefill before decoding; for benchmarks).
     """
     config = model.config
     buckets = {"bucket": bucket, "batch_bucket": batch_bucket}
@@ -475,14 +479,21 @@ def generate(
 
     # Under the mesh the model's own activation constraints apply too (no-ops without one).
     with _mesh_context(mesh):
+        start = time.perf_counter()
         logits, prefix = _prefill(
             graphdef, state, tokens, mask, cache_dtype=cache_dtype, shardings=sh
         )
         bufs = _first_token(logits, done, *draw, group_size=num_samples, **static)
+        if timings is not None:
+            jax.block_until_ready(bufs)
+            timings["prefill_s"], start = time.perf_counter() - start, time.perf_counter()
         layer_params = _split_layers(graphdef, state) if split_layers else None
         bufs, steps = _decode_segments(
             graphdef, state, layer_params, prefix, bufs, draw, layout, cache_dtype, window, static
         )
+        if timings is not None:
+            jax.block_until_ready(bufs)
+            timings["decode_s"] = time.perf_counter() - start
     toks, lps, lpfs, lengths, _, finished = bufs
     n = len(prompts) * num_samples
     if layout.rows != n:

@@ -154,6 +154,13 @@ class Trainer:
             )
         return out
 
+    def lower_step(self, batch: SequenceBatch):
+        """The jitted update lowered on the current state and `batch` (nothing runs): feed it
+        to `parallel.memory_per_device` for XLA's plan of exactly this step; after a `step` on
+        the same shapes its compiled program is reused, not compiled again."""
+        with self._in_mesh():
+            return self._step.lower(self.state, self.place_batch(batch), self.rest)
+
     def train_on(self, batch: SequenceBatch, num_iterations: int = 1) -> list[dict[str, float]]:
         """`num_iterations` updates on one batch (PPO-style). Its old_logprobs stay those of
         the sampling policy, so from the second iteration on the ratio moves away from 1."""

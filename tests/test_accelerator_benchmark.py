@@ -1,0 +1,61 @@
+"""benchmarks/accelerator.py in its tiny mode on CPU: every figure of the JSON is present and
+finite, except those the run names as not measured (CPU keeps no memory statistics; an unknown
+model size is skipped with a message), and the Markdown table is written beside it."""
+
+import json
+import math
+import pathlib
+import subprocess
+import sys
+
+import jax
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _leaves(tree, path=""):
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from _leaves(v, f"{path}.{k}" if path else k)
+    elif isinstance(tree, list):
+        for i, v in enumerate(tree):
+            yield from _leaves(v, f"{path}[{i}]")
+    else:
+        yield path, tree
+
+
+def test_tiny_mode_writes_every_figure(tmp_path, one_device_env):
+    # As a user runs it: its own process on one CPU device.
+    argv = ["--models", "tiny,13b", "--out", str(tmp_path), "--repeats", "1"]
+    # CPU has no entry in the peak table: name peaks so that roofline and MFU are computed.
+    argv += ["--peak-bandwidth", "2e10", "--peak-flops", "1e11"]
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/accelerator.py"), *argv],
+        env=one_device_env, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "unknown model size '13b'" in run.stderr
+    (path,) = tmp_path.glob("*.json")
+    result = json.loads(path.read_text())
+    assert path.stem == "cpu" and result["device"]["jax"] == jax.__version__
+    assert "| tiny |" in path.with_suffix(".md").read_text()
+
+    missing = result["missing"]
+    assert set(missing) == {"models.13b", "models.tiny.memory.peak"}, missing
+    assert "unknown model size '13b'" in missing["models.13b"]
+    assert "no memory statistics" in missing["models.tiny.memory.peak"]
+
+    tiny = result["models"]["tiny"]
+    for section in ("grpo", "memory", "parity", "sampling"):
+        assert tiny[section], section
+    assert len(tiny["sampling"]) == 4  # batches 1, 4 x budgets 8, 32
+    numbers = 0
+    for path, value in _leaves({k: v for k, v in result.items() if k != "missing"}):
+        if value is None:
+            assert any(path.startswith(m) for m in missing), f"{path} is None but not named"
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            assert math.isfinite(value), path
+            numbers += 1
+    assert numbers > 40
+    assert 0 < tiny["parity"]["top1_agreement"] <= 1 and tiny["grpo"]["mfu"] > 0
+    assert tiny["memory"]["plan_step_bytes"] >= tiny["memory"]["plan_update_bytes"] > 0
