@@ -119,7 +119,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.env = default_config(num_agents=2, sizes=range(3, 9), hole_ratio=0.2, wait_ratio=0.3)
         c.train.instances = 160
         c.validation.sizes = tuple(range(3, 9))
-    if arg == "grpo_effect":  # does GRPO alone move held-out rates? (README, issue target)
+    if arg == "grpo_effect":  # does GRPO alone move held-out rates? (docs/experiments.md)
         # One round, the fixed engineer: start vs after GRPO on the same held-out puzzles.
         c.rounds = 1
         c.engineer = engineer_settings("fixed", "V6")

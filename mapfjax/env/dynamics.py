@@ -1,6 +1,6 @@
 """Pure dynamics of MAPF-FrozenLake: `reset`/`step` for rollouts, `verify` for whole plans.
 
-Semantics (synchronous steps; see README "Environment semantics"): at step t every real agent
+Semantics (synchronous steps; see docs/environment.md, "Semantics"): at step t every real agent
 applies its action; within one step the checks run in the order illegal_move (out of bounds),
 hole, vertex_conflict, edge_conflict, and the first failing step decides the verdict. Following
 and rotations are allowed. After the last step every agent must stand on its goal, else

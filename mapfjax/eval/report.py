@@ -123,7 +123,8 @@ def _curves(workdir: pathlib.Path) -> list[tuple[int, dict]]:
     return out
 
 
-STALL_POINTS, STALL_UPDATES = 10.0, 300  # the stop criterion (README, "Does GRPO alone ...")
+# The stop criterion (docs/experiments.md, "Does GRPO alone move held-out rates?").
+STALL_POINTS, STALL_UPDATES = 10.0, 300
 
 
 def _window_shares(curve: list[tuple[int, dict]], group_size: int, window: int = 30):
