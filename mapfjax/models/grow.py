@@ -5,8 +5,8 @@ trained; their other weights are freshly initialised, so gradients reach the zer
     python -m mapfjax.models.grow SRC DST --layers 18   # SRC, DST: HF checkpoint directories
 
 Used to ask whether capacity, not more updates, is what a small model lacks
-(docs/experiments.md, "The shipped tiny model's history"): continue the grown model with the same recipe and compare at equal
-compute.
+(docs/experiments.md, "The shipped tiny model's history"): continue the grown model with the
+same recipe and compare at equal compute.
 """
 
 from __future__ import annotations
