@@ -3,7 +3,10 @@ RNG and a JSON data dict) and Hugging Face export of the trained model."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import pathlib
+import sys
 
 import jax
 import numpy as np
@@ -92,12 +95,50 @@ class Checkpointer:
         return self.manager.latest_step()
 
     def wait(self):
-        """Blocks until pending asynchronous writes are finished."""
-        self.manager.wait_until_finished()
+        """Blocks until pending asynchronous writes are finished. A failed write (a full disk,
+        say) raises CheckpointError in one line; the storage threads' tracebacks go to
+        `errors.log` in the checkpoint directory."""
+        with errors_to_log(self.directory):
+            self.manager.wait_until_finished()
 
     def close(self):
         """Finishes pending writes and releases the manager."""
         self.manager.close()
+
+
+@contextlib.contextmanager
+def errors_to_log(directory: pathlib.Path):
+    """While writing a checkpoint, the process's stderr (file descriptor 2: orbax's and
+    tensorstore's threads print there, and a failed write makes dozens of tracebacks) goes to
+    `directory/errors.log`; an exception leaves as one CheckpointError naming the log."""
+    log = pathlib.Path(directory) / "errors.log"
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        target = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError:  # no room even for the log: leave stderr alone
+        os.close(saved)
+        yield
+        return
+    os.dup2(target, 2)
+    os.close(target)
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except Exception as e:  # noqa: BLE001  orbax and tensorstore raise many types
+        full = "no space left on device" in str(e).lower()
+        hint = "the disk is full: free space or use another --workdir; " if full else ""
+        raise CheckpointError(
+            f"writing a checkpoint in {directory} failed: {hint}{_first_line(e)} (details: {log})"
+        ) from e
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        if log.exists() and log.stat().st_size == 0:
+            log.unlink(missing_ok=True)
 
 
 def save_state(ckpt: Checkpointer, state, data: dict) -> int:
@@ -106,7 +147,8 @@ def save_state(ckpt: Checkpointer, state, data: dict) -> int:
     args = ocp.args.Composite(
         state=ocp.args.StandardSave(flatten_state(state)), data=ocp.args.JsonSave(dict(data))
     )
-    ckpt.manager.save(step, args=args, force=True)
+    with errors_to_log(ckpt.directory):
+        ckpt.manager.save(step, args=args, force=True)
     return step
 
 

@@ -232,3 +232,26 @@ def test_a_corrupt_latest_checkpoint_falls_back_to_the_one_before(tmp_path, capl
         f"{tmp_path}: no readable checkpoint (steps [2, 1] are corrupt); restore the directory "
         "from a copy, or start the training over in a new directory"
     )
+
+
+def test_a_failed_write_is_one_line_and_its_tracebacks_go_to_a_log(tmp_path, capfd):
+    """A full disk made orbax's storage threads print dozens of tracebacks before the error;
+    while a checkpoint is written they go to errors.log, and the error is one line."""
+    import os
+
+    from mapfjax.files import CheckpointError
+    from mapfjax.rl.checkpoint import errors_to_log
+
+    with pytest.raises(CheckpointError) as e:
+        with errors_to_log(tmp_path):
+            os.write(2, b"Traceback (most recent call last):\n  a storage thread\n")
+            raise ValueError("RESOURCE_EXHAUSTED: Failed writing: No space left on device\nmore")
+    message = str(e.value)
+    assert "\n" not in message and "the disk is full" in message
+    assert f"details: {tmp_path / 'errors.log'}" in message
+    assert "a storage thread" in (tmp_path / "errors.log").read_text()
+    os.write(2, b"after\n")  # stderr is back
+    assert capfd.readouterr().err == "after\n"
+    with errors_to_log(tmp_path / "quiet"):
+        pass
+    assert not (tmp_path / "quiet" / "errors.log").exists()  # nothing written, no log left
