@@ -30,7 +30,7 @@ import re
 from collections.abc import Sequence
 
 from mapfjax.env.text import GOAL_SYMBOLS, START_SYMBOLS
-from mapfjax.env.types import ACTION_DELTAS, ACTION_NAMES, HOLE_CELL, WAIT, Problem
+from mapfjax.env.types import ACTION_DELTAS, ACTION_NAMES, HOLE_CELL, Problem
 
 MOVES = ("UP", "DOWN", "LEFT", "RIGHT")  # the order of the four cells on a move line
 OFF, TAKEN, NONE = "off", "taken", "none"
@@ -42,14 +42,16 @@ def cell(rc: Sequence[int]) -> str:
     return f"({int(rc[0])}, {int(rc[1])})"
 
 
+def _holes(problem: Problem) -> list[tuple[int, int]]:
+    """The hole cells in row-major order (the order the `H:` line lists them)."""
+    return [
+        (r, c) for r, row in enumerate(problem.grid) for c, ch in enumerate(row) if ch == HOLE_CELL
+    ]
+
+
 def _symbols(problem: Problem) -> dict[tuple[int, int], str]:
     """The grid's symbol at every non-frozen cell, as the prompt draws it (starts win)."""
-    out = {
-        (r, c): HOLE_CELL
-        for r, row in enumerate(problem.grid)
-        for c, ch in enumerate(row)
-        if ch == HOLE_CELL
-    }
+    out = dict.fromkeys(_holes(problem), HOLE_CELL)
     for i, g in enumerate(problem.goals):
         out[tuple(g)] = GOAL_SYMBOLS[i]
     for i, s in enumerate(problem.starts):
@@ -58,12 +60,7 @@ def _symbols(problem: Problem) -> dict[tuple[int, int], str]:
 
 
 def _header(problem: Problem) -> list[str]:
-    holes = [
-        cell((r, c))
-        for r, row in enumerate(problem.grid)
-        for c, ch in enumerate(row)
-        if ch == HOLE_CELL
-    ]
+    holes = [cell(rc) for rc in _holes(problem)]
     lines = [f"{HOLE_CELL}: " + (" ".join(holes) if holes else NONE)]
     for i, (s, g) in enumerate(zip(problem.starts, problem.goals, strict=True)):
         lines.append(f"A{i} {START_SYMBOLS[i]} {cell(s)} {GOAL_SYMBOLS[i]} {cell(g)}")
@@ -207,15 +204,3 @@ def check_trace(problem: Problem, response: str) -> tuple[int, str | None]:
     if len(got) != len(want):
         return min(len(got), len(want)), "length"
     return len(want), None
-
-
-def trailing_wait_free(plans: Sequence[Sequence[int]]) -> list[list[int]]:
-    """Plans without trailing WAITs (an agent with no action left stays, so they mean the same
-    and the trace writes no line for them)."""
-    out = []
-    for p in plans:
-        p = list(p)
-        while p and p[-1] == WAIT:
-            p.pop()
-        out.append(p)
-    return out

@@ -112,15 +112,16 @@ def errors_to_log(directory: pathlib.Path):
     tensorstore's threads print there, and a failed write makes dozens of tracebacks) goes to
     `directory/errors.log`; an exception leaves as one CheckpointError naming the log."""
     log = pathlib.Path(directory) / "errors.log"
-    sys.stderr.flush()
-    saved = os.dup(2)
     try:
         log.parent.mkdir(parents=True, exist_ok=True)
         target = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     except OSError:  # no room even for the log: leave stderr alone
-        os.close(saved)
+        target = None
+    if target is None:
         yield
         return
+    sys.stderr.flush()
+    saved = os.dup(2)
     os.dup2(target, 2)
     os.close(target)
     try:

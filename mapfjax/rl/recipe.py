@@ -122,6 +122,7 @@ def prepare(cfg, workdir) -> RunData:
         return generate_problems(env, n, cfg.seed + offset, cfg.processes, tuple(hole_ratios))
 
     thinking = bool(cfg.get("thinking", False))
+    mode = ("thinking",) if thinking else ()  # in the cache keys of what thinking changes
 
     def tokenizer():
         ps = problems(cfg.sft.env, cfg.tokenizer.instances, 100)
@@ -136,8 +137,7 @@ def prepare(cfg, workdir) -> RunData:
         tok_dir = pathlib.Path(init)
         tok = tok_lib.load_tokenizer(tok_dir)
     else:
-        parts = (cfg.seed, cfg.sft.env, cfg.tokenizer) + (("thinking",) if thinking else ())
-        tok_dir = name("tokenizer", "", *parts)
+        tok_dir = name("tokenizer", "", cfg.seed, cfg.sft.env, cfg.tokenizer, *mode)
         tok = cached(tok_dir, tokenizer, bpe.save_tokenizer, tok_lib.load_tokenizer)
     sft_holes = tuple(cfg.sft.get("hole_ratios", ()))
     val_holes = tuple(cfg.validation.get("hole_ratios", ()))
@@ -147,9 +147,8 @@ def prepare(cfg, workdir) -> RunData:
             tok, problems(cfg.sft.env, cfg.sft.instances, 1, sft_holes), thinking=thinking
         )
 
-    sft_parts = (tok_dir.name, cfg.sft.env, cfg.sft.instances, sft_holes)
     sft_data = cached(
-        name("sft", ".jsonl", *sft_parts + (("thinking",) if thinking else ())),
+        name("sft", ".jsonl", tok_dir.name, cfg.sft.env, cfg.sft.instances, sft_holes, *mode),
         sft,
         save_examples,
         load_examples,

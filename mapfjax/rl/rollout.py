@@ -306,15 +306,15 @@ def greedy_eval(
     for i in range(0, len(problems), batch_size):
         chunk = problems[i : i + batch_size]
         samples = sample(model, tokenizer, chunk, 1, cfg, None)
-        sampled, completions, texts = samples.output, samples.completions, samples.texts
         if enable_thinking:  # which look-up of the reasoning trace went wrong first
-            traces += [trace.check_trace(p, t)[1] for p, t in zip(chunk, texts, strict=True)]
-        finished += list(np.asarray(sampled.finished)[: len(chunk)])
-        verdict, _ = score(chunk, 1, texts, reward_cfg)
+            pairs = zip(chunk, samples.texts, strict=True)
+            traces += [trace.check_trace(p, t)[1] for p, t in pairs]
+        finished += list(np.asarray(samples.output.finished)[: len(chunk)])
+        verdict, _ = score(chunk, 1, samples.texts, reward_cfg)
         valid += list(np.asarray(verdict.valid))
         optimal += list(np.asarray(verdict.optimal))
         failure += list(np.asarray(verdict.failure))
-        length += [len(c) for c in completions]
+        length += [len(c) for c in samples.completions]
     rows = tuple(
         {
             "id": p.id,
