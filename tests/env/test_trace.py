@@ -154,3 +154,36 @@ def test_cut_off_or_unanswered_traces_are_parse_errors(response):
     verdict, rewards = rollout.score([HAND], 1, [response], RewardConfig())
     assert not bool(verdict.valid[0]) and float(rewards[0]) == 0.0
     assert FAILURES[int(verdict.failure[0])] == "parse_error"
+
+
+_trace_soup = st.lists(
+    st.sampled_from(
+        [
+            "t1",
+            "t2",
+            "A0 (0, 0) = UP (0, 1)",
+            "A1 x = WAIT (2, 0)",
+            "A0 = LEFT (-1, 0)",
+            "H: none",
+            "<think>",
+            "</think>",
+            "\n",
+            "A9 = UP (0, 0)",
+            "= FLY (0, 0)",
+            "garbage",
+        ]  # fmt: skip
+    ),
+    max_size=30,
+).map("\n".join)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(st.text(max_size=400), _trace_soup), st.integers(1, 3))
+def test_parse_and_check_never_raise_on_any_text(response, k):
+    plans, reason = trace.parse_trace(response, k)
+    assert (plans is None) != (reason is None)
+    p = Problem(
+        "f", ("FFF", "FHF", "FFF"), ((0, 0), (2, 0), (2, 2))[:k], ((0, 2), (1, 0), (2, 1))[:k]
+    )
+    lines, kind = trace.check_trace(p, response)
+    assert lines >= 0 and (kind is None or kind in trace.ERROR_KINDS)
