@@ -45,6 +45,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     # True: the completion is a reasoning trace (think block), then the answer; the tokenizer
     # makes every "(r, c)" one token. The reward still reads only the answer.
     c.thinking = False
+    # How the trace transcribes the map before the moves (`mapfjax.env.trace.STYLES`).
+    c.trace_style = "holes"
     c.init = ""  # a checkpoint directory to continue from (its tokenizer too); "" = from scratch
     c.workdir = "/tmp/mapfjax_tiny"  # tokenizer, data cache, checkpoints, logs
     c.out_dir = "mapfjax/assets/tiny"  # exported model + tokenizer + VALIDATION.md

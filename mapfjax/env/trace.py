@@ -42,7 +42,7 @@ def cell(rc: Sequence[int]) -> str:
     return f"({int(rc[0])}, {int(rc[1])})"
 
 
-def _holes(problem: Problem) -> list[tuple[int, int]]:
+def hole_cells(problem: Problem) -> list[tuple[int, int]]:
     """The hole cells in row-major order (the order the `H:` line lists them)."""
     return [
         (r, c) for r, row in enumerate(problem.grid) for c, ch in enumerate(row) if ch == HOLE_CELL
@@ -51,7 +51,7 @@ def _holes(problem: Problem) -> list[tuple[int, int]]:
 
 def _symbols(problem: Problem) -> dict[tuple[int, int], str]:
     """The grid's symbol at every non-frozen cell, as the prompt draws it (starts win)."""
-    out = dict.fromkeys(_holes(problem), HOLE_CELL)
+    out = dict.fromkeys(hole_cells(problem), HOLE_CELL)
     for i, g in enumerate(problem.goals):
         out[tuple(g)] = GOAL_SYMBOLS[i]
     for i, s in enumerate(problem.starts):
@@ -59,25 +59,90 @@ def _symbols(problem: Problem) -> dict[tuple[int, int], str]:
     return out
 
 
-def _header(problem: Problem) -> list[str]:
-    holes = [cell(rc) for rc in _holes(problem)]
-    lines = [f"{HOLE_CELL}: " + (" ".join(holes) if holes else NONE)]
+# How the trace transcribes the map before the moves (`STYLES`):
+#  holes  `H: (0, 2) (1, 1)`: every hole as a cell, row-major (`H: none` without holes);
+#  rows   `r1: F H F | (1, 1)`: each row copied with one token per cell, then its holes (`none`);
+#  grid   `r1: (1, 0) F (1, 1) H (1, 2) F`: each row, every cell labelled by its coordinate,
+#         so a later look-up of a cell's content matches the cell token and copies what follows.
+# Every style then writes one line per agent (start and goal) and the same move lines.
+STYLES = ("holes", "rows", "grid")
+
+
+def _check_style(style: str) -> None:
+    if style not in STYLES:
+        raise ValueError(f"trace style {style!r}: allowed {STYLES}")
+
+
+def _map_lines(problem: Problem, style: str) -> list[str]:
+    holes = hole_cells(problem)
+    if style == "holes":
+        return [f"{HOLE_CELL}: " + (" ".join(cell(rc) for rc in holes) if holes else NONE)]
+    symbols = _symbols(problem)
+    lines = []
+    for r in range(problem.height):
+        row = [(r, c) for c in range(problem.width)]
+        if style == "grid":
+            lines.append(f"r{r}: " + " ".join(f"{cell(rc)} {symbols.get(rc, 'F')}" for rc in row))
+        else:
+            in_row = [cell(rc) for rc in holes if rc[0] == r]
+            copy = " ".join(symbols.get(rc, "F") for rc in row)
+            lines.append(f"r{r}: {copy} | " + (" ".join(in_row) if in_row else NONE))
+    return lines
+
+
+def render_header(problem: Problem, style: str = "holes") -> list[str]:
+    """The lines before the first step: the map (in `style`, see STYLES), then each agent's
+    start and goal with the grid's symbols."""
+    _check_style(style)
+    lines = _map_lines(problem, style)
     for i, (s, g) in enumerate(zip(problem.starts, problem.goals, strict=True)):
         lines.append(f"A{i} {START_SYMBOLS[i]} {cell(s)} {GOAL_SYMBOLS[i]} {cell(g)}")
     return lines
 
 
-def render_trace(problem: Problem, plans: Sequence[Sequence[int]]) -> str:
+def detect_style(trace: str) -> str:
+    """The style a trace's first line is written in ("holes" when it is none of them)."""
+    first = trace.lstrip("\n").split("\n", 1)[0]
+    if not first.startswith("r0:"):
+        return "holes"
+    return "grid" if first.startswith("r0: (0, 0)") else "rows"
+
+
+def read_holes(trace: str) -> set[tuple[int, int]] | None:
+    """The hole cells a trace's map lines name, in any style (None without map lines): what
+    a policy believes the map holds, to compare with the truth cell by cell."""
+    style, out, lines = detect_style(trace), set(), trace.strip("\n").splitlines()
+    found = False
+    for line in lines:
+        line = line.strip()
+        if _STEP.match(line) or line.startswith("A"):
+            break
+        cells = [(int(r), int(c)) for r, c in _CELL.findall(line)]
+        if style == "holes" and line.startswith(f"{HOLE_CELL}:"):
+            out.update(cells)
+        elif style == "rows" and "|" in line:
+            out.update((int(r), int(c)) for r, c in _CELL.findall(line.split("|", 1)[1]))
+        elif style == "grid" and cells:
+            marks = line.split(") ")[1:]  # each cell's symbol follows its ") "
+            out.update(rc for rc, m in zip(cells, marks, strict=False) if m[:1] == HOLE_CELL)
+        else:
+            continue
+        found = True
+    return out if found else None
+
+
+def render_trace(problem: Problem, plans: Sequence[Sequence[int]], style: str = "holes") -> str:
     """The trace of `plans` (per-agent action codes, as `oracle.answer_actions` gives) on
-    `problem`. Moves are followed as written (an illegal plan still gets a trace: its cells are
-    what the moves say, `off` cells included), so any plan can be rendered and read back."""
+    `problem`, its map transcribed in `style` (see STYLES). Moves are followed as written (an
+    illegal plan still gets a trace: its cells are what the moves say, `off` cells included),
+    so any plan can be rendered and read back."""
     n = problem.num_agents
     if len(plans) != n:
         raise ValueError(f"{len(plans)} plans for {n} agents")
     symbols = _symbols(problem)
     h, w = problem.height, problem.width
     pos = [tuple(int(v) for v in s) for s in problem.starts]
-    lines = _header(problem)
+    lines = render_header(problem, style)
     for t in range(max((len(p) for p in plans), default=0)):
         lines.append(f"t{t + 1}")
         moved: dict[int, tuple[int, int]] = {}  # agents written earlier this step -> target
@@ -108,14 +173,15 @@ def render_trace(problem: Problem, plans: Sequence[Sequence[int]]) -> str:
     return "\n".join(lines)
 
 
-def render_thinking(problem: Problem, plans: Sequence[Sequence[int]]) -> str:
+def render_thinking(problem: Problem, plans: Sequence[Sequence[int]], style: str = "holes") -> str:
     """The think block of `plans`: '<think>\\n' + trace + '\\n</think>\\n\\n' (the answer follows,
     as Qwen3 writes it)."""
-    return f"{THINK_OPEN}\n{render_trace(problem, plans)}\n{THINK_CLOSE}\n\n"
+    return f"{THINK_OPEN}\n{render_trace(problem, plans, style)}\n{THINK_CLOSE}\n\n"
 
 
 _STEP = re.compile(r"^t(\d{1,4})$")
 _MOVE = re.compile(r"^A(\d{1,2}) .* = ([A-Z]+) \(-?\d+, -?\d+\)$")
+_CELL = re.compile(r"\((\d{1,2}), (\d{1,2})\)")
 
 
 def parse_trace(trace: str, num_agents: int) -> tuple[list[list[int]] | None, str | None]:
@@ -181,24 +247,29 @@ def _field_kind(got: str, want: str) -> str:
     )
 
 
-def check_trace(problem: Problem, response: str) -> tuple[int, str | None]:
+def check_trace(
+    problem: Problem, response: str, style: str | None = None
+) -> tuple[int, str | None]:
     """Where a response's trace first departs from the true trace of the plan it chooses:
     (number of correct lines before it, the kind of error or None if the trace is right; see
-    ERROR_KINDS). A diagnostic of which look-up a policy gets wrong: transcribing the holes or
-    the agents, tracking its position, naming a neighbouring cell, what the cell holds, or the
-    cell its move enters."""
+    ERROR_KINDS). A diagnostic of which look-up a policy gets wrong: transcribing the map
+    ("holes", in any style) or the agents, tracking its position, naming a neighbouring cell,
+    what the cell holds, or the cell its move enters. style: the trace's (see STYLES); None
+    reads it from the trace's first line."""
     trace = thinking_text(response)
     if trace is None:
         return 0, "no_trace"
     plans, _ = parse_trace(trace, problem.num_agents)
     if plans is None:
         return 0, "unreadable"
-    want = render_trace(problem, plans).splitlines()
+    style = detect_style(trace) if style is None else style
+    want = render_trace(problem, plans, style).splitlines()
     got = [line.strip() for line in trace.splitlines()]
-    header = 1 + problem.num_agents
+    map_lines = len(_map_lines(problem, style))
+    header = map_lines + problem.num_agents
     for k, (a, b) in enumerate(zip(got, want, strict=False)):
         if a != b:
-            if k == 0:
+            if k < map_lines:
                 return k, "holes"
             return k, "agents" if k < header else _field_kind(a, b)
     if len(got) != len(want):

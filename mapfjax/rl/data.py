@@ -51,25 +51,30 @@ def encode_prompts(tokenizer, problems: Sequence[Problem], enable_thinking: bool
     return tok_lib.encode_chat(tokenizer, prompts, enable_thinking=enable_thinking)
 
 
-def response(problem: Problem, actions, thinking: bool = False) -> str:
+def response(problem: Problem, actions, thinking: bool = False, style: str = "holes") -> str:
     """The text a policy is trained to write for `actions`: the answer block, after the
-    reasoning trace's think block when `thinking` (`env.trace`)."""
+    reasoning trace's think block when `thinking` (`env.trace`, its map written in `style`)."""
     answer = text.render_answer(actions)
-    return trace.render_thinking(problem, actions) + answer if thinking else answer
+    return trace.render_thinking(problem, actions, style) + answer if thinking else answer
 
 
 def sft_examples(
-    tokenizer, problems: Sequence[Problem], answers=None, thinking: bool = False
+    tokenizer,
+    problems: Sequence[Problem],
+    answers=None,
+    thinking: bool = False,
+    style: str = "holes",
 ) -> list[Example]:
     """Examples for `problems`; `answers` (per-problem action lists) default to the oracle's.
     thinking: the prompt opens the assistant turn without the empty think block and the
-    completion is the reasoning trace, then the answer (`response`)."""
+    completion is the reasoning trace (its map in `style`, `env.trace.STYLES`), then the
+    answer (`response`)."""
     answers = oracle_answers(problems) if answers is None else answers
     im_end = tok_lib.special_ids(tokenizer).im_end
     prompts = encode_prompts(tokenizer, problems, enable_thinking=thinking)
     out = []
     for p, ids, a in zip(problems, prompts, answers, strict=True):
-        ans = tokenizer(response(p, a, thinking), add_special_tokens=False)["input_ids"]
+        ans = tokenizer(response(p, a, thinking, style), add_special_tokens=False)["input_ids"]
         out.append(Example(p.id, tuple(ids), (*ans, im_end), io.puzzle_hash(p)))
     return out
 

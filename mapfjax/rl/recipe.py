@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from mapfjax import configfile
 from mapfjax.checks import is_finite_real, is_int, require, require_dtype, require_int
 from mapfjax.env import config as env_config
-from mapfjax.env import io, text
+from mapfjax.env import io, text, trace
 from mapfjax.env.types import Problem
 from mapfjax.models import bpe, qwen3
 from mapfjax.models import tokenizer as tok_lib
@@ -91,6 +91,8 @@ def check_recipe(cfg) -> None:
         require("sft.coordinate_targets", cfg.sft.coordinate_targets, False, "True or False")
     if not isinstance(cfg.get("thinking", False), bool):
         require("thinking", cfg.thinking, False, "True or False")
+    style = cfg.get("trace_style", "holes")
+    require("trace_style", style, style in trace.STYLES, f"one of {trace.STYLES}")
     if cfg.get("thinking", False) and not cfg.rl.train.get("enable_thinking", False):
         require("rl.train.enable_thinking", False, False, "True when thinking=True")
     for where in ("sft.env", "rl.env", "validation.env"):
@@ -122,12 +124,15 @@ def prepare(cfg, workdir) -> RunData:
         return generate_problems(env, n, cfg.seed + offset, cfg.processes, tuple(hole_ratios))
 
     thinking = bool(cfg.get("thinking", False))
-    mode = ("thinking",) if thinking else ()  # in the cache keys of what thinking changes
+    style = cfg.get("trace_style", "holes")
+    # In the cache keys of what thinking changes ("holes", the first style, kept its old keys).
+    mode = (("thinking",) + ((style,) if style != "holes" else ())) if thinking else ()
 
     def tokenizer():
         ps = problems(cfg.sft.env, cfg.tokenizer.instances, 100)
         prompts = [text.render_prompt(p) for p in ps]
-        turns = [response(p, a, thinking) for p, a in zip(ps, oracle_answers(ps), strict=True)]
+        answers = oracle_answers(ps)
+        turns = [response(p, a, thinking, style) for p, a in zip(ps, answers, strict=True)]
         texts = bpe.corpus(prompts, turns, thinking)
         # A trace's look-ups match cells: each "(r, c)" is one token.
         return bpe.build_tokenizer(texts, cfg.tokenizer.vocab_size, coordinates=thinking)
@@ -144,7 +149,10 @@ def prepare(cfg, workdir) -> RunData:
 
     def sft():
         return sft_examples(
-            tok, problems(cfg.sft.env, cfg.sft.instances, 1, sft_holes), thinking=thinking
+            tok,
+            problems(cfg.sft.env, cfg.sft.instances, 1, sft_holes),
+            thinking=thinking,
+            style=style,
         )
 
     sft_data = cached(

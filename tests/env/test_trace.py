@@ -51,16 +51,54 @@ def test_taken_marks_vertex_and_edge_conflicts_with_agents_written_earlier():
     )
 
 
+def test_map_styles_exact_lines():
+    plans = [[RIGHT, RIGHT], [WAIT, UP]]
+    rows = trace.render_trace(HAND, plans, "rows").splitlines()
+    assert rows[:3] == ["r0: S F G | none", "r1: g H F | (1, 1)", "r2: s F F | none"]
+    grid = trace.render_trace(HAND, plans, "grid").splitlines()
+    assert grid[:3] == [
+        "r0: (0, 0) S (0, 1) F (0, 2) G",
+        "r1: (1, 0) g (1, 1) H (1, 2) F",
+        "r2: (2, 0) s (2, 1) F (2, 2) F",
+    ]
+    holes = trace.render_trace(HAND, plans).splitlines()
+    assert rows[3:] == grid[3:] == holes[1:]  # the agent and move lines are the same
+    with pytest.raises(ValueError, match="trace style 'cells'"):
+        trace.render_trace(HAND, plans, "cells")
+
+
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(problem_strategy(max_size=6), st.data())
-def test_any_plan_round_trips_and_checks_clean(p, data):
+@given(problem_strategy(max_size=6), st.data(), st.sampled_from(trace.STYLES))
+def test_any_plan_round_trips_and_checks_clean(p, data, style):
     k = p.num_agents
     plans = data.draw(st.lists(st.lists(st.integers(0, 4), max_size=8), min_size=k, max_size=k))
-    tr = trace.render_trace(p, plans)
+    tr = trace.render_trace(p, plans, style)
     assert trace.parse_trace(tr, k) == (plans, None)
-    response = trace.render_thinking(p, plans) + text.render_answer(plans)
+    assert trace.detect_style(tr) == style
+    assert trace.read_holes(tr) == set(trace.hole_cells(p))
+    response = trace.render_thinking(p, plans, style) + text.render_answer(plans)
     want_lines = len(tr.splitlines())
     assert trace.check_trace(p, response) == (want_lines, None)
+
+
+@pytest.mark.parametrize(
+    "style,old,new,holes",
+    [
+        ("holes", "H: (1, 1)", "H: (1, 2)", {(1, 2)}),
+        ("rows", "r1: g H F | (1, 1)", "r1: g F F | none", set()),
+        ("rows", "r2: s F F | none", "r2: s F H | (2, 2)", {(1, 1), (2, 2)}),
+        ("grid", "(1, 1) H (1, 2) F", "(1, 1) F (1, 2) H", {(1, 2)}),
+    ],
+)
+def test_a_wrong_map_line_is_a_holes_error_in_every_style(style, old, new, holes):
+    plans = [[RIGHT, RIGHT], [WAIT, UP]]
+    good = trace.render_thinking(HAND, plans, style) + text.render_answer(plans)
+    bad = good.replace(old, new, 1)
+    assert bad != good
+    line = 0 if style == "holes" else int(old[1])
+    assert trace.check_trace(HAND, bad) == (line, "holes")
+    assert trace.read_holes(trace.thinking_text(bad)) == holes
+    assert trace.read_holes("t1\nA0 (0, 0) = UP (0, 0)") is None  # no map lines
 
 
 def test_oracle_plans_round_trip_on_generated_puzzles():

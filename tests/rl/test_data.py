@@ -157,12 +157,14 @@ def test_cached_builds_once(tmp_path):
     assert first == second == "payload" and len(calls) == 1
 
 
-def test_thinking_examples_are_trace_then_answer(tok, problems):
+@pytest.mark.parametrize("style", ["holes", "grid"])
+def test_thinking_examples_are_trace_then_answer(tok, problems, style):
     """With thinking, the prompt opens the assistant turn (no empty think block) and the
-    completion is the oracle plan's reasoning trace, then its answer, then <|im_end|>."""
+    completion is the oracle plan's reasoning trace (its map in `style`), then its answer,
+    then <|im_end|>."""
     from mapfjax.env import trace
 
-    examples = data.sft_examples(tok, problems[:6], thinking=True)
+    examples = data.sft_examples(tok, problems[:6], thinking=True, style=style)
     ids = tok_lib.special_ids(tok)
     for e, p in zip(examples, problems[:6]):
         want = tok_lib.builtin_chat_text([{"role": "user", "content": text.render_prompt(p)}])
@@ -171,8 +173,8 @@ def test_thinking_examples_are_trace_then_answer(tok, problems):
         turn = tok.decode(list(e.completion[:-1]))
         plans, reason = text.parse_answer(turn, p.num_agents)
         assert reason is None and turn.startswith("<think>\n")
-        assert trace.check_trace(p, turn)[1] is None
-        assert turn == data.response(p, plans, thinking=True)
+        assert trace.check_trace(p, turn)[1] is None and trace.detect_style(turn[8:]) == style
+        assert turn == data.response(p, plans, thinking=True, style=style)
 
 
 def test_sft_on_traces_lowers_the_loss(tok, problems):

@@ -73,6 +73,7 @@ BAD_RECIPES = [
     ("rl.train.group_size", 1, r"GRPOConfig\.group_size=1 is invalid"),
     ("rl.train.steps", 0, r"rl\.train\.steps = 0; allowed: an integer >= 1"),
     ("dtype", "float7", r"dtype = 'float7'"),
+    ("trace_style", "cells", r"trace_style = 'cells'; allowed: one of \('holes', 'rows', 'grid'\)"),
     ("init", "/nonexistent", r"init = '/nonexistent'; allowed: a model directory or ''"),
 ]
 
