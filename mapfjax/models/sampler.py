@@ -10,7 +10,7 @@ import functools
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.struct
 import jax
@@ -181,21 +181,49 @@ def _split_layers(graphdef, state):
     return nnx.merge(graphdef, state).split_layers()
 
 
-def _record(bufs, i, logits, key, temperature, top_p, *, greedy, top_k, stops, pad_id):
-    """Samples column i of every row from logits f32 [B, V] into the output buffers
-    (tokens, logprobs, logprobs_full, lengths, done, finished); done rows get pad_id."""
-    toks, lps, lpfs, lengths, done, finished = bufs
+class Buffers(NamedTuple):
+    """The decode loop's outputs so far, B rows x N = max_new_tokens columns: what
+    `SampleOutput` returns, plus `done`.
+
+    tokens: int32 [B, N]; logprobs, logprobs_full: float32 [B, N] (see `SampleOutput`);
+    lengths: int32 [B] columns sampled per row; done: bool [B] rows that need no more tokens
+    (stopped, or batch padding); finished: bool [B] rows that emitted a stop token.
+    """
+
+    tokens: jax.Array
+    logprobs: jax.Array
+    logprobs_full: jax.Array
+    lengths: jax.Array
+    done: jax.Array
+    finished: jax.Array
+
+
+class DecodeState(NamedTuple):
+    """The decode `while_loop`'s carry. column: int32 [] next column to sample; cache:
+    per-layer ([B, K, W, D], ...) keys and values of the rows' own tokens; out: `Buffers`."""
+
+    column: jax.Array
+    cache: Any
+    out: Buffers
+
+
+def _record(out: Buffers, i, logits, key, temperature, top_p, *, greedy, top_k, stops, pad_id):
+    """Samples column i of every row from logits f32 [B, V] into `out`; done rows get
+    pad_id (and log-prob 0)."""
     tok, lp, lpf = _pick(
         logits, jax.random.fold_in(key, i), temperature, top_p, greedy=greedy, top_k=top_k
     )
-    live = ~done
+    live = ~out.done
     tok = jnp.where(live, tok, pad_id)
-    toks = toks.at[:, i].set(tok)
-    lps = lps.at[:, i].set(jnp.where(live, lp, 0.0))
-    lpfs = lpfs.at[:, i].set(jnp.where(live, lpf, 0.0))
-    lengths = lengths + live.astype(jnp.int32)
     stopped = live & jnp.isin(tok, stops)
-    return toks, lps, lpfs, lengths, done | stopped, finished | stopped
+    return Buffers(
+        tokens=out.tokens.at[:, i].set(tok),
+        logprobs=out.logprobs.at[:, i].set(jnp.where(live, lp, 0.0)),
+        logprobs_full=out.logprobs_full.at[:, i].set(jnp.where(live, lpf, 0.0)),
+        lengths=out.lengths + live.astype(jnp.int32),
+        done=out.done | stopped,
+        finished=out.finished | stopped,
+    )
 
 
 _DECODE_STATIC = (
@@ -206,8 +234,8 @@ _DECODE_STATIC = (
 
 @functools.partial(jax.jit, static_argnames=(*_DECODE_STATIC, "group_size"))
 def _first_token(logits, done, key, temperature, top_p, *, group_size, **static):
-    """The output buffers with column 0 sampled from the prefill logits [Bg, V] (each of the
-    G rows of a group draws its own token)."""
+    """`Buffers` with column 0 sampled from the prefill logits [Bg, V] (each of the G rows
+    of a group draws its own token)."""
     return _start(logits, done, key, temperature, top_p, group_size=group_size, **static)
 
 
@@ -215,66 +243,64 @@ def _start(logits, done, key, temperature, top_p, *, group_size, max_new_tokens,
            top_k, use_top_p, stop_tokens, pad_id, shardings, graphdef=None):  # fmt: skip
     sh = shardings
     b, n = done.shape[0], max_new_tokens
-    bufs = (
-        jnp.full((b, n), pad_id, jnp.int32),
-        jnp.zeros((b, n), jnp.float32),
-        jnp.zeros((b, n), jnp.float32),
-        jnp.zeros((b,), jnp.int32),
-        done,
-        jnp.zeros((b,), bool),
+    out = Buffers(
+        tokens=jnp.full((b, n), pad_id, jnp.int32),
+        logprobs=jnp.zeros((b, n), jnp.float32),
+        logprobs_full=jnp.zeros((b, n), jnp.float32),
+        lengths=jnp.zeros((b,), jnp.int32),
+        done=done,
+        finished=jnp.zeros((b,), bool),
     )
     if sh is not None:
-        bufs = tuple(_constrain(x, sh.rows if x.ndim == 2 else sh.row_vec) for x in bufs)
+        out = jax.tree.map(lambda x: _constrain(x, sh.rows if x.ndim == 2 else sh.row_vec), out)
     rows = jnp.repeat(logits, group_size, axis=0)
     top_p = top_p if use_top_p else None
     stops = jnp.asarray(stop_tokens, jnp.int32)
     return _record(
-        bufs, 0, rows, key, temperature, top_p,
+        out, 0, rows, key, temperature, top_p,
         greedy=greedy, top_k=top_k, stops=stops, pad_id=pad_id,
     )  # fmt: skip
 
 
-@functools.partial(jax.jit, static_argnames=_DECODE_STATIC, donate_argnames=("cache", "bufs"))
+@functools.partial(jax.jit, static_argnames=_DECODE_STATIC, donate_argnames=("loop",))
 def _decode(
-    graphdef, state, layer_params, prefix, cache, bufs, i, key, temperature, top_p,
+    graphdef, state, layer_params, prefix, loop: DecodeState, key, temperature, top_p,
     *, max_new_tokens, greedy, top_k, use_top_p, stop_tokens, pad_id, shardings,
 ):  # fmt: skip
-    """Decodes columns i, i + 1, ... until every row is done, column `max_new_tokens` or the
-    end of the cache window W (column W, whose token is fed at slot W - 1). cache: per-layer
-    ([B, K, W, D], ...) keys and values of the rows' own tokens; bufs: see `_record`.
-    Returns (cache, bufs, next column)."""
+    """Decodes columns loop.column, loop.column + 1, ... until every row is done, column
+    `max_new_tokens` or the end of the cache window W (column W, whose token is fed at slot
+    W - 1). Returns the `DecodeState` where it stopped."""
     _TRACES["decode"] += 1
     model = nnx.merge(graphdef, state)
-    window = cache[0][0].shape[2]
+    window = loop.cache[0][0].shape[2]
     stop = min(max_new_tokens, window + 1)
     vocab = model.config.vocab_size
     top_p = top_p if use_top_p else None
     stops = jnp.asarray(stop_tokens, jnp.int32)
-    lengths = jnp.repeat(prefix.lengths, bufs[0].shape[0] // prefix.lengths.shape[0])
+    rows = loop.out.tokens.shape[0]
+    lengths = jnp.repeat(prefix.lengths, rows // prefix.lengths.shape[0])
 
-    def cond(carry):
-        i, _, bufs = carry
-        return (i < stop) & ~jnp.all(bufs[4])
+    def cond(s: DecodeState):
+        return (s.column < stop) & ~jnp.all(s.out.done)
 
-    def body(carry):
-        i, cache, bufs = carry
-        prev = jax.lax.dynamic_index_in_dim(bufs[0], i - 1, axis=1, keepdims=True)  # [B, 1]
+    def body(s: DecodeState) -> DecodeState:
+        i = s.column
+        prev = jax.lax.dynamic_index_in_dim(s.out.tokens, i - 1, axis=1, keepdims=True)  # [B, 1]
         # Finished rows feed pad_id, which may lie outside a small vocabulary (an
         # out-of-range embedding lookup gives NaN); their outputs are discarded anyway.
         prev = jnp.clip(prev, 0, vocab - 1)
         pos = (lengths + i - 1)[:, None]
-        logits, cache = model.decode_step(prev, pos, prefix, cache, i - 1, layer_params)
+        logits, cache = model.decode_step(prev, pos, prefix, s.cache, i - 1, layer_params)
         if shardings is not None:
             cache = jax.tree.map(lambda x: _constrain(x, shardings.kv), cache)
-        bufs = _record(
-            bufs, i, logits.astype(jnp.float32), key, temperature, top_p,
+        out = _record(
+            s.out, i, logits.astype(jnp.float32), key, temperature, top_p,
             greedy=greedy, top_k=top_k, stops=stops, pad_id=pad_id,
         )  # fmt: skip
-        return i + 1, cache, bufs
+        return DecodeState(i + 1, cache, out)
 
-    i, cache, bufs = jax.lax.while_loop(cond, body, (i, cache, bufs))
     # Returning the cache and buffers lets XLA alias them to the donated inputs.
-    return cache, bufs, i
+    return jax.lax.while_loop(cond, body, loop)
 
 
 @functools.partial(jax.jit, static_argnames=("window", "shardings"))
@@ -483,22 +509,28 @@ def generate(
         logits, prefix = _prefill(
             graphdef, state, tokens, mask, cache_dtype=cache_dtype, shardings=sh
         )
-        bufs = _first_token(logits, done, *draw, group_size=num_samples, **static)
+        out = _first_token(logits, done, *draw, group_size=num_samples, **static)
         if timings is not None:
-            jax.block_until_ready(bufs)
+            jax.block_until_ready(out)
             timings["prefill_s"], start = time.perf_counter() - start, time.perf_counter()
         layer_params = _split_layers(graphdef, state) if split_layers else None
-        bufs, steps = _decode_segments(
-            graphdef, state, layer_params, prefix, bufs, draw, layout, cache_dtype, window, static
+        out, steps = _decode_segments(
+            graphdef, state, layer_params, prefix, out, draw, layout, cache_dtype, window, static
         )
         if timings is not None:
-            jax.block_until_ready(bufs)
+            jax.block_until_ready(out)
             timings["decode_s"] = time.perf_counter() - start
-    toks, lps, lpfs, lengths, _, finished = bufs
     n = len(prompts) * num_samples
     if layout.rows != n:
-        toks, lengths, lps, lpfs, finished = (x[:n] for x in (toks, lengths, lps, lpfs, finished))
-    return SampleOutput(toks, lengths, lps, lpfs, finished, jnp.int32(steps))
+        out = jax.tree.map(lambda x: x[:n], out)
+    return SampleOutput(
+        tokens=out.tokens,
+        lengths=out.lengths,
+        logprobs=out.logprobs,
+        logprobs_full=out.logprobs_full,
+        finished=out.finished,
+        steps=jnp.int32(steps),
+    )
 
 
 def _prompt_len(prompts, max_new_tokens, max_cache_len, config, bucket) -> int:
@@ -559,29 +591,34 @@ def _pad_prompts(prompts, prompt_len: int, layout: _Layout):
     return tokens, mask, done
 
 
-def _decode_segments(graphdef, state, layer_params, prefix, bufs, draw, layout, dtype, window,
-                     static):  # fmt: skip
+def _decode_segments(graphdef, state, layer_params, prefix, out: Buffers, draw, layout, dtype,
+                     window, static):  # fmt: skip
     """Runs `_decode` once per cache window (`_windows`), growing the rows' cache between
-    segments, until every row is done or the budget is used. Returns (bufs, columns sampled)."""
+    segments, until every row is done or the budget is used. Returns (`Buffers`, columns
+    sampled)."""
     config = nnx.merge(graphdef, state).config
     n, sh = static["max_new_tokens"], layout.shardings
     i, cache = 1, None
     for w in _windows(n, window):
-        if i >= n or bool(jnp.all(bufs[4])):
+        if i >= n or bool(jnp.all(out.done)):
             break
         if cache is None:
-            shape = (layout.rows, config.num_kv_heads, w, config.head_dim)
-            ks = tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
-            cache = (ks, tuple(jnp.zeros(shape, dtype) for _ in ks))
+            cache = _empty_cache(layout.rows, w, config, dtype)
             if sh is not None:
                 cache = jax.device_put(cache, sh.kv)
         else:
             cache = _grow(cache, window=w, shardings=sh)
-        cache, bufs, i = _decode(
-            graphdef, state, layer_params, prefix, cache, bufs, jnp.int32(i), *draw, **static
-        )
-        i = int(i)
-    return bufs, max(1, min(i, n))
+        loop = DecodeState(jnp.int32(i), cache, out)
+        loop = _decode(graphdef, state, layer_params, prefix, loop, *draw, **static)
+        i, cache, out = int(loop.column), loop.cache, loop.out
+    return out, max(1, min(i, n))
+
+
+def _empty_cache(rows: int, window: int, config, dtype):
+    """Zero per-layer ([rows, K, window, D], ...) keys and values."""
+    shape = (rows, config.num_kv_heads, window, config.head_dim)
+    ks = tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
+    return ks, tuple(jnp.zeros(shape, dtype) for _ in ks)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "prefill_kw", "decode_kw"))
@@ -593,16 +630,11 @@ def _prefill_and_decode(
     decode_kw = dict(decode_kw)
     g, window = decode_kw.pop("group_size"), decode_kw.pop("window")
     logits, prefix = _prefill(graphdef, state, tokens, mask, **dict(prefill_kw))
-    bufs = _start(logits, done, key, temp, top_p, group_size=g, **decode_kw)
-    model = nnx.merge(graphdef, state)
-    cfg = model.config
-    shape = (done.shape[0], cfg.num_kv_heads, window, cfg.head_dim)
-    dtype = dict(prefill_kw)["cache_dtype"]
-    zeros = tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers))
-    cache = (zeros, tuple(jnp.zeros(shape, dtype) for _ in zeros))
-    return _decode(
-        graphdef, state, None, prefix, cache, bufs, jnp.int32(1), key, temp, top_p, **decode_kw
-    )[1]
+    out = _start(logits, done, key, temp, top_p, group_size=g, **decode_kw)
+    cfg = nnx.merge(graphdef, state).config
+    cache = _empty_cache(done.shape[0], window, cfg, dict(prefill_kw)["cache_dtype"])
+    loop = DecodeState(jnp.int32(1), cache, out)
+    return _decode(graphdef, state, None, prefix, loop, key, temp, top_p, **decode_kw).out
 
 
 def lower_generate(
