@@ -19,6 +19,7 @@ from jax import lax
 
 from mapfjax import parallel
 from mapfjax.checks import is_finite_real, require, require_int
+from mapfjax.models import splash
 
 Array = jax.Array
 
@@ -255,13 +256,17 @@ class Keys:
 
     k, v: [B, G, K, S, D] (one set per row) or, when `shared`, [B, K, S, D] (one set per group
     of G rows: a prompt its completions share, never copied per row); allowed: bool,
-    broadcastable to [B, G, C, S] for C queries.
+    broadcastable to [B, G, C, S] for C queries. causal: a promise about `allowed` for kernels
+    that build masks from structure ("splash"): these are the queries' own tokens (S = C) and
+    allowed is the causal triangle and'ed with the keys' validity, which its last query row
+    holds.
     """
 
     k: Array
     v: Array
     allowed: Array
     shared: bool = struct.field(pytree_node=False, default=False)
+    causal: bool = struct.field(pytree_node=False, default=False)
 
 
 def _attend(q: Array, segments: Sequence[Keys], scale: float) -> Array:
@@ -322,13 +327,56 @@ def _attend_fused(q: Array, segments: Sequence[Keys], scale: float) -> Array:
     return out.reshape(q.shape)
 
 
+def _splash_inputs(q: Array, segments: Sequence[Keys]):
+    """(keys, values [B * G, K, S, D], valid bool [B * G, S]) for `splash.causal_attention`
+    when `segments` are what the splash kernel can express: an optional shared prefix whose
+    allowed is its validity [B, P], then one `causal` segment of the queries' own keys
+    (prefill, training, `Qwen3.extend`). None otherwise (e.g. a prefill against a KV cache,
+    whose causal offset is a traced index)."""
+    b, g, c = q.shape[:3]
+    *prefix, own = segments
+    if len(prefix) > 1 or not own.causal or own.shared or own.k.shape[-2] != c:
+        return None
+    if prefix and not (prefix[0].shared and prefix[0].allowed.ndim == 2):
+        return None
+    ks, vs, valid = [], [], []
+    for seg in segments:
+        k, v = seg.k, seg.v
+        if seg.shared:  # broadcast over the G rows (the broadcast's gradient sums over them)
+            k = jnp.broadcast_to(k[:, None], (b, g, *k.shape[1:]))
+            v = jnp.broadcast_to(v[:, None], (b, g, *v.shape[1:]))
+            ok = seg.allowed[:, None, :]
+        else:
+            ok = jnp.broadcast_to(seg.allowed, (b, g, c, c))[:, :, -1, :]
+        ks.append(k.reshape(b * g, *k.shape[2:]))
+        vs.append(v.reshape(b * g, *v.shape[2:]).astype(k.dtype))
+        valid.append(jnp.broadcast_to(ok, (b, g, ok.shape[-1])).reshape(b * g, -1))
+    return jnp.concatenate(ks, axis=2), jnp.concatenate(vs, axis=2), jnp.concatenate(valid, 1)
+
+
+def _attend_splash(q: Array, segments: Sequence[Keys], scale: float) -> Array:
+    """`_attend` through the TPU splash kernel (`splash.causal_attention`; Pallas interpret
+    mode off TPU) where `_splash_inputs` can express the segments, else `_attend` itself. The
+    same result at real queries; outputs at padding queries differ (they are never read)."""
+    inputs = _splash_inputs(q, segments)
+    if inputs is None:
+        return _attend(q, segments, scale)
+    b, g, c, kh, qh, d = q.shape
+    rows = jnp.moveaxis(q.reshape(b * g, c, kh * qh, d), 1, 2)  # [B * G, N, C, D], n = k * Q + q
+    out = splash.causal_attention(rows, *inputs, scale)
+    return jnp.moveaxis(out, 2, 1).reshape(q.shape)
+
+
 # Attention implementations by name (`Qwen3(attention_impl=...)`), each fn(q [B, G, C, K, Q, D],
 # segments, scale) -> [B, G, C, K, Q, D]: "einsum", the reference written out here (scores and
 # softmax in float32); "fused", `jax.nn.dot_product_attention` (cuDNN's flash kernel on GPU,
-# XLA's elsewhere). Decoding (one query per row) always uses the einsum path.
+# XLA's elsewhere); "splash", the TPU splash kernel (interpret mode elsewhere) for prefill and
+# training, the einsum path for a prefill against a KV cache. Decoding (one query per row)
+# always uses `_decode_attend`.
 ATTENTION_IMPLS: dict[str, Callable[[Array, Sequence[Keys], float], Array]] = {
     "einsum": _attend,
     "fused": _attend_fused,
+    "splash": _attend_splash,
 }
 
 
@@ -368,12 +416,17 @@ def attention(
     `impl`, query-chunked when C > chunk and chunk divides C (a segment's `allowed` must then
     be [.., C, S] or [.., 1, S]), and otherwise cut into blocks of rows whose scores hold
     about `block` floats (`_row_blocks`: by default on CPU only). Each chunk or block is
-    rematerialised in the backward pass. cuDNN's fused kernel takes the whole input at once
-    (it never holds the [C, S] scores)."""
+    rematerialised in the backward pass. cuDNN's fused kernel and the splash kernel take the
+    whole input at once (they never hold the [C, S] scores); segments splash cannot express
+    take the einsum path."""
     b, g, c = q.shape[:3]
     scale = q.shape[-1] ** -0.5
     if impl == "fused" and _fused_implementation() == "cudnn":
         return _attend_fused(q, segments, scale)
+    if impl == "splash":  # unchunked: query chunks would break the causal structure
+        if _splash_inputs(q, segments) is not None:
+            return ATTENTION_IMPLS[impl](q, segments, scale)
+        impl = "einsum"
     if c > chunk and c % chunk == 0:
         return _query_chunks(q, segments, chunk, scale, impl)
     keys = sum(seg.k.shape[-2] for seg in segments)
@@ -575,12 +628,14 @@ class Qwen3(nnx.Module):
     dtype is the activation/matmul dtype; norms, softmax and logits are always float32.
     remat: what each layer keeps for its backward pass, True ("full": its input only), False
     ("none") or a name in `REMAT_POLICIES`; attention_impl: a name in `ATTENTION_IMPLS` for
-    prefill and training ("einsum", the reference, or "fused", `jax.nn.dot_product_attention`
-    with cuDNN on GPU); attention_chunk is the query block length above which attention is
-    computed blockwise (memory O(chunk x S), not O(T x S)); attention_block: score floats per
-    block of rows (None: `CPU_SCORE_BLOCK` on CPU, one block elsewhere; 0: one block, e.g. to
-    plan an accelerator's memory on CPU). remat and attention_impl may be reassigned on a
-    built model (they are read when a computation is traced).
+    prefill and training ("einsum", the reference; "fused", `jax.nn.dot_product_attention`
+    with cuDNN on GPU; "splash", the TPU splash kernel, in Pallas interpret mode elsewhere;
+    decode steps use the einsum path whichever is named); attention_chunk is the query block
+    length above which attention is computed blockwise (memory O(chunk x S), not O(T x S));
+    attention_block: score floats per block of rows (None: `CPU_SCORE_BLOCK` on CPU, one
+    block elsewhere; 0: one block, e.g. to plan an accelerator's memory on CPU). remat and
+    attention_impl may be reassigned on a built model (they are read when a computation is
+    traced).
     Under `jax.set_mesh`, activations are constrained to split rows over data x fsdp.
     The layers are stacked (parameters [L, ...]) and run with `lax.scan`: one compiled layer,
     and FSDP weight gathers happen layer by layer inside the loop.
@@ -676,8 +731,8 @@ class Qwen3(nnx.Module):
                 )
                 kv = (k_all, v_all, i + 1)
                 k, v = k_all[i].astype(q.dtype), v_all[i].astype(q.dtype)
-            out = self._attention(q[:, None], [Keys(k[:, None], v[:, None], allowed)])
-            return out[:, 0], (kv, None)
+            keys = Keys(k[:, None], v[:, None], allowed, causal=kv is None)
+            return self._attention(q[:, None], [keys])[:, 0], (kv, None)
 
         kv = None if cache is None else (cache.k, cache.v, jnp.int32(0))
         x, kv, _ = self._scan(self._embed(tokens), positions, attend, extra=kv)
@@ -702,8 +757,8 @@ class Qwen3(nnx.Module):
 
         def attend(_, __, q, k, v):
             k, v = _heads_first(k), _heads_first(v)
-            out = self._attention(q[:, None], [Keys(k[:, None], v[:, None], allowed)])
-            return out[:, 0], (None, (k, v))
+            keys = Keys(k[:, None], v[:, None], allowed, causal=True)
+            return self._attention(q[:, None], [keys])[:, 0], (None, (k, v))
 
         x, _, (k, v) = self._scan(self._embed(tokens), positions, attend)
         lengths = jnp.sum(mask, axis=1, dtype=jnp.int32)
@@ -735,7 +790,7 @@ class Qwen3(nnx.Module):
             k = _heads_first(k).reshape(b, g, *k.shape[2:3], t, k.shape[-1])
             v = _heads_first(v).reshape(b, g, *v.shape[2:3], t, v.shape[-1])
             shared = Keys(kp.astype(q.dtype), vp.astype(q.dtype), prefix.valid, shared=True)
-            out = self._attention(q, [shared, Keys(k, v, allowed)])
+            out = self._attention(q, [shared, Keys(k, v, allowed, causal=True)])
             return out.reshape(b * g, t, *out.shape[3:]), (None, None)
 
         x = self._embed(tokens.reshape(b * g, t))
