@@ -23,6 +23,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c = tiny_cpu.get_config()
     c.model.path = "Qwen/Qwen3-4B"  # a local directory or, with network, a hub id
     c.model.dtype = "bfloat16"
+    # The reference attention, kept until the fast paths are measured on the accelerators this
+    # runs on: "fused" (cuDNN's flash kernel) is the one to try on GPU, "splash" on TPU (off
+    # TPU it is Pallas's interpreter, far too slow to train with). docs/accelerators.md.
+    c.model.attention_impl = "einsum"
     c.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": -1, "tp": 1})
     c.export_every_round = True
     c.train.instances = 4000

@@ -36,7 +36,13 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.rounds = 3  # R0 (default config) + 2 engineered rounds [paper]
     c.export_every_round = False
     c.model = ml_collections.ConfigDict(
-        {"path": str(configfile.ROOT / "mapfjax" / "assets" / "tiny"), "dtype": "float32"}
+        {
+            "path": str(configfile.ROOT / "mapfjax" / "assets" / "tiny"),
+            "dtype": "float32",
+            # Prefill and training attention (hf.ModelOptions): "einsum", the reference and the
+            # fastest on CPU; "fused" (cuDNN on GPU) and "splash" (TPU) are accelerator paths.
+            "attention_impl": "einsum",
+        }
     )
     c.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": -1, "tp": 1})
     # Round-0 generator config: uniform over 3x3..10x10 [ours; the paper uses a random one].

@@ -14,6 +14,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +24,7 @@ from flax import nnx
 
 from mapfjax import files, parallel
 from mapfjax.files import CheckpointError
-from mapfjax.models.qwen3 import Qwen3, Qwen3Config
+from mapfjax.models.qwen3 import ATTENTION_IMPLS, Qwen3, Qwen3Config
 
 # safetensors dtype codes <-> numpy dtypes (bfloat16 via ml_dtypes, which numpy lacks).
 _DTYPES = {
@@ -283,6 +284,32 @@ def _resolve(path_or_hub_id) -> pathlib.Path:
 
 def _path_str(path) -> str:
     return ".".join(str(p) for p in path)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelOptions:
+    """How `Qwen3` computes (not what): the settings of an experiment config's `model` section
+    that go to the model, each `model.<field>` there. attention_impl: a name in
+    `qwen3.ATTENTION_IMPLS` for prefill and training ("einsum", "fused", "splash")."""
+
+    attention_impl: str = "einsum"
+
+    def __post_init__(self):
+        impl = self.attention_impl
+        if not isinstance(impl, str) or impl not in ATTENTION_IMPLS:
+            allowed = ", ".join(repr(k) for k in sorted(ATTENTION_IMPLS))
+            raise ValueError(f"model.attention_impl = {impl!r}; allowed: {allowed}")
+
+    @classmethod
+    def from_config(cls, model: Mapping[str, Any]) -> ModelOptions:
+        """From a config's model section (ConfigDict or dict); a field it lacks keeps its
+        default (run directories recorded before the field existed)."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        return cls(**{k: model[k] for k in names if k in model})
+
+    def kwargs(self) -> dict[str, Any]:
+        """The options as keyword arguments of `Qwen3` and `from_pretrained`."""
+        return dataclasses.asdict(self)
 
 
 def from_pretrained(

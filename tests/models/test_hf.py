@@ -12,7 +12,7 @@ import pytest
 import torch
 from flax import nnx
 
-from mapfjax import parallel
+from mapfjax import configfile, parallel
 from mapfjax.files import CheckpointError
 from mapfjax.models import hf, qwen3
 from mapfjax.models.hf import from_pretrained, save_pretrained
@@ -291,3 +291,21 @@ def test_qwen3_4b_widths(tmp_path):
     ours = np.asarray(run(model, jnp.asarray(tokens), jnp.asarray(mask))[0])
     ref = reference_logits(load_reference(path), tokens, mask)
     np.testing.assert_allclose(ours[mask], ref[mask], atol=1e-3 * np.abs(ref).max(), rtol=0)
+
+
+@pytest.mark.parametrize("config", ["configs/tiny_cpu.py", "configs/paper_qwen3_4b.py"])
+def test_model_options_from_experiment_configs_reach_the_model(tmp_path, config):
+    section = configfile.get_config(config, "").model
+    assert hf.ModelOptions.from_config(section) == hf.ModelOptions(attention_impl="einsum")
+    section.attention_impl = "fused"
+    path = make_tiny_checkpoint(tmp_path / "ckpt")
+    model = from_pretrained(path, **hf.ModelOptions.from_config(section).kwargs())
+    assert model.attention_impl == "fused"
+
+
+def test_model_options_refuse_unknown_attention_and_default_a_missing_key():
+    with pytest.raises(ValueError, match=r"^model.attention_impl = 'flash'; allowed: 'einsum'"):
+        hf.ModelOptions.from_config({"path": "p", "attention_impl": "flash"})
+    with pytest.raises(ValueError, match=r"model.attention_impl = \['splash'\]"):
+        hf.ModelOptions(attention_impl=["splash"])
+    assert hf.ModelOptions.from_config({"path": "p"}).attention_impl == "einsum"
