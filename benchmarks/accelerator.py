@@ -79,6 +79,8 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def parse_args(argv=None):
+    from mapfjax.models.qwen3 import ATTENTION_IMPLS
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="0.6b,1.7b,4b", help=f"comma list of {sorted(SIZES)}")
     ap.add_argument("--out", default="results/accelerator")
@@ -89,7 +91,13 @@ def parse_args(argv=None):
     ap.add_argument("--parity", help="prompts x tokens for bf16 vs fp32 (default 8x64)")
     ap.add_argument("--accum", type=int, help="micro-batches per GRPO update (default 4)")
     ap.add_argument("--remat", default="full", help="remat policy of the update")
-    ap.add_argument("--attention", default="fused", help="attention_impl: einsum or fused")
+    ap.add_argument(
+        "--attention",
+        default="fused",
+        choices=sorted(ATTENTION_IMPLS),
+        help="attention_impl of prefill and the update (splash: the TPU kernel, interpreted "
+        "elsewhere)",
+    )
     ap.add_argument("--repeats", type=int, default=2, help="timed calls after the first")
     ap.add_argument("--peak-bandwidth", type=float, help="bytes/s (default: from PEAKS)")
     ap.add_argument("--peak-flops", type=float, help="bf16 FLOP/s (default: from PEAKS)")

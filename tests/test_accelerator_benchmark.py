@@ -59,3 +59,21 @@ def test_tiny_mode_writes_every_figure(tmp_path, one_device_env):
     assert numbers > 40
     assert 0 < tiny["parity"]["top1_agreement"] <= 1 and tiny["grpo"]["mfu"] > 0
     assert tiny["memory"]["plan_step_bytes"] >= tiny["memory"]["plan_update_bytes"] > 0
+
+
+def test_attention_flag_takes_the_registered_implementations(capsys, monkeypatch):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("accelerator", ROOT / "benchmarks/accelerator.py")
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "accelerator", bench)  # its dataclasses look it up
+    spec.loader.exec_module(bench)
+    assert bench.parse_args(["--attention", "splash"]).attention == "splash"
+    assert bench.parse_args([]).attention == "fused"
+    try:
+        bench.parse_args(["--attention", "flash"])
+    except SystemExit as e:
+        assert e.code == 2
+    else:
+        raise AssertionError("--attention flash was accepted")
+    assert "invalid choice: 'flash'" in capsys.readouterr().err
