@@ -25,7 +25,8 @@ def sft_loss(model, batch: SequenceBatch, cfg: SFTConfig | None = None):
 
     Returns (loss f32[], metrics: loss, num_tokens, entropy (mean over loss tokens)). With
     gradient accumulation the trainer weights each micro-batch by its share of the batch's
-    loss tokens (`sft_loss.weight`), so the result is the full-batch token mean.
+    loss tokens (`loss_tokens`, registered with the loss in `step.py`), so the result is the
+    full-batch token mean.
     """
     cfg = SFTConfig() if cfg is None else cfg
     mask = jnp.asarray(batch.loss_mask, bool)
@@ -39,9 +40,6 @@ def sft_loss(model, batch: SequenceBatch, cfg: SFTConfig | None = None):
     return loss, metrics
 
 
-def _sft_weight(batch: SequenceBatch, cfg) -> jax.Array:
+def loss_tokens(batch: SequenceBatch, cfg) -> jax.Array:
     """The normaliser of `sft_loss`: the number of loss tokens (f32[])."""
     return jnp.sum(jnp.asarray(batch.loss_mask, bool)).astype(jnp.float32)
-
-
-sft_loss.weight = _sft_weight

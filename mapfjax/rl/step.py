@@ -1,6 +1,6 @@
-"""The jitted train step for GRPO and SFT: losses by name, gradient accumulation with global
-loss normalisers, non-finite updates skipped, and the state's shardings (also lowered
-ahead of time for memory planning)."""
+"""The jitted train step for GRPO and SFT: losses registered by name with their micro-batch
+weighting, gradient accumulation with global loss normalisers, non-finite updates skipped, and
+the state's shardings (also lowered ahead of time for memory planning)."""
 
 from __future__ import annotations
 
@@ -22,10 +22,12 @@ from mapfjax.rl.batch import GroupBatch, SequenceBatch, row_view
 from mapfjax.rl.grpo import GRPOConfig, grpo_loss, masked_mean
 from mapfjax.rl.logprobs import completion_logprobs
 from mapfjax.rl.optim import OptimConfig, lr_schedule, make_optimizer
-from mapfjax.rl.sft import SFTConfig, sft_loss
+from mapfjax.rl.sft import SFTConfig, loss_tokens, sft_loss
 
 Array = jax.Array
 LossFn = Callable[[nnx.Module, SequenceBatch, Any], tuple[Array, dict[str, Array]]]
+# weighting(batch, cfg) -> f32[]: a loss's normaliser on a batch (see `Loss`).
+Weighting = Callable[[SequenceBatch | GroupBatch, Any], Array]
 
 
 @flax.struct.dataclass
@@ -46,6 +48,64 @@ class TrainState:
 # --------------------------------------------------------------------------- losses
 
 
+@dataclasses.dataclass(frozen=True)
+class Loss:
+    """A loss the train step can run, with what accumulation needs to stay exact.
+
+    fn(model, batch, cfg) -> (loss f32[], metrics). weighting(batch, cfg) -> f32[]: the
+    loss's normaliser on a batch (its token count for a token mean, its non-empty rows for a
+    sequence mean), so that micro-batch losses weighted by w_k / sum(w) equal the full-batch
+    loss; `equal_weighting` for a loss whose micro-batches count equally. config() -> the
+    loss's default config (None: the loss takes none).
+    """
+
+    name: str
+    fn: LossFn
+    weighting: Weighting
+    config: Callable[[], Any] | None = None
+
+    def __post_init__(self):
+        if not callable(self.weighting):
+            raise ValueError(
+                f"loss {self.name!r}: weighting={self.weighting!r}; allowed: a function "
+                "(batch, cfg) -> f32[] giving the loss's normaliser (its token or sequence "
+                "count), or equal_weighting when micro-batches should count equally"
+            )
+
+
+# name -> the registered `Loss`; see `register_loss`.
+LOSSES: dict[str, Loss] = {}
+
+
+def register_loss(
+    name: str, *, weighting: Weighting | None = None, config: Callable[[], Any] | None = None
+) -> Callable[[LossFn], LossFn]:
+    """Decorator registering fn(model, batch, cfg) -> (loss, metrics) under `name` with its
+    micro-batch `weighting` (required: ValueError without one) and default `config`."""
+
+    def deco(fn: LossFn) -> LossFn:
+        if name in LOSSES:
+            raise ValueError(f"loss {name!r} is already registered")
+        LOSSES[name] = Loss(name, fn, weighting, config)
+        return fn
+
+    return deco
+
+
+def equal_weighting(batch, cfg) -> Array:
+    """Every micro-batch weighs the same (a loss that is a mean over micro-batches)."""
+    return jnp.float32(1.0)
+
+
+def _grpo_weight(batch: SequenceBatch | GroupBatch, cfg: GRPOConfig) -> Array:
+    # The denominator of each aggregation: tokens for token_mean, non-empty rows otherwise.
+    mask = jnp.asarray(row_view(batch)[0], bool)
+    if cfg.aggregation == "token_mean":
+        return jnp.sum(mask).astype(jnp.float32)
+    return jnp.sum(jnp.any(mask, axis=1)).astype(jnp.float32)
+
+
+@register_loss("grpo", weighting=_grpo_weight, config=GRPOConfig)
 def grpo_token_loss(model, batch: SequenceBatch, cfg: GRPOConfig):
     """GRPO clipped surrogate over the completion tokens (`grpo.grpo_loss`).
 
@@ -70,27 +130,7 @@ def grpo_token_loss(model, batch: SequenceBatch, cfg: GRPOConfig):
     return loss, metrics
 
 
-def _grpo_weight(batch: SequenceBatch | GroupBatch, cfg: GRPOConfig) -> Array:
-    # The denominator of each aggregation: tokens for token_mean, non-empty rows otherwise.
-    mask = jnp.asarray(row_view(batch)[0], bool)
-    if cfg.aggregation == "token_mean":
-        return jnp.sum(mask).astype(jnp.float32)
-    return jnp.sum(jnp.any(mask, axis=1)).astype(jnp.float32)
-
-
-grpo_token_loss.weight = _grpo_weight
-
-# name -> fn(model, batch, cfg) -> (loss f32[], metrics). An optional `fn.weight(batch, cfg)`
-# gives the loss's normaliser (token or sequence count), so that accumulated micro-batch losses
-# weighted by weight_k / sum(weight) equal the full-batch loss; without it micro-batches count
-# equally.
-LOSSES: dict[str, LossFn] = {"grpo": grpo_token_loss, "sft": sft_loss}
-DEFAULT_LOSS_CONFIGS: dict[str, Callable[[], Any]] = {"grpo": GRPOConfig, "sft": SFTConfig}
-
-
-def _loss_weight(loss_fn, batch, cfg) -> Array:
-    weight = getattr(loss_fn, "weight", None)
-    return jnp.float32(1.0) if weight is None else weight(batch, cfg)
+register_loss("sft", weighting=loss_tokens, config=SFTConfig)(sft_loss)
 
 
 def _combine(metrics: dict[str, Array], weights: Array) -> dict[str, Array]:
@@ -135,7 +175,7 @@ def train_step(
     rest,
     *,
     graphdef,
-    loss_fn: LossFn,
+    loss: Loss,
     loss_cfg,
     tx: optax.GradientTransformation,
     accum_steps: int,
@@ -145,48 +185,47 @@ def train_step(
     """One optimiser update on `batch` (pure; jit it with the keyword arguments static).
 
     With accum_steps = A the B rows are cut into A micro-batches (`_split_micro`) scanned with
-    gradients accumulated as sum_k (w_k / sum w) * grad L_k, w_k = the loss's normaliser on
-    micro-batch k, which equals the gradient of the full-batch loss for token-mean and
-    sequence-mean aggregations. A non-finite loss or gradient leaves params and optimiser state
-    unchanged and counts the step in bad_steps / skipped. remat: the model's remat setting for
-    this step (True, False or a `qwen3.REMAT_POLICIES` name; None keeps the model's own).
+    gradients accumulated as sum_k (w_k / sum w) * grad L_k, w_k = `loss.weighting` on
+    micro-batch k (its normaliser), which equals the gradient of the full-batch loss for
+    token-mean and sequence-mean aggregations. A non-finite loss or gradient leaves params
+    and optimiser state unchanged and counts the step in bad_steps / skipped. remat: the
+    model's remat setting for this step (True, False or a `qwen3.REMAT_POLICIES` name; None
+    keeps the model's own).
     """
 
     def micro_loss(params, mb):
         model = nnx.merge(graphdef, params, rest)
         if remat is not None and hasattr(model, "remat"):
             model.remat = remat
-        return loss_fn(model, mb, loss_cfg)
+        return loss.fn(model, mb, loss_cfg)
 
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
     if accum_steps == 1:
-        (loss, metrics), grads = grad_fn(state.params, batch)
+        (loss_value, metrics), grads = grad_fn(state.params, batch)
     else:
-        total = _loss_weight(loss_fn, batch, loss_cfg)
-        total = jnp.where(total > 0, total, 1.0)
         micro = _split_micro(batch, accum_steps)
+        # f32 [A] normalisers; counts, so their sum is exactly the full batch's.
+        ws = jax.vmap(lambda mb: loss.weighting(mb, loss_cfg))(micro)
+        total = jnp.sum(ws)
+        ws = ws / jnp.where(total > 0, total, 1.0)
 
-        def body(carry, mb):
+        def body(carry, xs):
             g_acc, l_acc = carry
+            mb, w = xs
             mb = _constrain_rows(mb)
-            w = _loss_weight(loss_fn, mb, loss_cfg)
-            if getattr(loss_fn, "weight", None) is None:
-                w = w / accum_steps
-            else:
-                w = w / total
             (lk, m), g = grad_fn(state.params, mb)
             g_acc = jax.tree.map(lambda a, b: a + w * b.astype(jnp.float32), g_acc, g)
-            return (g_acc, l_acc + w * lk), (m, w)
+            return (g_acc, l_acc + w * lk), m
 
         # Accumulate in fp32 (bf16 sums of many micro-batches lose the small ones).
         zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
-        (grads, loss), (ms, ws) = lax.scan(body, (zeros, jnp.float32(0.0)), micro)
+        (grads, loss_value), ms = lax.scan(body, (zeros, jnp.float32(0.0)), (micro, ws))
         grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
         metrics = _combine(ms, ws)
-        metrics["loss"] = loss
+        metrics["loss"] = loss_value
 
     grad_norm = optax.tree.norm(grads)
-    ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    ok = jnp.isfinite(loss_value) & jnp.isfinite(grad_norm)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
 
@@ -203,7 +242,7 @@ def train_step(
     )
     metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
     metrics.update(
-        loss=jnp.asarray(loss, jnp.float32),
+        loss=jnp.asarray(loss_value, jnp.float32),
         grad_norm=grad_norm,
         lr=jnp.asarray(schedule(applied), jnp.float32),
         update_skipped=jnp.where(ok, 0.0, 1.0),
@@ -245,18 +284,29 @@ def train_state_shardings(abstract: TrainState, tx, mesh, rules) -> TrainState:
     return TrainState(param_sh, opt_sh, replicated, replicated, replicated, replicated)
 
 
-def resolve_loss(loss_fn: str | LossFn, loss_cfg=None) -> tuple[LossFn, Any]:
-    """(loss function, its validated config): a name in `LOSSES` with its config (default
-    `DEFAULT_LOSS_CONFIGS[name]()`), or a callable passed through with `loss_cfg`."""
-    if isinstance(loss_fn, str):
-        if loss_fn not in LOSSES:
-            raise ValueError(f"loss_fn={loss_fn!r}: allowed {sorted(LOSSES)}")
-        if loss_cfg is None:
-            loss_cfg = DEFAULT_LOSS_CONFIGS[loss_fn]()
-        loss_fn = LOSSES[loss_fn]
+def resolve_loss(loss: str | Loss | LossFn, loss_cfg=None) -> tuple[Loss, Any]:
+    """(the `Loss`, its validated config, default `loss.config()`): `loss` is a name in
+    `LOSSES`, a `Loss`, or a registered loss function. Anything else raises ValueError: a
+    loss without a registered weighting would weight accumulated micro-batches wrongly."""
+    if isinstance(loss, str):
+        if loss not in LOSSES:
+            raise ValueError(f"loss_fn={loss!r}: allowed {sorted(LOSSES)}")
+        loss = LOSSES[loss]
+    elif not isinstance(loss, Loss):
+        found = [x for x in LOSSES.values() if x.fn is loss]
+        if not found:
+            name = getattr(loss, "__qualname__", None) or repr(loss)
+            raise ValueError(
+                f"loss_fn={name}: not a registered loss; allowed: a name in {sorted(LOSSES)}, "
+                "or a function registered with its micro-batch weighting by "
+                "@step.register_loss(name, weighting=...)"
+            )
+        loss = found[0]
+    if loss_cfg is None and loss.config is not None:
+        loss_cfg = loss.config()
     if hasattr(loss_cfg, "validate"):
         loss_cfg.validate()
-    return loss_fn, loss_cfg
+    return loss, loss_cfg
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,7 +315,7 @@ class StepSetup:
     placement). params: the model's nnx.Param state (arrays, or ShapeDtypeStructs for an
     abstract model); init(params, rng) -> TrainState; abstract: the state's
     ShapeDtypeStructs; shardings: the state's shardings (a TrainState of them); step: the
-    jitted `train_step`, called as step(state, batch, rest)."""
+    jitted `train_step`, called as step(state, batch, rest); loss: the resolved `Loss`."""
 
     graphdef: Any
     params: Any
@@ -274,14 +324,14 @@ class StepSetup:
     abstract: TrainState
     shardings: TrainState
     step: Callable
-    loss_fn: LossFn
+    loss: Loss
     loss_cfg: Any
 
 
 def setup_step(model, optim: OptimConfig, loss, loss_cfg, mesh, rules, rng=None) -> StepSetup:
     """Split `model` (concrete or `nnx.eval_shape`d), shape the train state, shard it and
     fetch the jitted step: the one setup `Trainer` and `lower_train_step` share."""
-    loss_fn, loss_cfg = resolve_loss(loss, loss_cfg)
+    loss, loss_cfg = resolve_loss(loss, loss_cfg)
     tx = make_optimizer(optim)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     init = functools.partial(init_state, tx)
@@ -291,14 +341,14 @@ def setup_step(model, optim: OptimConfig, loss, loss_cfg, mesh, rules, rng=None)
     leaves, treedef = jax.tree.flatten(shardings)
     # max_bad_steps is checked on the host: normalised so it does not force a recompile.
     key_optim = dataclasses.replace(optim, max_bad_steps=1)
-    step = jitted_step(graphdef, loss_fn, loss_cfg, key_optim, treedef, tuple(leaves))
-    return StepSetup(graphdef, params, rest, init, abstract, shardings, step, loss_fn, loss_cfg)
+    step = jitted_step(graphdef, loss, loss_cfg, key_optim, treedef, tuple(leaves))
+    return StepSetup(graphdef, params, rest, init, abstract, shardings, step, loss, loss_cfg)
 
 
 def lower_train_step(
     make_model: Callable[[], nnx.Module],
     optim: OptimConfig,
-    loss: str | LossFn,
+    loss: str | Loss | LossFn,
     loss_cfg,
     mesh,
     rows: int,
@@ -359,14 +409,14 @@ def lower_train_step(
 
 
 @functools.lru_cache(maxsize=32)
-def jitted_step(graphdef, loss_fn, loss_cfg, optim: OptimConfig, treedef, sharding_leaves):
+def jitted_step(graphdef, loss: Loss, loss_cfg, optim: OptimConfig, treedef, sharding_leaves):
     """The jitted `train_step` for one (model graph, loss, optimiser, placement); cached so a
     fresh Trainer of the same setup (e.g. after a restore) reuses the compiled step."""
     state_shardings = jax.tree.unflatten(treedef, sharding_leaves)
     step = functools.partial(
         train_step,
         graphdef=graphdef,
-        loss_fn=loss_fn,
+        loss=loss,
         loss_cfg=loss_cfg,
         tx=make_optimizer(optim),
         accum_steps=optim.accum_steps,

@@ -18,14 +18,15 @@ from mapfjax.checks import is_int
 from mapfjax.rl.batch import SequenceBatch
 from mapfjax.rl.optim import OptimConfig, lr_schedule, make_optimizer
 from mapfjax.rl.step import (
-    DEFAULT_LOSS_CONFIGS,
     LOSSES,
+    Loss,
     LossFn,
     TrainState,
     batch_shardings,
     grpo_token_loss,
     jitted_logprobs,
     lower_train_step,
+    register_loss,
     resolve_loss,
     setup_step,
     train_state_shardings,
@@ -33,8 +34,8 @@ from mapfjax.rl.step import (
 )
 
 __all__ = [
-    "DEFAULT_LOSS_CONFIGS",
     "LOSSES",
+    "Loss",
     "OptimConfig",
     "TrainState",
     "Trainer",
@@ -43,6 +44,7 @@ __all__ = [
     "lr_schedule",
     "make_optimizer",
     "num_params",
+    "register_loss",
     "resolve_loss",
     "train_state_shardings",
     "train_step",
@@ -59,8 +61,9 @@ class Trainer:
     """Holds the sharded `TrainState` and the model's static graph; runs jitted updates.
 
     model: an nnx model (Qwen3) whose nnx.Param variables are trained; the trainer keeps its
-    own copy of them. loss_fn: a name in `LOSSES` or fn(model, batch, cfg) -> (loss, metrics).
-    loss_cfg: the loss's config (default `DEFAULT_LOSS_CONFIGS[name]()`). mesh: a
+    own copy of them. loss_fn: a name in `LOSSES`, a `Loss`, or a function registered with
+    `register_loss` (one registered with no micro-batch weighting is refused). loss_cfg: the
+    loss's config (default: the registered one, `LOSSES[name].config()`). mesh: a
     `parallel.make_mesh` mesh, or None for the default device; rules: a name in
     `parallel.RULES` or a dict. When the loss config has kl_coef > 0, the initial parameters
     are kept as the reference policy; with kl_coef == 0 no reference copy exists and no
@@ -71,7 +74,7 @@ class Trainer:
         self,
         model: nnx.Module,
         optim: OptimConfig,
-        loss_fn: str | LossFn = "grpo",
+        loss_fn: str | Loss | LossFn = "grpo",
         mesh=None,
         rules="train",
         *,
@@ -81,7 +84,7 @@ class Trainer:
         self.optim = optim.validate()
         rng = jax.random.key(seed)
         setup = setup_step(model, self.optim, loss_fn, loss_cfg, mesh, rules, rng)
-        self.loss_fn, self.loss_cfg = setup.loss_fn, setup.loss_cfg
+        self.loss, self.loss_cfg = setup.loss, setup.loss_cfg
         self.mesh, self.rules = mesh, rules
         self.graphdef, self.rest, self._step = setup.graphdef, setup.rest, setup.step
         self.state_shardings = setup.shardings
