@@ -30,9 +30,11 @@ def make_generate_fn(
     max_new_tokens: int = 512,
     temperature: float = 0.7,
     enable_thinking: bool = False,
-    seed: int = 0,
+    key: jax.Array | None = None,
 ) -> Callable[[Sequence[str], int], list[str]]:
-    """generate_fn(prompts, n) -> n sampled answers per prompt (flattened, prompt-major)."""
+    """generate_fn(prompts, n) -> n sampled answers per prompt (flattened, prompt-major); call
+    c samples with fold_in(key, c) (default key: jax.random.key(0))."""
+    key = jax.random.key(0) if key is None else key
     calls = [0]
 
     def generate_fn(prompts: Sequence[str], n: int) -> list[str]:
@@ -41,14 +43,14 @@ def make_generate_fn(
         budget = model.config.max_position_embeddings - max_new_tokens
         enc = tok_lib.encode_chat(tokenizer, list(prompts), enable_thinking=enable_thinking)
         rows = [_fit(p, budget) for p in enc for _ in range(n)]
-        key = jax.random.fold_in(jax.random.key(seed), calls[0])
+        call_key = jax.random.fold_in(key, calls[0])
         calls[0] += 1
         out = sampler.generate(
             model,
             rows,
             max_new_tokens,
             temperature=temperature,
-            key=key,
+            key=call_key,
             stop_tokens=(ids.im_end, ids.pad),
             pad_id=ids.pad,
         )
