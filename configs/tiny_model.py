@@ -154,8 +154,12 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.validation.spare = 0.25
     if arg.startswith("trace"):
         c.thinking = True
-        c.workdir = "runs/tiny_trace"
-        c.out_dir = "runs/tiny_trace/export"
+        # Each row written with every cell labelled: a 6-layer model learns this transcription
+        # (97.5 % of held-out maps exact after 750 header-only updates) where a list of the
+        # holes stays at 25 % after 1,000 (results/trace_probe).
+        c.trace_style = "grid"
+        c.workdir = "runs/tiny_trace_grid"
+        c.out_dir = "runs/tiny_trace_grid/export"
         c.tokenizer.vocab_size = 1024
         # 6 layers: a trace's look-ups are short (match a cell token, copy what follows), and
         # completions are ~10x longer than an answer alone, so depth is traded for updates.
