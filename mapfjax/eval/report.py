@@ -63,7 +63,7 @@ def config_table(records: list[RoundRecord]) -> str:
     return stats.markdown_table(["round", *(f"{s[1:]}x{s[1:]}" for s in sizes)], rows)
 
 
-def _validation_rows(workdir: pathlib.Path) -> list[tuple[str, list[dict]]]:
+def validation_rows(workdir: pathlib.Path) -> list[tuple[str, list[dict]]]:
     """(label, per-puzzle rows) of the starting model and every finished round, in order."""
     out = []
     for label, d in [("start", workdir / "start"), *((f"R{n}", d) for n, d in _rounds(workdir))]:
@@ -73,7 +73,7 @@ def _validation_rows(workdir: pathlib.Path) -> list[tuple[str, list[dict]]]:
     return out
 
 
-def _interval(e: stats.Estimate, signed: bool = False) -> str:
+def interval_text(e: stats.Estimate, signed: bool = False) -> str:
     if e.n == 0:
         return "-"
     sign = "+" if signed and e.value > 0 else ""
@@ -93,10 +93,10 @@ def held_out_table(runs: list[tuple[str, list[dict]]]) -> str:
     header += ["change vs start (points)", "puzzles solved only by one side"]
     table = []
     for label, rows in runs:
-        line = [label, len(rows), _interval(stats.proportion([r["valid"] for r in rows]))]
+        line = [label, len(rows), interval_text(stats.proportion([r["valid"] for r in rows]))]
         if sampled:
             means = [r["samples_valid"] / r["samples"] for r in rows if "samples" in r]
-            line.append(_interval(stats.bounded_mean(means)))
+            line.append(interval_text(stats.bounded_mean(means)))
         paired = [
             (bool(r["valid"]), bool(first[r["id"]]["valid"])) for r in rows if r["id"] in first
         ]
@@ -105,7 +105,7 @@ def held_out_table(runs: list[tuple[str, list[dict]]]) -> str:
             line += ["-", "-"]
         else:
             d = stats.paired_proportion_difference(a, b)
-            line += [_interval(d, signed=True), str(sum(x != y for x, y in paired))]
+            line += [interval_text(d, signed=True), str(sum(x != y for x, y in paired))]
         table.append(line)
     return stats.markdown_table(header, table)
 
@@ -151,9 +151,9 @@ def rollout_trend(curve: list[tuple[int, dict]], group_size: int, window: int = 
     table = stats.markdown_table(
         ["updates", "groups", f"mean@{group_size} %"],
         [
-            [f"first {w} ({curve[0][0]}-{curve[w - 1][0]})", a.n, _interval(a)],
-            [f"last {w} ({curve[-w][0]}-{curve[-1][0]})", b.n, _interval(b)],
-            ["change (points)", "-", _interval(d, signed=True)],
+            [f"first {w} ({curve[0][0]}-{curve[w - 1][0]})", a.n, interval_text(a)],
+            [f"last {w} ({curve[-w][0]}-{curve[-1][0]})", b.n, interval_text(b)],
+            ["change (points)", "-", interval_text(d, signed=True)],
         ],
     )
     steps = curve[-1][0]
@@ -271,7 +271,7 @@ def compare_runs(workdirs: list[pathlib.Path], labels: list[str] | None = None) 
     for w in workdirs:
         if not w.is_dir():
             raise ValueError(f"{w}: no such run directory")
-        found.append(_validation_rows(w))
+        found.append(validation_rows(w))
         if len(found[-1]) < 2:
             raise ValueError(f"{w}: no finished round with a validation.json to compare")
     start, finals = found[0][0][1], [rows[-1][1] for rows in found]
@@ -292,20 +292,20 @@ def compare_runs(workdirs: list[pathlib.Path], labels: list[str] | None = None) 
     for i, (label, w, rows) in enumerate(entries):
         curve = _curves(w) if w is not None else []
         line = [label, str(curve[-1][0]) if curve else "0"]
-        line.append(_interval(stats.proportion([r["valid"] for r in rows])))
+        line.append(interval_text(stats.proportion([r["valid"] for r in rows])))
         if k:
-            line.append(_interval(stats.bounded_mean([r["samples_valid"] / k for r in rows])))
+            line.append(interval_text(stats.bounded_mean([r["samples_valid"] / k for r in rows])))
         mine = by_id(rows)
         for r, ref in enumerate(refs):
             if i == 0 or (r == 1 and i == 1):  # no change against itself
                 line.append("-")
                 continue
             d = stats.paired_proportion_difference([mine[p] for p in ids], [ref[p] for p in ids])
-            line.append(_interval(d, signed=True))
+            line.append(interval_text(d, signed=True))
         g = _group_size(w) if w is not None else None
         if curve and g:
             _, early, late = _window_shares(curve, g)
-            line.append(_interval(stats.mean_difference(late, early), signed=True))
+            line.append(interval_text(stats.mean_difference(late, early), signed=True))
         else:
             line.append("-")
         table.append(line)
@@ -379,7 +379,7 @@ def write_report(workdir) -> pathlib.Path:
         parts += [
             "## Held-out validation (greedy and sampled, 95 % intervals)",
             "",
-            held_out_table(_validation_rows(workdir)),
+            held_out_table(validation_rows(workdir)),
             "",
             "`start` is the model before any training. The change against it is paired over the "
             "same puzzles; an interval that contains 0 is no measurable change.",

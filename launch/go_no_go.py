@@ -1,0 +1,70 @@
+"""Go / no-go for a starting policy: GRPO with the fixed engineer on the held-out distribution
+(2 agents, 3x3-6x6) and, with the same budget, on 3x3 maps only; both validated on the same 400
+held-out puzzles (configs/tiny_cpu.py:grpo_effect). Writes <out>/verdict.md (criteria in
+mapfjax/eval/gate.py) and the runs' small files; exit status 0 on GO, 1 on NO-GO, 2 on an error.
+Rerunning the command resumes both runs.
+
+    python launch/go_no_go.py --policy runs/tiny_trace_grid/export --thinking --updates 60 \
+        --out results/go_no_go/trace [--reference results/grpo_effect/grpo_lr1e-4]
+"""
+
+import pathlib
+import sys
+
+from absl import app, flags
+from absl import logging as absl_logging
+
+_POLICY = flags.DEFINE_string("policy", None, "model directory (HF files) to start from")
+_THINKING = flags.DEFINE_bool("thinking", False, "the policy writes a reasoning trace first")
+_UPDATES = flags.DEFINE_integer("updates", 150, "GRPO updates per run (8 groups x 8 each)")
+_LR = flags.DEFINE_float("lr", 1e-4, "GRPO learning rate")
+_TOKENS = flags.DEFINE_integer("max_new_tokens", 0, "completion budget (0: 64, or 512 thinking)")
+_WORKDIR = flags.DEFINE_string("workdir", "runs/go_no_go", "run directories (checkpoints)")
+_OUT = flags.DEFINE_string("out", None, "where verdict.md and the runs' small files go")
+_REFERENCE = flags.DEFINE_string("reference", None, "a run whose start is the reference model")
+flags.mark_flags_as_required(["policy", "out"])
+
+
+def arm_config(sizes):
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+    from configs import tiny_cpu
+    from mapfjax.env.config import default_config
+
+    c = tiny_cpu.get_config("grpo_effect")
+    c.model.path = str(pathlib.Path(_POLICY.value).resolve())
+    c.env = default_config(num_agents=2, sizes=sizes, hole_ratio=0.2, wait_ratio=0.3)
+    c.train.instances = _UPDATES.value * c.train.problems_per_step
+    c.optim.lr = _LR.value
+    tokens = _TOKENS.value or (512 if _THINKING.value else 64)
+    c.train.enable_thinking = _THINKING.value
+    c.train.max_new_tokens = c.validation.max_new_tokens = tokens
+    return c
+
+
+def main(argv):
+    del argv
+    absl_logging.set_verbosity(absl_logging.WARNING)
+    from mapfjax import files
+    from mapfjax.engineer import loop
+    from mapfjax.eval import gate, report
+
+    work, out = pathlib.Path(_WORKDIR.value), pathlib.Path(_OUT.value)
+    try:
+        runs = []
+        for name, sizes in [("matched", range(3, 7)), ("mismatched_3x3", (3,))]:
+            loop.run(arm_config(sizes), work / name)
+            report.write_report(work / name)
+            runs.append(report.export_run(work / name, out / name))
+        criteria, rows, notes = gate.evaluate(*runs, reference=_REFERENCE.value)
+        n = len(report.validation_rows(runs[0])[0][1])
+        text = gate.markdown(criteria, rows, notes, n)
+        files.atomic_write(out / "verdict.md", text.encode())
+    except (OSError, ValueError, loop.EngineerError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(text)
+    return 0 if all(c.passed for c in criteria) else 1
+
+
+if __name__ == "__main__":
+    app.run(main)
