@@ -27,11 +27,10 @@ flags.mark_flags_as_required(["policy", "out"])
 
 
 def arm_config(sizes):
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-    from configs import tiny_cpu
+    from mapfjax import configfile
     from mapfjax.env.config import default_config
 
-    c = tiny_cpu.get_config("grpo_effect")
+    c = configfile.get_config(configfile.ROOT / "configs" / "tiny_cpu.py", "grpo_effect")
     c.model.path = str(pathlib.Path(_POLICY.value).resolve())
     c.env = default_config(num_agents=2, sizes=sizes, hole_ratio=0.2, wait_ratio=0.3)
     c.train.instances = _UPDATES.value * c.train.problems_per_step

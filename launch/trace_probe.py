@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from configs import tiny_model  # noqa: E402
+from mapfjax import configfile  # noqa: E402
 from mapfjax.env import io, text, trace  # noqa: E402
 from mapfjax.models import bpe, qwen3  # noqa: E402
 from mapfjax.models import tokenizer as tok_lib  # noqa: E402
@@ -87,7 +87,7 @@ def main():
     a = ap.parse_args()
     if a.summary:
         return summary(pathlib.Path(a.out))
-    c = tiny_model.get_config("trace")
+    c = configfile.get_config(configfile.ROOT / "configs" / "tiny_model.py", "trace")
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     held = io.load_instances(a.held_out)
