@@ -89,9 +89,10 @@ def run(
 def _run(c, workdir: pathlib.Path, tokenizer, progress: bool, strict_engineer: bool) -> list:
     dtype = jnp.dtype(c.model.dtype)
     mesh = parallel.make_mesh(c.mesh.to_dict()) if jax.device_count() > 1 else None
-    model = hf.from_pretrained(c.model.path, dtype=dtype, param_dtype=dtype, mesh=mesh)
+    opts = hf.ModelOptions.from_config(c.model).kwargs()  # how it computes: attention_impl
+    model = hf.from_pretrained(c.model.path, dtype=dtype, param_dtype=dtype, mesh=mesh, **opts)
     base_model = (
-        hf.from_pretrained(c.model.path, dtype=dtype, param_dtype=dtype, mesh=mesh)
+        hf.from_pretrained(c.model.path, dtype=dtype, param_dtype=dtype, mesh=mesh, **opts)
         if c.engineer.settings.name == "base"
         else None
     )

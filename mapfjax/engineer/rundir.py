@@ -14,8 +14,10 @@ from mapfjax.checks import is_int
 from mapfjax.env import config as env_config
 from mapfjax.env import io
 
-# Keys that may differ when an existing run directory is continued (everything else must match).
-RESUMABLE_CHANGES = ("rounds",)
+# Keys that may differ when an existing run directory is continued (everything else must match):
+# more rounds; how the model computes attention (the same function; a run recorded before the
+# key existed resumes too).
+RESUMABLE_CHANGES = ("rounds", "model.attention_impl")
 SECRET_KEYS = ("api_key",)  # never written to a run directory (results get copied and shared)
 DIGESTS = "digests.json"  # SHA-256 of the files a resume trusts, by path under the workdir
 START_OVER = "start over: rerun the same command with a new --workdir"

@@ -14,6 +14,7 @@ from mapfjax.checks import is_finite_real, is_int, require, require_dtype, requi
 from mapfjax.engineer import context as ctx_lib
 from mapfjax.engineer import engineers as eng_lib
 from mapfjax.env import config as env_config
+from mapfjax.models import hf
 from mapfjax.presets import variants
 from mapfjax.rl import driver
 
@@ -142,6 +143,7 @@ def check_config(c: ml_collections.ConfigDict) -> None:
     require_int("seed", c.get("seed"), 0)
     env_config.validate_at(c.env, "env")
     require_dtype("model.dtype", c.model.dtype)
+    hf.ModelOptions.from_config(c.model)
     grpo = driver.GRPOSettings.from_config(c)
     driver.optim_config(c, grpo.steps, c.rounds).validate()
     ValidationSettings.from_config(c)

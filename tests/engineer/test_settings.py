@@ -61,3 +61,26 @@ def test_engineer_settings_defaults_and_refusals():
     e.temperature, e.modelz = 0.0, "x"
     with pytest.raises(ValueError, match=r"engineer: unknown key\(s\) = \['modelz'\]"):
         EngineerSettings.from_config(e)
+
+
+def test_check_config_refuses_an_unknown_attention_impl():
+    from mapfjax.engineer.settings import check_config
+
+    c = tiny_cpu.get_config("smoke")
+    c.model.attention_impl = "fused"
+    check_config(c)
+    c.model.attention_impl = "flash"
+    with pytest.raises(ValueError, match=r"model\.attention_impl = 'flash'; allowed: 'einsum'"):
+        check_config(c)
+
+
+def test_a_resumed_run_may_change_attention_impl_only(tmp_path):
+    from mapfjax.engineer import rundir
+
+    c = tiny_cpu.get_config("smoke")
+    rundir.check_run_dir(tmp_path, c)  # records run_config.json
+    c.model.attention_impl = "fused"
+    rundir.check_run_dir(tmp_path, c)
+    c.train.group_size = 2
+    with pytest.raises(rundir.RunDirError, match="train.group_size"):
+        rundir.check_run_dir(tmp_path, c)
