@@ -55,12 +55,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# Moved to the sibling modules; the old private names stay for code that used them.
-_write_json = rundir.write_json
-_check_position = rundir.check_position
-_training_info = rec.training_info
-_rollouts = rec.rollouts
-
 
 class EngineerError(RuntimeError):
     """The engineer could not run and the run was asked to stop then (strict_engineer)."""
@@ -175,11 +169,6 @@ def _validate_start(workdir: pathlib.Path, position: dict, ckpt_dir: pathlib.Pat
     validate(start, streams.key(c.seed, "start validation"))
     rundir.record_digests(workdir, start / "validation.json")
     files.atomic_write(start / "DONE", b"")
-
-
-def _validation_set(workdir: pathlib.Path, c) -> list:
-    """The run's held-out set (`validation.held_out_set` for run config `c`)."""
-    return val_lib.held_out_set(workdir, ValidationSettings.from_config(c))
 
 
 def _phase_seed(c, n: int) -> list[int]:

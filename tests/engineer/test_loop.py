@@ -125,7 +125,8 @@ def test_kill_and_resume_gives_the_same_artifacts(tiny_model_dir, reference_run,
 
 def _finished_rounds(work, c):
     """A run directory with rounds 0 and 1 finished, written the way `loop.run` writes them."""
-    from mapfjax.engineer import context, loop, proposal
+    from mapfjax.engineer import context, proposal, rundir
+    from mapfjax.engineer import records as rec
 
     rows = [
         {"size": 3, "valid": True, "optimal": True, "failure": None, "response_tokens": 9},
@@ -136,8 +137,8 @@ def _finished_rounds(work, c):
     for n in (0, 1):
         out = work / f"round_{n}"
         out.mkdir(parents=True)
-        loop._write_json(out / "config.json", current.to_dict())
-        loop._write_json(out / "validation.json", {"rows": rows})
+        rundir.write_json(out / "config.json", current.to_dict())
+        rundir.write_json(out / "validation.json", {"rows": rows})
         # Two logged steps; step 1 logged twice (a resumed step: the last row counts).
         steps = [(1, [[3, 1, 2.0, True]]), (1, [[3, 4, 0.0, False]]), (2, [[5, 2, 4.0, True]])]
         lines = [json.dumps({"step": s, "groups": g}) for s, g in steps]
@@ -148,16 +149,16 @@ def _finished_rounds(work, c):
             current.to_dict(),
             context.failure_breakdown(rows),
             summary,
-            loop._training_info(c, n),
-            rollouts=loop._rollouts(out, c),
+            rec.training_info(c, n),
+            rollouts=rec.rollouts(out, c),
         )
         if n == 0:
             d = proposal.apply_proposal(
                 proposal.parse_proposal("sizes.s4.data_ratio: 0.5\nSummary: more 4x4"), current
             )
-            loop._write_json(out / "decision.json", d.to_dict())
+            rundir.write_json(out / "decision.json", d.to_dict())
             current = d.config
-        loop._write_json(out / "record.json", record.to_dict())
+        rundir.write_json(out / "record.json", record.to_dict())
         (out / "DONE").write_bytes(b"")
         records.append(record)
     return records
@@ -360,42 +361,45 @@ def test_an_unknown_config_variant_is_one_line_naming_the_known_ones(tmp_path):
 
 def test_a_checkpoint_position_that_disagrees_with_the_rounds_is_refused(tmp_path):
     """A data position past the round's end would skip its updates and mark it done."""
-    from mapfjax.engineer import loop
+    from mapfjax.engineer import loop, rundir
 
     work, ckpt = tmp_path / "run", tmp_path / "run" / "checkpoints"
     for step in (2, 4):
         (ckpt / str(step)).mkdir(parents=True)
-    loop._check_position({"round": 0, "step": 2}, work, ckpt, 4)
+    rundir.check_position({"round": 0, "step": 2}, work, ckpt, 4)
     with pytest.raises(loop.RunDirError) as e:
-        loop._check_position({"round": 0, "step": 99}, work, ckpt, 4)
+        rundir.check_position({"round": 0, "step": 99}, work, ckpt, 4)
     msg = str(e.value)
     assert msg.startswith(f"{ckpt / '4'}: data position {{'round': 0, 'step': 99}} is not")
     assert f"delete {ckpt / '4'} to resume from the checkpoint before it" in msg
     (work / "round_0").mkdir()
     (work / "round_0" / "DONE").write_bytes(b"")
-    loop._check_position({"round": 0, "step": 4}, work, ckpt, 4)
-    loop._check_position({"round": 1, "step": 1}, work, ckpt, 4)
+    rundir.check_position({"round": 0, "step": 4}, work, ckpt, 4)
+    rundir.check_position({"round": 1, "step": 1}, work, ckpt, 4)
     for bad in ({"round": 0, "step": 2}, {"step": 4}, {"round": "1", "step": 0}):
         with pytest.raises(loop.RunDirError, match="data position"):
-            loop._check_position(bad, work, ckpt, 4)
+            rundir.check_position(bad, work, ckpt, 4)
 
 
 def test_an_edited_run_file_is_refused_naming_it(tmp_path):
     """Held-out set, training sets and finished rounds' files are checked against the digests
     recorded when they were written (an edited held-out set used to be paired silently)."""
     from mapfjax.engineer import loop
+    from mapfjax.engineer.settings import ValidationSettings
+    from mapfjax.engineer.validation import held_out_set
 
     c = tiny_cpu.get_config("smoke")
     c.validation.per_size = 1
     work = tmp_path / "run"
     work.mkdir()
-    first = loop._validation_set(work, c)
-    assert [p.id for p in loop._validation_set(work, c)] == [p.id for p in first]
+    v = ValidationSettings.from_config(c)
+    first = held_out_set(work, v)
+    assert [p.id for p in held_out_set(work, v)] == [p.id for p in first]
     path = work / "validation_set.jsonl"
     rows = path.read_text().splitlines()
     path.write_text("\n".join([rows[1], rows[0], *rows[2:]]) + "\n")  # same puzzles, reordered
     with pytest.raises(loop.RunDirError) as e:
-        loop._validation_set(work, c)
+        held_out_set(work, v)
     assert str(e.value).startswith(f"{path}: changed since this run wrote it")
     assert "rerun the same command with a new --workdir" in str(e.value)
 
