@@ -21,7 +21,7 @@ import dataclasses
 import pathlib
 
 from mapfjax import stats
-from mapfjax.eval.report import interval_text, validation_rows
+from mapfjax.eval.report import interval_text, paired_change, valid_by_id, validation_rows
 
 PARSE_ERROR = "parse_error"
 
@@ -32,15 +32,6 @@ class Criterion:
     measured: str  # the figure, with its 95 % interval
     required: str
     passed: bool
-
-
-def _by_id(rows) -> dict[str, bool]:
-    return {r["id"]: bool(r["valid"]) for r in rows}
-
-
-def _paired(a: dict[str, bool], b: dict[str, bool]) -> stats.Estimate:
-    ids = sorted(a)
-    return stats.paired_proportion_difference([a[i] for i in ids], [b[i] for i in ids])
 
 
 def _start_and_end(workdir: pathlib.Path) -> tuple[list[dict], list[dict]]:
@@ -58,17 +49,17 @@ def evaluate(
     ValueError, naming the directories, when the runs start from different policies or were
     validated on different puzzles."""
     matched, mismatched = pathlib.Path(matched), pathlib.Path(mismatched)
-    start, end = _start_and_end(matched)
-    other_start, other_end = _start_and_end(mismatched)
-    base = _by_id(start)
-    for where, rows in [(mismatched, other_start), (mismatched, other_end), (matched, end)]:
-        if set(_by_id(rows)) != set(base):
+    start_rows, end_rows = _start_and_end(matched)
+    other_start_rows, other_end_rows = _start_and_end(mismatched)
+    base, end = valid_by_id(start_rows), valid_by_id(end_rows)
+    other_start, other_end = valid_by_id(other_start_rows), valid_by_id(other_end_rows)
+    for where, by_id in [(mismatched, other_start), (mismatched, other_end), (matched, end)]:
+        if set(by_id) != set(base):
             raise ValueError(f"{where} was validated on other puzzles than {matched}/start")
-    if _by_id(other_start) != base:
+    if other_start != base:
         raise ValueError(f"{matched} and {mismatched} do not start from the same policy")
-    parsed = stats.proportion([r.get("failure") != PARSE_ERROR for r in start])
-    gain = _paired(_by_id(end), base)
-    apart = _paired(_by_id(end), _by_id(other_end))
+    parsed = stats.proportion([r.get("failure") != PARSE_ERROR for r in start_rows])
+    gain, apart = paired_change(end, base), paired_change(end, other_end)
     pct = lambda x: f"{100 * x:g} %"
     criteria = [
         Criterion(
@@ -86,23 +77,21 @@ def evaluate(
     ]  # fmt: skip
     notes: list[str] = []
     rate = lambda by_id: interval_text(stats.proportion(list(by_id.values())))
-    vs_start = lambda by_id: interval_text(_paired(by_id, base), signed=True)
+    vs_start = lambda by_id: interval_text(paired_change(by_id, base), signed=True)
     rows = [
         ["start", rate(base), "-"],
-        [f"GRPO, matched ({matched.name})", rate(_by_id(end)), vs_start(_by_id(end))],
-        [f"GRPO, mismatched ({mismatched.name})", rate(_by_id(other_end)),
-         vs_start(_by_id(other_end))],
-    ]  # fmt: skip
+        [f"GRPO, matched ({matched.name})", rate(end), vs_start(end)],
+        [f"GRPO, mismatched ({mismatched.name})", rate(other_end), vs_start(other_end)],
+    ]
     if reference is not None:
         found = validation_rows(pathlib.Path(reference))
         if not found or found[0][0] != "start":
             raise ValueError(f"{reference}: no start/validation.json (the reference model)")
-        ref_rows = found[0][1]
-        if set(_by_id(ref_rows)) != set(base):
+        ref = valid_by_id(found[0][1])
+        if set(ref) != set(base):
             raise ValueError(f"{reference}/start was validated on other puzzles than {matched}")
-        ref = _by_id(ref_rows)
         rows.append([f"reference ({pathlib.Path(reference).name} start)", rate(ref), vs_start(ref)])
-        vs_ref = interval_text(_paired(_by_id(end), ref), signed=True)
+        vs_ref = interval_text(paired_change(end, ref), signed=True)
         notes.append(f"Matched GRPO against the reference, paired: {vs_ref} points (not gated).")
     return criteria, rows, notes
 

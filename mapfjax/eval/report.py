@@ -73,6 +73,17 @@ def validation_rows(workdir: pathlib.Path) -> list[tuple[str, list[dict]]]:
     return out
 
 
+def valid_by_id(rows) -> dict[str, bool]:
+    """Puzzle id -> greedy valid, from validation rows."""
+    return {r["id"]: bool(r["valid"]) for r in rows}
+
+
+def paired_change(a: dict[str, bool], b: dict[str, bool]) -> stats.Estimate:
+    """a - b over the same puzzles (`valid_by_id` maps with the same ids), paired."""
+    ids = sorted(a)
+    return stats.paired_proportion_difference([a[i] for i in ids], [b[i] for i in ids])
+
+
 def interval_text(e: stats.Estimate, signed: bool = False) -> str:
     if e.n == 0:
         return "-"
@@ -282,8 +293,7 @@ def compare_runs(workdirs: list[pathlib.Path], labels: list[str] | None = None) 
                 f"{w} was validated on other puzzles than {workdirs[0]}; compare runs that "
                 "share validation_set.jsonl"
             )
-    by_id = lambda rows: {r["id"]: bool(r["valid"]) for r in rows}
-    refs = (by_id(start), by_id(finals[0]))  # the start, the first run
+    refs = (valid_by_id(start), valid_by_id(finals[0]))  # the start, the first run
     k = start[0].get("samples")
     header = ["model", "updates", "greedy valid %"] + ([f"mean@{k} %"] if k else [])
     header += ["vs start (points)", f"vs {labels[0]} (points)", "training mean@G change"]
@@ -295,13 +305,12 @@ def compare_runs(workdirs: list[pathlib.Path], labels: list[str] | None = None) 
         line.append(interval_text(stats.proportion([r["valid"] for r in rows])))
         if k:
             line.append(interval_text(stats.bounded_mean([r["samples_valid"] / k for r in rows])))
-        mine = by_id(rows)
+        mine = valid_by_id(rows)
         for r, ref in enumerate(refs):
             if i == 0 or (r == 1 and i == 1):  # no change against itself
                 line.append("-")
                 continue
-            d = stats.paired_proportion_difference([mine[p] for p in ids], [ref[p] for p in ids])
-            line.append(interval_text(d, signed=True))
+            line.append(interval_text(paired_change(mine, ref), signed=True))
         g = _group_size(w) if w is not None else None
         if curve and g:
             _, early, late = _window_shares(curve, g)
