@@ -18,7 +18,7 @@ ALLOWED = {
     "models/bpe.py": ("mapfjax.files", "mapfjax.checks", "mapfjax.models.tokenizer"),
     "models/hf.py": ("mapfjax.parallel", "mapfjax.files", "mapfjax.models.qwen3"),
     "env/io.py": ("mapfjax.files", "mapfjax.checks", "mapfjax.env"),
-    "env/benchmark.py": ("mapfjax.stats", "mapfjax.env"),
+    "env/benchmark.py": ("mapfjax.stats", "mapfjax.streams", "mapfjax.env"),
 }
 
 

@@ -12,12 +12,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-import zlib
 
-import jax
 from tqdm.auto import tqdm
 
-from mapfjax import stats
+from mapfjax import stats, streams
 from mapfjax.env import config as env_config
 from mapfjax.env import generator
 from mapfjax.env.types import Problem
@@ -74,8 +72,7 @@ def cell_meta(spec: BenchmarkSpec, agents: int, size: int, wait_ratio: float) ->
 def build_cell(spec: BenchmarkSpec, agents: int, size: int, wait_ratio: float):
     """Generate one (agents, size, wait_ratio) cell; returns (problems, report)."""
     cfg = cell_config(spec, agents, size, wait_ratio)
-    tag = f"{agents}/{size}/{wait_ratio:.4f}".encode()
-    key = jax.random.fold_in(jax.random.key(spec.seed), zlib.crc32(tag) & 0x7FFFFFFF)
+    key = streams.key(spec.seed, f"{agents}/{size}/{wait_ratio:.4f}")  # the cell's own stream
     out = generator.generate(key, cfg, spec.per_cell)
     meta = cell_meta(spec, agents, size, wait_ratio)
     problems = [
