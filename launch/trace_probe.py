@@ -46,7 +46,7 @@ def check(model, tok, held, style):
     texts = rollout.sample(model, tok, held, 1, cfg, None).texts
     hit = miss = extra = exact_map = exact_header = 0
     for p, t in zip(held, texts, strict=True):
-        want = {tuple(rc) for rc in trace.hole_cells(p)}
+        want = set(trace.hole_cells(p))
         lines = (trace.thinking_text(t + trace.THINK_CLOSE) or "").splitlines()
         got = trace.read_holes("\n".join(lines)) or set()
         hit, miss, extra = hit + len(got & want), miss + len(want - got), extra + len(got - want)
