@@ -1,4 +1,4 @@
-"""The paper's setting: Qwen3-4B, 3 rounds x 4,000 two-agent instances x 2 epochs, V6 context.
+r"""The paper's setting: Qwen3-4B, 3 rounds x 4,000 two-agent instances x 2 epochs, V6 context.
 
     python launch/train.py --config configs/paper_qwen3_4b.py --workdir /path/to/run \
         --config.model.path=/path/to/Qwen3-4B

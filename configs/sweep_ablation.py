@@ -1,4 +1,4 @@
-"""The paper's ablations as a sweep: context variants V1..V6, base vs current engineer, full vs
+r"""The paper's ablations as a sweep: context variants V1..V6, base vs current engineer, full vs
 bookkeeping T, the fixed-environment baseline, seeds (docs/paper.md sections 4-5).
 
     python launch/sweep.py --config configs/sweep_ablation.py --workdir runs/sweep [--dry_run]

@@ -1,4 +1,4 @@
-"""Greedy valid rates of several checkpoints evaluated (launch/evaluate.py) on the same instance
+r"""Greedy valid rates of several checkpoints evaluated (launch/evaluate.py) on the same instance
 file, per group of map sizes, paired against the first on the same puzzles.
 
     python launch/compare_evals.py --instances held_out.jsonl --evals eval_a,eval_b \

@@ -1,4 +1,4 @@
-"""Held-out rates of several runs from the same starting model on the same held-out puzzles
+r"""Held-out rates of several runs from the same starting model on the same held-out puzzles
 (e.g. GRPO at several learning rates against rejection-sampling fine-tuning), paired against
 the start and against the first run, with the training rollouts' trend.
 

@@ -1,4 +1,4 @@
-"""A checkpoint or an API model on the benchmark: answers, verification, tables beside the paper.
+r"""A checkpoint or an API model on the benchmark: answers, verification, tables beside the paper.
 
     python -m mapfjax.env benchmark --out bench.jsonl
     python launch/evaluate.py --checkpoint runs/tiny/round_2/model --instances bench.jsonl \

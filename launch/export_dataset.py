@@ -1,4 +1,4 @@
-"""Write a MAPF-FrozenLake dataset for another trainer (verl's RL columns) from a generator
+r"""Write a MAPF-FrozenLake dataset for another trainer (verl's RL columns) from a generator
 config: an engineer round's `round_N/config.json`, a run's `run_config.json`, or a config file.
 
     python launch/export_dataset.py --config runs/tiny/round_2/config.json --size 4000 \

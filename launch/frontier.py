@@ -1,4 +1,4 @@
-"""The frontier map of a checkpoint: greedy valid, mean@k, pass@k, mixed groups, p(1-p) and
+r"""The frontier map of a checkpoint: greedy valid, mean@k, pass@k, mixed groups, p(1-p) and
 flip share per (map size, hole ratio, needs-wait) cell, with 95 % intervals.
 
     python launch/frontier.py --checkpoint mapfjax/assets/tiny --out_dir results/frontier_tiny_broad

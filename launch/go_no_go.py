@@ -1,4 +1,4 @@
-"""Go / no-go for a starting policy: GRPO with the fixed engineer on the held-out distribution
+r"""Go / no-go for a starting policy: GRPO with the fixed engineer on the held-out distribution
 (2 agents, 3x3-6x6) and, with the same budget, on 3x3 maps only; both validated on the same 400
 held-out puzzles (configs/tiny_cpu.py:grpo_effect). Writes <out>/verdict.md (criteria in
 mapfjax/eval/gate.py) and the runs' small files; exit status 0 on GO, 1 on NO-GO, 2 on an error.

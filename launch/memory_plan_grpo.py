@@ -1,4 +1,4 @@
-"""Ahead-of-time plan of the GRPO train step (forward, backward, AdamW update) for real model
+r"""Ahead-of-time plan of the GRPO train step (forward, backward, AdamW update) for real model
 sizes on fake CPU devices: XLA's peak bytes, FLOPs and bytes accessed per device, with the
 G samples of a prompt sharing its pass (GroupBatch) and with one prompt per row. No weights
 are allocated.

@@ -1,6 +1,7 @@
 """The README and docs/ stay navigable: every relative link points at a file or folder that
 exists, and every command they show names configs and scripts (and config variants) that exist."""
 
+import ast
 import pathlib
 import re
 
@@ -142,3 +143,24 @@ def test_checks_catch_a_broken_link_and_a_missing_config(tmp_path):
         "launch/train.py",
         "configs/real.py:slow",
     ], found
+
+
+def swallowed_continuations(source: str) -> bool:
+    """Whether a module docstring shows a shell line continuation (`\\` at a line's end) in a
+    plain string literal, where Python joins the lines and `--help` prints one mangled line."""
+    tree = ast.parse(source)
+    first = tree.body[0] if tree.body else None
+    if not (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)):
+        return False
+    literal = ast.get_source_segment(source, first.value) or ""
+    return "\\\n" in literal and not literal[:1].lower() == "r"
+
+
+def test_script_docstrings_keep_their_line_continuations():
+    scripts = [
+        p for d in ("launch", "benchmarks", "configs") for p in sorted((ROOT / d).glob("*.py"))
+    ]
+    bad = [str(p.relative_to(ROOT)) for p in scripts if swallowed_continuations(p.read_text())]
+    assert not bad, f"module docstrings with a `\\` line end outside a raw string: {bad}"
+    assert swallowed_continuations('"""run\n    python x.py \\\n        --flag\n"""\n')
+    assert not swallowed_continuations('r"""run\n    python x.py \\\n        --flag\n"""\n')
