@@ -19,6 +19,7 @@ from mapfjax import configfile, files, parallel  # noqa: E402
 from mapfjax.models import bpe, hf, qwen3  # noqa: E402
 from mapfjax.models import tokenizer as tok_lib  # noqa: E402
 from mapfjax.rl import data, driver, recipe, rollout  # noqa: E402
+from mapfjax.rl.sft import SFTConfig  # noqa: E402
 from mapfjax.rl.trainer import OptimConfig, Trainer  # noqa: E402
 
 CONFIG = config_flags.DEFINE_config_file("config", "configs/tiny_model.py")
@@ -58,28 +59,40 @@ def main(_):
     targets = data.coordinate_targets(tok, d.sft) if c.sft.coordinate_targets else None
     batches = lambda s: data.sft_batches(d.sft, b, pad, c.seed, None, s, targets=targets)
     sft_batches = lambda s: ((x, {}) for x in batches(s))
+    thinking = bool(c.get("thinking", False))
+    sft_cfg = SFTConfig(  # the answer after a trace may weigh more than the trace's tokens
+        answer_weight=c.sft.get("answer_weight", 1.0),
+        think_close_id=tok_lib.special_ids(tok).end_think if thinking else -1,
+    )
     for steps in c.sft.stages:  # each stage: a longer cosine schedule from where it stands
-        sft = Trainer(model, OptimConfig(**c.sft.optim, total_steps=steps), "sft", seed=c.seed)
+        optim = OptimConfig(**c.sft.optim, total_steps=steps)
+        sft = Trainer(model, optim, "sft", loss_cfg=sft_cfg, seed=c.seed)
         fit(sft, work / "sft_ckpt", steps, sft_batches, c.sft.checkpoint_every, log, "sft")
         model = sft.model()
-    settings = driver.GRPOSettings.from_config(c.rl)
-    loss_name, loss_cfg = settings.trainer_loss()
-    rl = Trainer(model, driver.optim_config(c.rl, settings.steps, 1), loss_name,
-                 loss_cfg=loss_cfg, seed=c.seed)  # fmt: skip
-    ckpt = (work / f"grpo_ckpt_after_sft{steps}").absolute()  # a longer SFT: a fresh GRPO
-    driver.run_phase(
-        rl, tok, d.grpo_pool, settings, seed=[c.seed, 0], position={"phase": "grpo"},
-        out_dir=work / "grpo", ckpt_dir=ckpt, start_step=driver.restore(rl, ckpt).get("step", 0),
-    )  # fmt: skip
-    bpe.attach_tokenizer(hf.save_pretrained(rl.model(), out), tok)
+    if c.rl.train.steps:  # 0: export the SFT model as it is
+        settings = driver.GRPOSettings.from_config(c.rl)
+        loss_name, loss_cfg = settings.trainer_loss()
+        rl = Trainer(model, driver.optim_config(c.rl, settings.steps, 1), loss_name,
+                     loss_cfg=loss_cfg, seed=c.seed)  # fmt: skip
+        ckpt = (work / f"grpo_ckpt_after_sft{steps}").absolute()  # a longer SFT: a fresh GRPO
+        driver.run_phase(
+            rl, tok, d.grpo_pool, settings, seed=[c.seed, 0], position={"phase": "grpo"},
+            out_dir=work / "grpo", ckpt_dir=ckpt,
+            start_step=driver.restore(rl, ckpt).get("step", 0),
+        )  # fmt: skip
+        model = rl.model()
+    bpe.attach_tokenizer(hf.save_pretrained(model, out), tok)
     shipped = hf.from_pretrained(out, dtype=jnp.float32)  # validate exactly what users load
-    thinking = bool(c.get("thinking", False))
     v = rollout.greedy_eval(
         shipped, tok_lib.load_tokenizer(out), d.validation, c.validation.max_new_tokens,
         enable_thinking=thinking,
     )  # fmt: skip
     mode = "thinking on (reasoning trace)" if thinking else "thinking off"
-    notes = [f"Greedy decoding, {mode}, seed {c.seed}; made by launch/train_tiny.py."]
+    grpo = f"{c.rl.train.steps} GRPO steps" if c.rl.train.steps else "no GRPO"
+    notes = [
+        f"Greedy decoding, {mode}, seed {c.seed}; SFT {c.sft.stages[-1]} updates, {grpo}; "
+        "made by launch/train_tiny.py."
+    ]
     report = rollout.validation_report(v, "Tiny model", notes, d.validation)
     files.atomic_write(out / "VALIDATION.md", report.encode())
     print(report)

@@ -4,6 +4,7 @@ workdir. Above the SFT data (`data`) and the GRPO driver, which import nothing f
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -65,7 +66,7 @@ def check_recipe(cfg) -> None:
     for key, least in (("seed", 0), ("processes", 0), ("sft.instances", 1),
                        ("sft.checkpoint_every", 1), ("sft.log_every", 1),
                        ("validation.per_size", 1), ("validation.max_new_tokens", 1),
-                       ("validation.batch_size", 1), ("rl.train.steps", 1)):  # fmt: skip
+                       ("validation.batch_size", 1), ("rl.train.steps", 0)):  # fmt: skip
         at_least(key, least)
     require_dtype("dtype", cfg.dtype)
     if cfg.get("init"):
@@ -87,6 +88,9 @@ def check_recipe(cfg) -> None:
     require("sft.stages", stages, ok, "update counts >= 1, increasing (each stage extends)")
     for steps in stages:
         OptimConfig(**cfg.sft.optim, total_steps=steps).validate()
+    weight = cfg.sft.get("answer_weight", 1.0)
+    ok = is_finite_real(weight) and weight > 0 and (weight == 1 or cfg.get("thinking", False))
+    require("sft.answer_weight", weight, ok, "a number > 0; other than 1 only with thinking=True")
     if not isinstance(cfg.sft.get("coordinate_targets", False), bool):
         require("sft.coordinate_targets", cfg.sft.coordinate_targets, False, "True or False")
     if not isinstance(cfg.get("thinking", False), bool):
@@ -103,8 +107,10 @@ def check_recipe(cfg) -> None:
         env_config.check_hole_ratios(cfg[part].get(key, ()), where)
     spare = cfg.validation.get("spare", 0.0)
     require("validation.spare", spare, is_finite_real(spare) and spare >= 0, "a number >= 0")
-    settings = driver.GRPOSettings.from_config(cfg.rl)
-    driver.optim_config(cfg.rl, settings.steps, 1).validate()
+    rl = copy.deepcopy(cfg.rl)
+    rl.train.steps = max(1, rl.train.steps)  # 0 (no GRPO): the rest must still be right
+    settings = driver.GRPOSettings.from_config(rl)
+    driver.optim_config(rl, settings.steps, 1).validate()
 
 
 def prepare(cfg, workdir) -> RunData:

@@ -8,7 +8,7 @@ from flax import nnx
 from mapfjax.models.qwen3 import PRESETS, Qwen3
 from mapfjax.rl.batch import make_batch
 from mapfjax.rl.logprobs import completion_logprobs
-from mapfjax.rl.sft import SFTConfig, sft_loss
+from mapfjax.rl.sft import SFTConfig, answer_tokens, loss_tokens, sft_loss
 from mapfjax.rl.trainer import OptimConfig, Trainer
 
 CFG = PRESETS["tiny"]
@@ -103,3 +103,47 @@ def test_sft_training_lowers_the_loss():
     tr = Trainer(tiny_model(), OptimConfig(lr=1e-2, total_steps=20), "sft")
     losses = [tr.step(batch)["loss"] for _ in range(8)]
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_answer_weight_matches_numpy_weighted_cross_entropy():
+    """Tokens after the first </think> (id 250 here) weigh `answer_weight`; the loss is the
+    weighted mean, its normaliser (grad accumulation) the summed weights."""
+    rng = np.random.default_rng(1)
+    close = 250
+    prompts = [list(rng.integers(1, 200, n)) for n in (3, 6, 2)]
+    comps = [[5, 7, close, 9, 11], [close, 3], [4, 4, 4, 6]]  # the last has no think block
+    after = [[False, False, False, True, True], [False, True], [False] * 4]
+    model = tiny_model()
+    batch = make_batch(prompts, comps, 0, "pow2", 8, batch_multiple=4)
+    np.testing.assert_array_equal(np.asarray(answer_tokens(batch, close))[:3, :5][0], after[0])
+    assert not np.asarray(answer_tokens(batch, close))[2].any()
+    nll = []
+    for p, c in zip(prompts, comps, strict=True):
+        z = np.asarray(model(jnp.asarray([p + c]))[0][0], np.float64)
+        logsm = z - z.max(-1, keepdims=True)
+        logsm = logsm - np.log(np.exp(logsm).sum(-1, keepdims=True))
+        nll.append([-logsm[len(p) + j - 1, t] for j, t in enumerate(c)])
+    for w in (1.0, 4.0):
+        cfg = SFTConfig(logits_chunk=8, answer_weight=w, think_close_id=close)
+        loss, metrics = nnx.jit(sft_loss, static_argnums=2)(model, batch, cfg)
+        weights = [[w if a else 1.0 for a in row] for row in after]
+        num = sum(x * y for n, ws in zip(nll, weights, strict=True) for x, y in zip(n, ws))
+        den = sum(map(sum, weights))
+        np.testing.assert_allclose(float(loss), num / den, rtol=1e-5)
+        np.testing.assert_allclose(float(loss_tokens(batch, cfg)), den, rtol=1e-6)
+        answer = [x for n, a in zip(nll, after, strict=True) for x, y in zip(n, a) if y]
+        np.testing.assert_allclose(float(metrics["answer_loss"]), np.mean(answer), rtol=1e-5)
+        assert metrics["num_tokens"] == sum(map(len, comps))
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"answer_weight": 0.0}, r"answer_weight=0\.0: allowed a finite number > 0"),
+        ({"answer_weight": float("inf")}, r"allowed a finite number > 0"),
+        ({"answer_weight": 3.0}, r"needs think_close_id"),
+    ],
+)
+def test_sft_config_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SFTConfig(**kwargs).validate()

@@ -71,7 +71,9 @@ BAD_RECIPES = [
     ("sft.env.num_agents", 9, r"sft\.env\.num_agents = 9"),
     ("rl.optim.lr", -1.0, r"OptimConfig\.lr=-1\.0 is invalid"),
     ("rl.train.group_size", 1, r"GRPOConfig\.group_size=1 is invalid"),
-    ("rl.train.steps", 0, r"rl\.train\.steps = 0; allowed: an integer >= 1"),
+    ("rl.train.steps", -1, r"rl\.train\.steps = -1; allowed: an integer >= 0"),
+    ("sft.answer_weight", 0.0, r"sft\.answer_weight = 0\.0; allowed: a number > 0"),
+    ("sft.answer_weight", 5.0, r"other than 1 only with thinking=True"),
     ("dtype", "float7", r"dtype = 'float7'"),
     ("trace_style", "cells", r"trace_style = 'cells'; allowed: one of \('holes', 'rows', 'grid'\)"),
     ("init", "/nonexistent", r"init = '/nonexistent'; allowed: a model directory or ''"),
@@ -88,6 +90,20 @@ def test_a_bad_recipe_is_refused_before_any_work(key, value, message):
     node, last = configfile.key_path(c, key)
     node[last] = value
     with pytest.raises(ValueError, match=message):
+        recipe.check_recipe(c)
+
+
+def test_a_recipe_without_grpo_is_accepted():
+    """rl.train.steps = 0 exports the SFT model; the rest of rl.* is still checked."""
+    from mapfjax import configfile
+    from mapfjax.rl import recipe
+
+    c = configfile.get_config("configs/tiny_model.py", "trace_quick")
+    c.rl.train.steps, c.sft.answer_weight = 0, 10.0
+    recipe.check_recipe(c)
+    assert c.rl.train.steps == 0  # the check works on a copy
+    c.rl.train.group_size = 1
+    with pytest.raises(ValueError, match=r"group_size=1"):
         recipe.check_recipe(c)
 
 
