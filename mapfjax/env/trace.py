@@ -29,6 +29,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from mapfjax.env.answer import parse_answer
+from mapfjax.env.simulate import simulate
 from mapfjax.env.text import GOAL_SYMBOLS, START_SYMBOLS
 from mapfjax.env.types import ACTION_DELTAS, ACTION_NAMES, HOLE_CELL, Problem
 
@@ -220,6 +222,25 @@ def thinking_text(response: str) -> str | None:
     open_ = response.find(THINK_OPEN)
     start = open_ + len(THINK_OPEN) if 0 <= open_ < close else 0
     return response[start:close].strip("\n")
+
+
+# How a response's answer relates to the plan its trace writes (`trace_plan_outcome`).
+PLAN_OUTCOMES = ("copied", "differs", "no_plan")
+
+
+def trace_plan_outcome(problem: Problem, response: str) -> tuple[str, bool | None]:
+    """(outcome, whether the trace's own plan is valid): "copied" when the answer block's
+    plan is the one the trace's move lines choose, "differs" when it is another (or none
+    parses), "no_plan" without a readable trace (validity None). The gap between the rate of
+    valid trace plans and of valid answers is what copying the trace into the answer loses."""
+    body = thinking_text(response)
+    plans = None if body is None else parse_trace(body, problem.num_agents)[0]
+    if plans is None:
+        return "no_plan", None
+    valid = bool(simulate(problem, plans)["valid"])
+    answer, _ = parse_answer(response, problem.num_agents)
+    same = answer is not None and [list(map(int, a)) for a in answer] == plans
+    return ("copied" if same else "differs"), valid
 
 
 # What a wrong trace line got wrong, by the first field that differs from the true line.

@@ -306,9 +306,9 @@ def greedy_eval(
     for i in range(0, len(problems), batch_size):
         chunk = problems[i : i + batch_size]
         samples = sample(model, tokenizer, chunk, 1, cfg, None)
-        if enable_thinking:  # which look-up of the reasoning trace went wrong first
-            pairs = zip(chunk, samples.texts, strict=True)
-            traces += [trace.check_trace(p, t)[1] for p, t in pairs]
+        if enable_thinking:  # which look-up went wrong first; does the answer copy the trace
+            for p, t in zip(chunk, samples.texts, strict=True):
+                traces.append((trace.check_trace(p, t)[1], *trace.trace_plan_outcome(p, t)))
         finished += list(np.asarray(samples.output.finished)[: len(chunk)])
         verdict, _ = score(chunk, 1, samples.texts, reward_cfg)
         valid += list(np.asarray(verdict.valid))
@@ -326,7 +326,11 @@ def greedy_eval(
             "response_tokens": int(length[j]),
             "truncated": not bool(finished[j]),
         }
-        | ({"trace_error": traces[j]} if enable_thinking else {})
+        | (
+            dict(zip(("trace_error", "trace_plan", "trace_plan_valid"), traces[j], strict=True))
+            if enable_thinking
+            else {}
+        )
         for j, p in enumerate(problems)
     )
     counts = stats.tally(
@@ -362,6 +366,9 @@ def validation_report(
         lines += ["## Per hole ratio", "", rates_by(v.rows, holes, "hole ratio"), ""]
     if v.rows and "trace_error" in v.rows[0]:
         lines += ["## Reasoning traces: the first wrong line", "", trace_table(v.rows), ""]
+    if v.rows and "trace_plan" in v.rows[0]:
+        lines += ["## Reasoning traces: the answer against the trace's plan", "",
+                  plan_table(v.rows), ""]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -376,13 +383,37 @@ def trace_table(rows: Sequence[dict]) -> str:
     return stats.markdown_table(["answer", "n", "trace right", *kinds[1:]], table)
 
 
+def plan_table(rows: Sequence[dict]) -> str:
+    """Markdown: how many answers copy the plan their trace chose (`env.trace.PLAN_OUTCOMES`),
+    how many of those trace plans are valid, and the valid rate a faithful copy would give
+    against the answers' own (95 % intervals): the gap is lost between trace and answer."""
+    n = len(rows)
+    table = []
+    for outcome in trace.PLAN_OUTCOMES:
+        sel = [r for r in rows if r["trace_plan"] == outcome]
+        plan_ok = sum(bool(r["trace_plan_valid"]) for r in sel)
+        answer_ok = sum(bool(r["valid"]) for r in sel)
+        table.append([outcome, len(sel), "-" if outcome == "no_plan" else plan_ok, answer_ok])
+    header = ["answer vs trace plan", "n", "trace plan valid", "answer valid"]
+    plans = percent_interval([bool(r["trace_plan_valid"]) for r in rows])
+    answers = percent_interval([r["valid"] for r in rows])
+    return (
+        f"{stats.markdown_table(header, table)}\n\nValid % of all {n} if every answer copied "
+        f"its trace's plan: {plans}; the answers as written: {answers}."
+    )
+
+
 def rates_by(rows: Sequence[dict], labels: Sequence, name: str) -> str:
     """Markdown: greedy valid % with its 95 % interval per label (rows and labels in the same
     order, e.g. each validation puzzle's hole ratio); rows whose label is None are left out."""
     table = []
     for label in sorted({x for x in labels if x is not None}):
         hits = [r["valid"] for r, x in zip(rows, labels, strict=True) if x == label]
-        e = stats.proportion(hits)
-        interval = f"[{stats.percent(e.low, 0)}, {stats.percent(e.high, 0)}]"
-        table.append([f"{label:g}", e.n, f"{stats.percent(e.value)} {interval}"])
+        table.append([f"{label:g}", len(hits), percent_interval(hits)])
     return stats.markdown_table([name, "n", "greedy valid %"], table)
+
+
+def percent_interval(hits: Sequence[bool]) -> str:
+    """ "37.5 [29, 47]": the share of True in percent with its 95 % Wilson interval."""
+    e = stats.proportion(hits)
+    return f"{stats.percent(e.value)} [{stats.percent(e.low, 0)}, {stats.percent(e.high, 0)}]"

@@ -225,3 +225,40 @@ def test_parse_and_check_never_raise_on_any_text(response, k):
     )
     lines, kind = trace.check_trace(p, response)
     assert lines >= 0 and (kind is None or kind in trace.ERROR_KINDS)
+
+
+def test_trace_plan_outcome_compares_the_answer_with_the_traces_plan():
+    good, bad = [[RIGHT, RIGHT], [WAIT, UP]], [[DOWN], [UP]]  # bad: agent 0 into agent 1's goal
+    assert simulate.simulate(HAND, good)["valid"] and not simulate.simulate(HAND, bad)["valid"]
+    think = lambda plans: trace.render_thinking(HAND, plans, "grid")
+    cases = {
+        think(good) + text.render_answer(good): ("copied", True),
+        think(bad) + text.render_answer(bad): ("copied", False),
+        think(good) + text.render_answer(bad): ("differs", True),
+        think(bad) + text.render_answer(good): ("differs", False),
+        think(good) + "<answer>\nAgent 0: FLY\n</answer>": ("differs", True),
+        think(good) + "no answer block": ("differs", True),
+        text.render_answer(good): ("no_plan", None),  # no think block
+        "<think>\nt1\nA0 nonsense\n</think>\n" + text.render_answer(good): ("no_plan", None),
+    }
+    for response, want in cases.items():
+        assert trace.trace_plan_outcome(HAND, response) == want, response
+
+
+def test_plan_table_counts_outcomes_and_the_copy_rate():
+    rows = [
+        {"valid": True, "trace_plan": "copied", "trace_plan_valid": True},
+        {"valid": False, "trace_plan": "differs", "trace_plan_valid": True},
+        {"valid": False, "trace_plan": "differs", "trace_plan_valid": False},
+        {"valid": True, "trace_plan": "no_plan", "trace_plan_valid": None},
+    ]
+    lines = rollout.plan_table(rows).splitlines()
+    assert lines[2:5] == [
+        "| copied | 1 | 1 | 1 |",
+        "| differs | 2 | 1 | 0 |",
+        "| no_plan | 1 | - | 1 |",
+    ]
+    assert lines[-1] == (
+        "Valid % of all 4 if every answer copied its trace's plan: 50.0 [15, 85]; "
+        "the answers as written: 50.0 [15, 85]."
+    )

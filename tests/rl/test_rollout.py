@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from mapfjax.env import oracle, text
+from mapfjax.env import oracle, text, trace
 from mapfjax.env.reward import RewardConfig
 from mapfjax.models import tokenizer as tok_lib
 from mapfjax.models.qwen3 import Qwen3, Qwen3Config
@@ -189,6 +189,20 @@ def test_greedy_eval_groups_by_size(model, tok):
         mine = [r for r in v.rows if r["size"] == c.size]
         assert c.n == len(mine) and c.failures["none"] == sum(r["valid"] for r in mine)
         assert c.response_len_mean == pytest.approx(np.mean([r["response_tokens"] for r in mine]))
+
+
+def test_greedy_eval_with_thinking_reports_the_trace(model, tok):
+    """A random model writes no readable trace: every row says so, and the report has both
+    trace sections (the first wrong line; the answer against the trace's plan)."""
+    probs = random_problems(4, seed=5, sizes=(3,))
+    v = rollout.greedy_eval(model, tok, probs, max_new_tokens=8, batch_size=4,
+                            enable_thinking=True)  # fmt: skip
+    for r in v.rows:
+        assert r["trace_error"] in trace.ERROR_KINDS
+        assert r["trace_plan"] == "no_plan" and r["trace_plan_valid"] is None
+    report = rollout.validation_report(v, "t", problems=probs)
+    assert "## Reasoning traces: the first wrong line" in report
+    assert "| no_plan | 4 | - | 0 |" in report
 
 
 def test_validation_table_numbers():
