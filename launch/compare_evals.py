@@ -1,5 +1,7 @@
 r"""Greedy valid rates of several checkpoints evaluated (launch/evaluate.py) on the same instance
-file, per group of map sizes, paired against the first on the same puzzles.
+file, per group of map sizes, paired against the first on the same puzzles; for evaluations
+whose directory holds an answers.jsonl with reasoning traces (--answers_out DIR/answers.jsonl),
+also how often the answer copies the plan its trace chose and how valid those plans are.
 
     python launch/compare_evals.py --instances held_out.jsonl --evals eval_a,eval_b \
         [--labels "model A,model B"] [--sizes 3-5 --sizes 3-10] [--out table.md]
@@ -19,6 +21,10 @@ _OUT = flags.DEFINE_string("out", None, "also write the table here")
 flags.mark_flags_as_required(["instances", "evals"])
 
 
+def _has_traces(path: pathlib.Path) -> bool:
+    return path.is_file() and "</think>" in path.read_text()
+
+
 def main(argv):
     del argv
     absl_logging.set_verbosity(absl_logging.WARNING)  # JAX's backend probing is chatty
@@ -32,6 +38,13 @@ def main(argv):
         problems = io.load_instances(_INSTANCES.value)
         groups = [parse_sizes(s) for s in _SIZES.value]
         table = ev.compare_evaluations(_EVALS.value, labels, problems, groups)
+        traced = [(d, lab) for d, lab in zip(_EVALS.value, labels, strict=True)
+                  if _has_traces(pathlib.Path(d) / "answers.jsonl")]  # fmt: skip
+        if traced:
+            files_, names = zip(*[(pathlib.Path(d) / "answers.jsonl", lab) for d, lab in traced])
+            traces = ev.trace_comparison(files_, names, problems)
+            table += "\n\nReasoning traces: the answer against the plan its trace chose\n\n"
+            table += traces
         if _OUT.value:
             files.atomic_write(pathlib.Path(_OUT.value), (table + "\n").encode())
     except (ValueError, OSError) as e:

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from mapfjax import api_chat, files, stats
 from mapfjax.checks import is_finite_real
-from mapfjax.env import benchmark, dynamics, io, text, types
+from mapfjax.env import benchmark, dynamics, io, text, trace, types
 from mapfjax.env import config as env_config
 from mapfjax.env.cli import label_problems
 from mapfjax.env.types import Problem
@@ -556,4 +556,32 @@ def compare_evaluations(
                 line.append(cell(stats.paired_proportion_difference(mine, base), signed=True))
                 line.append(sum(a != b for a, b in zip(mine, base, strict=True)))
         table.append(line)
+    return stats.markdown_table(header, table)
+
+
+def trace_comparison(
+    answer_files: Sequence, labels: Sequence[str], problems: Sequence[Problem]
+) -> str:
+    """Markdown: for each answers file (launch/evaluate.py --answers_out) of a policy that
+    writes a reasoning trace, how its answers relate to the plans its traces choose
+    (`trace.trace_plan_outcome`): readable traces, answers that copy them, and the valid rate
+    of the trace plans against that of the answers (95 % intervals). Puzzles without an
+    answer count as no trace."""
+    if len(labels) != len(answer_files):
+        raise ValueError(f"{len(answer_files)} answer files but {len(labels)} labels")
+    header = ["model", "n", "readable trace", "answer = trace plan", "trace plan valid %",
+              "answer valid %"]  # fmt: skip
+    table = []
+    for label, path in zip(labels, answer_files, strict=True):
+        found = read_answers(path)
+        if not found:
+            raise ValueError(f"{path}: no answers (an --answers_out file of launch/evaluate.py)")
+        texts = {p.id: found[p.id].text if p.id in found else "" for p in problems}
+        out = [trace.trace_plan_outcome(p, texts[p.id]) for p in problems]
+        valid = [bool(r["valid"]) for r in score_answers(problems, texts)]
+        table.append([
+            label, len(problems), sum(o != "no_plan" for o, _ in out),
+            sum(o == "copied" for o, _ in out),
+            rollout.percent_interval([bool(v) for _, v in out]), rollout.percent_interval(valid),
+        ])  # fmt: skip
     return stats.markdown_table(header, table)

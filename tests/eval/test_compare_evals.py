@@ -78,3 +78,27 @@ def test_command_line(case, tmp_path):
     bad = subprocess.run([*argv[:3], f"--evals={dirs[0]},{tmp_path}"], cwd=ROOT,
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert bad.returncode == 2 and bad.stderr.strip().startswith("error: ")
+
+
+def test_trace_comparison_counts_copies_and_valid_trace_plans(tmp_path):
+    """Per answers file: readable traces, answers equal to their trace's plan, and the valid
+    rates of the trace plans and of the answers; a missing answer is no trace."""
+    from mapfjax.env import simulate, text, trace
+    from mapfjax.env.types import DOWN, RIGHT, UP
+
+    p = [_problem(i, 3) for i in range(3)]  # agent 0 (0,0)->(2,0); agent 1 (2,2)->(0,2)
+    good, bad = [[DOWN, DOWN], [UP, UP]], [[RIGHT], [UP, UP]]
+    assert simulate.simulate(p[0], good)["valid"] and not simulate.simulate(p[0], bad)["valid"]
+    think = lambda q, plans: trace.render_thinking(q, plans, "grid")
+    rows = [  # copied and valid; trace valid but the answer another (invalid) plan; none for p2
+        {"id": "p0", "text": think(p[0], good) + text.render_answer(good)},
+        {"id": "p1", "text": think(p[1], good) + text.render_answer(bad)},
+    ]
+    path = tmp_path / "answers.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lines = ev.trace_comparison([path], ["T"], p).splitlines()
+    assert lines[2] == "| T | 3 | 2 | 1 | 66.7 [21, 94] | 33.3 [6, 79] |"
+    with pytest.raises(ValueError, match="1 answer files but 2 labels"):
+        ev.trace_comparison([path], ["T", "U"], p)
+    with pytest.raises(ValueError, match="no answers"):
+        ev.trace_comparison([tmp_path / "none.jsonl"], ["T"], p)
