@@ -38,13 +38,11 @@ def main(argv):
         problems = io.load_instances(_INSTANCES.value)
         groups = [parse_sizes(s) for s in _SIZES.value]
         table = ev.compare_evaluations(_EVALS.value, labels, problems, groups)
-        traced = [(d, lab) for d, lab in zip(_EVALS.value, labels, strict=True)
-                  if _has_traces(pathlib.Path(d) / "answers.jsonl")]  # fmt: skip
+        answers = [pathlib.Path(d) / "answers.jsonl" for d in _EVALS.value]
+        traced = [(f, lab) for f, lab in zip(answers, labels, strict=True) if _has_traces(f)]
         if traced:
-            files_, names = zip(*[(pathlib.Path(d) / "answers.jsonl", lab) for d, lab in traced])
-            traces = ev.trace_comparison(files_, names, problems)
             table += "\n\nReasoning traces: the answer against the plan its trace chose\n\n"
-            table += traces
+            table += ev.trace_comparison(*zip(*traced), problems)
         if _OUT.value:
             files.atomic_write(pathlib.Path(_OUT.value), (table + "\n").encode())
     except (ValueError, OSError) as e:

@@ -291,6 +291,15 @@ def mean_difference(a, b, level: float = LEVEL) -> Estimate:
 # --------------------------------------------------------------------------- tables
 
 
+def interval_text(e: Estimate, signed: bool = False) -> str:
+    """ "37.5 [29, 47]": an estimate of a share in percent with its interval (whole points);
+    signed: a "+" before a positive value (a change); "-" for an empty estimate (n = 0)."""
+    if e.n == 0:
+        return "-"
+    sign = "+" if signed and e.value > 0 else ""
+    return f"{sign}{percent(e.value)} [{percent(e.low, 0)}, {percent(e.high, 0)}]"
+
+
 def percent(value: float | None, digits: int = 1) -> str:
     """A share as a percentage string ("37.5"); "-" for None or NaN (an empty cell)."""
     if value is None or math.isnan(value):

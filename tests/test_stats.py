@@ -179,3 +179,15 @@ def test_markdown_table_and_percent():
     assert stats.percent(1 / 3, 0) == "33"
     with pytest.raises(ValueError, match="table row 0: 1 cells for 2 columns"):
         stats.markdown_table(["a", "b"], [["x"]])
+
+
+def test_interval_text_formats_shares_and_changes():
+    e = stats.proportion([True, True, False, False])
+    lo, hi = stats.wilson(0.5, 4)
+    assert stats.interval_text(e) == f"50.0 [{100 * lo:.0f}, {100 * hi:.0f}]" == "50.0 [15, 85]"
+    d = stats.Estimate(0.142, 0.04, 0.24, 120)
+    assert stats.interval_text(d, signed=True) == "+14.2 [4, 24]"
+    assert stats.interval_text(stats.Estimate(-0.05, -0.13, 0.03, 120), signed=True) == (
+        "-5.0 [-13, 3]"
+    )
+    assert stats.interval_text(stats.Estimate(0.0, 0.0, 0.0, 0)) == "-"  # empty

@@ -95,9 +95,6 @@ def validation_summary(rows) -> dict:
 def validation_table(rows) -> str:
     """Markdown: per size and pooled, n, greedy valid % and mean@k % with 95 % intervals."""
 
-    def cell(e: stats.Estimate) -> str:
-        return f"{stats.percent(e.value)} [{stats.percent(e.low, 0)}, {stats.percent(e.high, 0)}]"
-
     sampled = bool(rows) and "samples" in rows[0]
     header = ["size", "n", "greedy valid %"]
     if sampled:
@@ -105,6 +102,6 @@ def validation_table(rows) -> str:
     table = []
     for name, rs in [*_by_size(rows), ("all", rows)]:
         e = _estimates(rs)
-        line = [name, len(rs), cell(e["greedy_valid"])]
-        table.append(line + ([cell(e["mean_at_k"])] if sampled else []))
+        line = [name, len(rs), stats.interval_text(e["greedy_valid"])]
+        table.append(line + ([stats.interval_text(e["mean_at_k"])] if sampled else []))
     return stats.markdown_table(header, table)

@@ -539,21 +539,18 @@ def compare_evaluations(
         header += [f"{name} valid % (n={len(members)})", f"vs {labels[0]} (points)", "discordant"]
         cols.append(members)
 
-    def cell(e: stats.Estimate, signed: bool) -> str:
-        lo, hi = stats.percent(e.low, 0), stats.percent(e.high, 0)
-        return f"{'+' if signed and e.value > 0 else ''}{stats.percent(e.value)} [{lo}, {hi}]"
-
     table = []
     for label, rows in zip(labels, verdicts, strict=True):
         line = [label]
         for members in cols:
             mine = [bool(rows[i]["valid"]) for i in members]
             base = [bool(verdicts[0][i]["valid"]) for i in members]
-            line.append(cell(stats.proportion(mine), signed=False))
+            line.append(stats.interval_text(stats.proportion(mine)))
             if rows is verdicts[0]:
                 line += ["-", "-"]
             else:
-                line.append(cell(stats.paired_proportion_difference(mine, base), signed=True))
+                change = stats.paired_proportion_difference(mine, base)
+                line.append(stats.interval_text(change, signed=True))
                 line.append(sum(a != b for a, b in zip(mine, base, strict=True)))
         table.append(line)
     return stats.markdown_table(header, table)
@@ -582,6 +579,7 @@ def trace_comparison(
         table.append([
             label, len(problems), sum(o != "no_plan" for o, _ in out),
             sum(o == "copied" for o, _ in out),
-            rollout.percent_interval([bool(v) for _, v in out]), rollout.percent_interval(valid),
+            stats.interval_text(stats.proportion([bool(v) for _, v in out])),
+            stats.interval_text(stats.proportion(valid)),
         ])  # fmt: skip
     return stats.markdown_table(header, table)

@@ -21,7 +21,7 @@ import dataclasses
 import pathlib
 
 from mapfjax import stats
-from mapfjax.eval.report import interval_text, paired_change, valid_by_id, validation_rows
+from mapfjax.eval.report import paired_change, valid_by_id, validation_rows
 
 PARSE_ERROR = "parse_error"
 
@@ -63,21 +63,21 @@ def evaluate(
     pct = lambda x: f"{100 * x:g} %"
     criteria = [
         Criterion(
-            "starting policy parses", interval_text(parsed), f">= {pct(min_parse)}",
+            "starting policy parses", stats.interval_text(parsed), f">= {pct(min_parse)}",
             parsed.value >= min_parse,
         ),
         Criterion(
-            "matched GRPO vs start (paired, points)", interval_text(gain, signed=True),
+            "matched GRPO vs start (paired, points)", stats.interval_text(gain, signed=True),
             f">= +{100 * min_gain:g}, interval above 0", gain.value >= min_gain and gain.low > 0,
         ),
         Criterion(
-            "matched vs mismatched (paired, points)", interval_text(apart, signed=True),
+            "matched vs mismatched (paired, points)", stats.interval_text(apart, signed=True),
             "interval excludes 0", apart.low > 0 or apart.high < 0,
         ),
     ]  # fmt: skip
     notes: list[str] = []
-    rate = lambda by_id: interval_text(stats.proportion(list(by_id.values())))
-    vs_start = lambda by_id: interval_text(paired_change(by_id, base), signed=True)
+    rate = lambda by_id: stats.interval_text(stats.proportion(list(by_id.values())))
+    vs_start = lambda by_id: stats.interval_text(paired_change(by_id, base), signed=True)
     rows = [
         ["start", rate(base), "-"],
         [f"GRPO, matched ({matched.name})", rate(end), vs_start(end)],
@@ -91,7 +91,7 @@ def evaluate(
         if set(ref) != set(base):
             raise ValueError(f"{reference}/start was validated on other puzzles than {matched}")
         rows.append([f"reference ({pathlib.Path(reference).name} start)", rate(ref), vs_start(ref)])
-        vs_ref = interval_text(paired_change(end, ref), signed=True)
+        vs_ref = stats.interval_text(paired_change(end, ref), signed=True)
         notes.append(f"Matched GRPO against the reference, paired: {vs_ref} points (not gated).")
     return criteria, rows, notes
 

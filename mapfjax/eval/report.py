@@ -84,13 +84,6 @@ def paired_change(a: dict[str, bool], b: dict[str, bool]) -> stats.Estimate:
     return stats.paired_proportion_difference([a[i] for i in ids], [b[i] for i in ids])
 
 
-def interval_text(e: stats.Estimate, signed: bool = False) -> str:
-    if e.n == 0:
-        return "-"
-    sign = "+" if signed and e.value > 0 else ""
-    return f"{sign}{stats.percent(e.value)} [{stats.percent(e.low, 0)}, {stats.percent(e.high, 0)}]"
-
-
 def held_out_table(runs: list[tuple[str, list[dict]]]) -> str:
     """Rows: the starting model and each round; columns: n, greedy valid %, mean@k % (95 %
     intervals), and the paired change of greedy valid against the starting model on the same
@@ -104,10 +97,10 @@ def held_out_table(runs: list[tuple[str, list[dict]]]) -> str:
     header += ["change vs start (points)", "puzzles solved only by one side"]
     table = []
     for label, rows in runs:
-        line = [label, len(rows), interval_text(stats.proportion([r["valid"] for r in rows]))]
+        line = [label, len(rows), stats.interval_text(stats.proportion([r["valid"] for r in rows]))]
         if sampled:
             means = [r["samples_valid"] / r["samples"] for r in rows if "samples" in r]
-            line.append(interval_text(stats.bounded_mean(means)))
+            line.append(stats.interval_text(stats.bounded_mean(means)))
         paired = [
             (bool(r["valid"]), bool(first[r["id"]]["valid"])) for r in rows if r["id"] in first
         ]
@@ -116,7 +109,7 @@ def held_out_table(runs: list[tuple[str, list[dict]]]) -> str:
             line += ["-", "-"]
         else:
             d = stats.paired_proportion_difference(a, b)
-            line += [interval_text(d, signed=True), str(sum(x != y for x, y in paired))]
+            line += [stats.interval_text(d, signed=True), str(sum(x != y for x, y in paired))]
         table.append(line)
     return stats.markdown_table(header, table)
 
@@ -162,9 +155,9 @@ def rollout_trend(curve: list[tuple[int, dict]], group_size: int, window: int = 
     table = stats.markdown_table(
         ["updates", "groups", f"mean@{group_size} %"],
         [
-            [f"first {w} ({curve[0][0]}-{curve[w - 1][0]})", a.n, interval_text(a)],
-            [f"last {w} ({curve[-w][0]}-{curve[-1][0]})", b.n, interval_text(b)],
-            ["change (points)", "-", interval_text(d, signed=True)],
+            [f"first {w} ({curve[0][0]}-{curve[w - 1][0]})", a.n, stats.interval_text(a)],
+            [f"last {w} ({curve[-w][0]}-{curve[-1][0]})", b.n, stats.interval_text(b)],
+            ["change (points)", "-", stats.interval_text(d, signed=True)],
         ],
     )
     steps = curve[-1][0]
@@ -302,19 +295,20 @@ def compare_runs(workdirs: list[pathlib.Path], labels: list[str] | None = None) 
     for i, (label, w, rows) in enumerate(entries):
         curve = _curves(w) if w is not None else []
         line = [label, str(curve[-1][0]) if curve else "0"]
-        line.append(interval_text(stats.proportion([r["valid"] for r in rows])))
+        line.append(stats.interval_text(stats.proportion([r["valid"] for r in rows])))
         if k:
-            line.append(interval_text(stats.bounded_mean([r["samples_valid"] / k for r in rows])))
+            mean_at_k = stats.bounded_mean([r["samples_valid"] / k for r in rows])
+            line.append(stats.interval_text(mean_at_k))
         mine = valid_by_id(rows)
         for r, ref in enumerate(refs):
             if i == 0 or (r == 1 and i == 1):  # no change against itself
                 line.append("-")
                 continue
-            line.append(interval_text(paired_change(mine, ref), signed=True))
+            line.append(stats.interval_text(paired_change(mine, ref), signed=True))
         g = _group_size(w) if w is not None else None
         if curve and g:
             _, early, late = _window_shares(curve, g)
-            line.append(interval_text(stats.mean_difference(late, early), signed=True))
+            line.append(stats.interval_text(stats.mean_difference(late, early), signed=True))
         else:
             line.append("-")
         table.append(line)

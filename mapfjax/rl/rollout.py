@@ -395,8 +395,8 @@ def plan_table(rows: Sequence[dict]) -> str:
         answer_ok = sum(bool(r["valid"]) for r in sel)
         table.append([outcome, len(sel), "-" if outcome == "no_plan" else plan_ok, answer_ok])
     header = ["answer vs trace plan", "n", "trace plan valid", "answer valid"]
-    plans = percent_interval([bool(r["trace_plan_valid"]) for r in rows])
-    answers = percent_interval([r["valid"] for r in rows])
+    plans = stats.interval_text(stats.proportion([bool(r["trace_plan_valid"]) for r in rows]))
+    answers = stats.interval_text(stats.proportion([r["valid"] for r in rows]))
     return (
         f"{stats.markdown_table(header, table)}\n\nValid % of all {n} if every answer copied "
         f"its trace's plan: {plans}; the answers as written: {answers}."
@@ -409,11 +409,5 @@ def rates_by(rows: Sequence[dict], labels: Sequence, name: str) -> str:
     table = []
     for label in sorted({x for x in labels if x is not None}):
         hits = [r["valid"] for r, x in zip(rows, labels, strict=True) if x == label]
-        table.append([f"{label:g}", len(hits), percent_interval(hits)])
+        table.append([f"{label:g}", len(hits), stats.interval_text(stats.proportion(hits))])
     return stats.markdown_table([name, "n", "greedy valid %"], table)
-
-
-def percent_interval(hits: Sequence[bool]) -> str:
-    """ "37.5 [29, 47]": the share of True in percent with its 95 % Wilson interval."""
-    e = stats.proportion(hits)
-    return f"{stats.percent(e.value)} [{stats.percent(e.low, 0)}, {stats.percent(e.high, 0)}]"
