@@ -1,4 +1,5 @@
-"""One GRPO step (rollout + update) on the shipped tiny model, measured in one run for: mapfjax
+"""One GRPO step (rollout + update) on the shipped tiny model (or `--model`, a trace policy with
+`--thinking`), measured in one run for: mapfjax
 with shared prompts and length-aware shapes (the default), mapfjax with one prompt per row and
 completions padded to the budget (the layout before prefix sharing), and the same step written
 plainly in PyTorch (transformers' sampling `generate` on the 128 rows, then one padded
@@ -6,6 +7,7 @@ forward/backward and AdamW on the same weights and puzzles). Optionally google-t
 learner on a random model of the same shape and batch (`--tunix`, in its own virtualenv).
 
     python benchmarks/bench_grpo.py [--prompts 16 --group 8 --new-tokens 64 --steps 3]
+    python benchmarks/bench_grpo.py --model runs/export_grid_aw10_2500 --thinking --new-tokens 512
     python benchmarks/bench_grpo.py --tunix --tunix-venv /tmp/tunix-venv
 """
 
@@ -22,6 +24,8 @@ ARGS.add_argument("--group", type=int, default=8)
 ARGS.add_argument("--new-tokens", type=int, default=64)
 ARGS.add_argument("--sizes", default="3-6", help="map sizes of the puzzles, e.g. 3-6")
 ARGS.add_argument("--steps", type=int, default=3, help="timed steps per side after a warm-up")
+ARGS.add_argument("--model", default="", help="model directory (default: the shipped tiny)")
+ARGS.add_argument("--thinking", action="store_true", help="the policy writes a trace first")
 ARGS.add_argument("--skip-torch", action="store_true")
 ARGS.add_argument("--tunix", action="store_true", help="also time google-tunix's GRPO step")
 ARGS.add_argument("--tunix-venv", default="~/.cache/mapfjax/tunix-venv")
@@ -49,7 +53,9 @@ def time_mapfjax(opts, model, tok, problems, shared: bool) -> dict:
     loss_cfg = grpo.GRPOConfig(group_size=g)
     trainer = Trainer(model, OptimConfig(lr=1e-5, total_steps=100), "grpo", loss_cfg=loss_cfg)
     if shared:
-        sampling = rollout.SamplingConfig(max_new_tokens=opts.new_tokens)
+        sampling = rollout.SamplingConfig(
+            max_new_tokens=opts.new_tokens, enable_thinking=opts.thinking
+        )
         repeats, per_row = g, problems
     else:  # one prompt per row: G copies prefilled, rows padded to the budget
         sampling = rollout.SamplingConfig(
@@ -57,6 +63,7 @@ def time_mapfjax(opts, model, tok, problems, shared: bool) -> dict:
             bucket="x64",
             completion_bucket="exact",
             shared_prefix=False,
+            enable_thinking=opts.thinking,
         )
         repeats, per_row = g, problems
     times = {"rollout": [], "update": []}
@@ -130,7 +137,8 @@ def time_torch(opts, path, tok, problems) -> dict:
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     ids = tok_lib.special_ids(tok)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    prompts = [p for p in encode_prompts(tok, problems) for _ in range(opts.group)]
+    prompts = encode_prompts(tok, problems, opts.thinking)
+    prompts = [p for p in prompts for _ in range(opts.group)]
     width = max(map(len, prompts))
     inp = torch.tensor([[ids.pad] * (width - len(p)) + p for p in prompts])
     att = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
@@ -177,12 +185,14 @@ def main(argv=None):
     from mapfjax.models import hf
     from mapfjax.models import tokenizer as tok_lib
 
-    path = os.path.join(os.path.dirname(__file__), "..", "mapfjax", "assets", "tiny")
+    path = opts.model or os.path.join(os.path.dirname(__file__), "..", "mapfjax", "assets", "tiny")
+    label = opts.model or "the shipped tiny model"
     tok = tok_lib.load_tokenizer(path)
     problems = puzzles(opts)
     rows = opts.prompts * opts.group
     print(
-        f"GRPO step on the shipped tiny model: {opts.prompts} puzzles ({opts.sizes}) x "
+        f"GRPO step on {label}{' (thinking)' if opts.thinking else ''}: "
+        f"{opts.prompts} puzzles ({opts.sizes}) x "
         f"{opts.group} samples, {opts.new_tokens} new tokens, fp32, "
         f"{jax.device_count()} {jax.devices()[0].platform} device(s); best of {opts.steps}"
     )
@@ -193,14 +203,18 @@ def main(argv=None):
     if not opts.skip_torch:
         results["PyTorch (transformers)"] = time_torch(opts, path, tok, problems)
     ref = results.get("PyTorch (transformers)")
-    print("| path | rollout s | update s | step s | samples/s | tokens in update | vs PyTorch |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| path | rollout s | update s | step s | samples/s | mean completion | "
+        "new tokens/s | tokens in update | vs PyTorch |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, r in results.items():
         step = r["rollout"] + r["update"]
         ratio = f"{(ref['rollout'] + ref['update']) / step:.2f}x" if ref else "-"
         print(
             f"| {name} | {r['rollout']:.2f} | {r['update']:.2f} | {step:.2f} | "
-            f"{rows / step:.1f} | {r['tokens']:,} | {ratio} |"
+            f"{rows / step:.1f} | {r['mean_len']:.0f} | {rows * r['mean_len'] / step:.0f} | "
+            f"{r['tokens']:,} | {ratio} |"
         )
     if opts.tunix:
         from benchmarks import tunix_grpo
