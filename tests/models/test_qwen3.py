@@ -245,3 +245,45 @@ def test_chunked_attention_equals_full(model):
     grads = [nnx.jit(nnx.grad(loss))(m) for m in (chunked, model)]
     for (p, a), (_, b) in zip(*(nnx.to_flat_state(g) for g in grads), strict=True):
         np.testing.assert_allclose(np.asarray(a[...]), np.asarray(b[...]), atol=1e-5, err_msg=p)
+
+
+def test_cpu_row_blocks_and_query_chunks_equal_whole_rows(model, monkeypatch):
+    """CPU's default attention layout (blocks of rows, each in query chunks) against one block
+    of whole rows: logits and gradients of a left-padded causal batch, and hidden states of a
+    shared prefix + extend batch."""
+    monkeypatch.setattr(qwen3, "CPU_QUERY_CHUNK", 4)
+    monkeypatch.setattr(qwen3, "CPU_SCORE_BLOCK", 64)
+    assert qwen3._cpu_query_chunk(12, None) == 4 and qwen3._cpu_query_chunk(12, 0) == 0
+    chunked, blocks = [], []
+    real_chunks, real_blocks = qwen3._query_chunks, qwen3._row_blocks
+    monkeypatch.setattr(qwen3, "_query_chunks", lambda q, *a: chunked.append(q.shape[2]) or
+                        real_chunks(q, *a))  # fmt: skip
+    monkeypatch.setattr(qwen3, "_row_blocks", lambda *a: blocks.append(real_blocks(*a)) or
+                        blocks[-1])  # fmt: skip
+    whole = Qwen3(model.config, **F32, attention_block=0)
+    nnx.update(whole, nnx.state(model))
+    tokens = _tokens(3, 12, seed=5)
+    mask = jnp.arange(12)[None, :] >= jnp.array([[0], [5], [2]])
+
+    def loss(m):
+        logits = m(tokens, attention_mask=mask)[0]
+        return jnp.sum(jnp.where(mask, jax.nn.log_softmax(logits)[..., 1], 0)), logits
+
+    (_, lb), gb = nnx.jit(nnx.value_and_grad(loss, has_aux=True))(model)
+    (_, lw), gw = nnx.jit(nnx.value_and_grad(loss, has_aux=True))(whole)
+    real = np.asarray(mask)
+    np.testing.assert_allclose(np.asarray(lb)[real], np.asarray(lw)[real], atol=1e-5)
+    for (p, a), (_, b) in zip(*(nnx.to_flat_state(g) for g in (gb, gw)), strict=True):
+        np.testing.assert_allclose(np.asarray(a[...]), np.asarray(b[...]), atol=1e-5, err_msg=p)
+
+    prompts = _tokens(2, 6, seed=6)
+    pmask = jnp.arange(6)[None, :] >= jnp.array([[0], [2]])
+    conts = _tokens(2, 8, seed=7).reshape(2, 1, 8).repeat(3, axis=1)
+    cmask = jnp.arange(8)[None, None, :] < jnp.array([[8, 3, 1], [2, 8, 5]])[..., None]
+
+    def extended(m):
+        return m.extend(conts, m.prefix(prompts, pmask)[1], cmask)
+
+    hb, hw = (np.asarray(nnx.jit(extended)(m)) for m in (model, whole))
+    np.testing.assert_allclose(hb[np.asarray(cmask)], hw[np.asarray(cmask)], atol=1e-5)
+    assert 12 in chunked and 8 in chunked and max(blocks) > 1  # the paths under test ran
