@@ -18,8 +18,11 @@ _POLICY = flags.DEFINE_string("policy", None, "model directory (HF files) to sta
 _THINKING = flags.DEFINE_bool("thinking", False, "the policy writes a reasoning trace first")
 _UPDATES = flags.DEFINE_integer("updates", 150, "GRPO updates per run (8 groups x 8 each)")
 _LR = flags.DEFINE_float("lr", 1e-4, "GRPO learning rate")
-_TOKENS = flags.DEFINE_integer("max_new_tokens", 0, "completion budget (0: 64, or 512 thinking)")
+_TOKENS = flags.DEFINE_integer("max_new_tokens", 0, "completion budget (0: 64, or 640 thinking)")
 _PER_SIZE = flags.DEFINE_integer("per_size", 100, "held-out puzzles per map size (4 sizes)")
+_SAMPLES = flags.DEFINE_integer(
+    "samples", 4, "held-out samples at temperature 1 per puzzle (mean@k; 0: greedy only)"
+)
 _WORKDIR = flags.DEFINE_string("workdir", "runs/go_no_go", "run directories (checkpoints)")
 _OUT = flags.DEFINE_string("out", None, "where verdict.md and the runs' small files go")
 _REFERENCE = flags.DEFINE_string("reference", None, "a run whose start is the reference model")
@@ -36,7 +39,8 @@ def arm_config(sizes):
     c.train.instances = _UPDATES.value * c.train.problems_per_step
     c.optim.lr = _LR.value
     c.validation.per_size = _PER_SIZE.value
-    tokens = _TOKENS.value or (512 if _THINKING.value else 64)
+    c.validation.samples = _SAMPLES.value  # the gate reads greedy rates only
+    tokens = _TOKENS.value or (640 if _THINKING.value else 64)
     c.train.enable_thinking = _THINKING.value
     c.train.max_new_tokens = c.validation.max_new_tokens = tokens
     return c
