@@ -1,4 +1,4 @@
-"""One GRPO step (rollout + update) on the shipped tiny model (or `--model`, a trace policy with
+r"""One GRPO step (rollout + update) on the shipped tiny model (or `--model`, a trace policy with
 `--thinking`), measured in one run for: mapfjax
 with shared prompts and length-aware shapes (the default), mapfjax with one prompt per row and
 completions padded to the budget (the layout before prefix sharing), and the same step written
@@ -7,7 +7,8 @@ forward/backward and AdamW on the same weights and puzzles). Optionally google-t
 learner on a random model of the same shape and batch (`--tunix`, in its own virtualenv).
 
     python benchmarks/bench_grpo.py [--prompts 16 --group 8 --new-tokens 64 --steps 3]
-    python benchmarks/bench_grpo.py --model runs/export_grid_aw10_2500 --thinking --new-tokens 512
+    python benchmarks/bench_grpo.py --model runs/tiny_trace_grid/export_1000 --thinking \
+        --prompts 8 --new-tokens 640 --steps 2
     python benchmarks/bench_grpo.py --tunix --tunix-venv /tmp/tunix-venv
 """
 

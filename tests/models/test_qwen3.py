@@ -254,12 +254,19 @@ def test_cpu_row_blocks_and_query_chunks_equal_whole_rows(model, monkeypatch):
     monkeypatch.setattr(qwen3, "CPU_QUERY_CHUNK", 4)
     monkeypatch.setattr(qwen3, "CPU_SCORE_BLOCK", 64)
     assert qwen3._cpu_query_chunk(12, None) == 4 and qwen3._cpu_query_chunk(12, 0) == 0
-    chunked, blocks = [], []
+    chunked, blocks = [], []  # what the paths under test were called with / returned
     real_chunks, real_blocks = qwen3._query_chunks, qwen3._row_blocks
-    monkeypatch.setattr(qwen3, "_query_chunks", lambda q, *a: chunked.append(q.shape[2]) or
-                        real_chunks(q, *a))  # fmt: skip
-    monkeypatch.setattr(qwen3, "_row_blocks", lambda *a: blocks.append(real_blocks(*a)) or
-                        blocks[-1])  # fmt: skip
+
+    def spy_chunks(q, *args):
+        chunked.append(q.shape[2])
+        return real_chunks(q, *args)
+
+    def spy_blocks(*args):
+        blocks.append(real_blocks(*args))
+        return blocks[-1]
+
+    monkeypatch.setattr(qwen3, "_query_chunks", spy_chunks)
+    monkeypatch.setattr(qwen3, "_row_blocks", spy_blocks)
     whole = Qwen3(model.config, **F32, attention_block=0)
     nnx.update(whole, nnx.state(model))
     tokens = _tokens(3, 12, seed=5)

@@ -1,0 +1,39 @@
+"""launch/go_no_go.py's arms: the flags reach the loop config (run in a subprocess: absl
+flags are process-global)."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+_PROBE = """
+import importlib.util, json, sys
+from absl import flags
+spec = importlib.util.spec_from_file_location("go_no_go", "launch/go_no_go.py")
+m = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(m)
+flags.FLAGS(["go_no_go", "--policy=p", "--out=o", *sys.argv[1:]])
+c = m.arm_config((3,))
+print(json.dumps([c.validation.samples, c.train.max_new_tokens, c.validation.max_new_tokens,
+                  c.train.enable_thinking, c.optim.lr]))
+"""
+
+
+@pytest.mark.parametrize(
+    "args, want",
+    [
+        ([], [4, 64, 64, False, 1e-4]),
+        (["--thinking"], [4, 640, 640, True, 1e-4]),
+        (["--thinking", "--samples=0", "--lr=1e-5"], [0, 640, 640, True, 1e-5]),
+        (["--max_new_tokens=100"], [4, 100, 100, False, 1e-4]),
+    ],
+)
+def test_flags_reach_the_arm_config(args, want):
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE, *args], cwd=ROOT, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == want
