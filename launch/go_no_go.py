@@ -23,6 +23,10 @@ _PER_SIZE = flags.DEFINE_integer("per_size", 100, "held-out puzzles per map size
 _SAMPLES = flags.DEFINE_integer(
     "samples", 4, "held-out samples at temperature 1 per puzzle (mean@k; 0: greedy only)"
 )
+_KL = flags.DEFINE_float("kl_coef", 0.0, "k3 KL weight to the starting policy (0: none)")
+_TRACE_LOSS = flags.DEFINE_enum(
+    "trace_loss", "all", ["all", "moves"], "moves: the trace header is left out of the loss"
+)
 _WORKDIR = flags.DEFINE_string("workdir", "runs/go_no_go", "run directories (checkpoints)")
 _OUT = flags.DEFINE_string("out", None, "where verdict.md and the runs' small files go")
 _REFERENCE = flags.DEFINE_string("reference", None, "a run whose start is the reference model")
@@ -38,6 +42,8 @@ def arm_config(sizes):
     c.env = default_config(num_agents=2, sizes=sizes, hole_ratio=0.2, wait_ratio=0.3)
     c.train.instances = _UPDATES.value * c.train.problems_per_step
     c.optim.lr = _LR.value
+    c.grpo.kl_coef = _KL.value
+    c.train.trace_loss = _TRACE_LOSS.value
     c.validation.per_size = _PER_SIZE.value
     c.validation.samples = _SAMPLES.value  # the gate reads greedy rates only
     tokens = _TOKENS.value or (640 if _THINKING.value else 64)

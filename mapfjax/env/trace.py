@@ -186,6 +186,17 @@ _MOVE = re.compile(r"^A(\d{1,2}) .* = ([A-Z]+) \(-?\d+, -?\d+\)$")
 _CELL = re.compile(r"\((\d{1,2}), (\d{1,2})\)")
 
 
+_FIRST_STEP = re.compile(r"^[ \t]*t1[ \t]*$", re.MULTILINE)
+
+
+def header_end(response: str) -> int:
+    """The character offset in a response where its first step line (`t1`) starts: the text
+    before it is the map transcription and the agents' lines (`render_header`), a function of
+    the prompt alone. 0 when the response has no step line (nothing is a header then)."""
+    m = _FIRST_STEP.search(response)
+    return m.start() if m else 0
+
+
 def parse_trace(trace: str, num_agents: int) -> tuple[list[list[int]] | None, str | None]:
     """The plans a trace's move lines choose -> (plans, None), or (None, reason). Reads only
     the step lines and the `= ACTION (r, c)` ending each move line (the header and the cells

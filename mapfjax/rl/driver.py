@@ -74,6 +74,7 @@ class GRPOSettings:
             temperature=t.temperature,
             top_p=t.get("top_p", 1.0),
             enable_thinking=t.get("enable_thinking", False),
+            trace_loss=t.get("trace_loss", "all"),
         )
         loss = grpo.GRPOConfig(
             group_size=t.group_size, temperature=t.temperature, **c.grpo.to_dict()
@@ -121,6 +122,9 @@ def check_train(t: ml_collections.ConfigDict) -> None:
     require_int("train.checkpoint_every", t.get("checkpoint_every", 10), 1)
     require_int("train.num_iterations", t.get("num_iterations", 1), 1)
     require_int("train.max_new_tokens", t.get("max_new_tokens"), 1)
+    loss_of = t.get("trace_loss", "all")
+    allowed = ", ".join(map(repr, rollout.TRACE_LOSSES))
+    require("train.trace_loss", loss_of, loss_of in rollout.TRACE_LOSSES, f"one of {allowed}")
     top_p = t.get("top_p", 1.0)
     require("train.top_p", top_p, is_finite_real(top_p) and 0 < top_p <= 1, "a number in (0, 1]")
 

@@ -26,6 +26,9 @@ from mapfjax.rl.logprobs import completion_logprobs
 log = logging.getLogger(__name__)
 
 
+TRACE_LOSSES = ("all", "moves")
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
     """How completions are drawn and laid out for training. temperature 0 = greedy; it must
@@ -33,7 +36,10 @@ class SamplingConfig:
     A truncation rate above `warn_truncation` triggers a warning (truncated answers score 0:
     no signal). bucket / completion_bucket: length rules (`sampler.BUCKETS`) for prompts and
     for the training batch's completion width (capped at max_new_tokens). shared_prefix:
-    `make_batch`'s layout choice for the training batch (True, False or "auto")."""
+    `make_batch`'s layout choice for the training batch (True, False or "auto"). trace_loss
+    (`TRACE_LOSSES`): "all" trains every response token; "moves" leaves a thinking response's
+    header (the map transcription and the agents' lines before step `t1`, a function of the
+    prompt) out of the GRPO loss, so that the reward, which never reads it, cannot move it."""
 
     max_new_tokens: int = 64
     temperature: float = 1.0
@@ -44,6 +50,13 @@ class SamplingConfig:
     warn_truncation: float = 0.2
     completion_bucket: str = "pow2"
     shared_prefix: bool | str = True
+    trace_loss: str = "all"
+
+    def __post_init__(self):
+        if self.trace_loss not in TRACE_LOSSES:
+            raise ValueError(
+                f"trace_loss={self.trace_loss!r}; allowed: {', '.join(map(repr, TRACE_LOSSES))}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,6 +152,25 @@ def score(problems, repeats: int, texts, reward_cfg: reward.RewardConfig):
     return verdict, np.asarray(reward.rewards(verdict, reward_cfg, share))
 
 
+def header_loss_masks(tokenizer, completions, texts) -> list[list[bool]]:
+    """Per completion, True on the tokens the loss trains when the trace header is left out:
+    tokens that end inside the text before `trace.header_end` are False. A completion without
+    a step line, or whose tokens do not decode piecewise into its text, is trained whole."""
+    widths: dict[int, int] = {}  # token id -> decoded length, filled lazily (151k-token vocabs)
+    masks = []
+    for comp, response in zip(completions, texts, strict=True):
+        end = trace.header_end(response)
+        comp = [int(t) for t in comp]
+        for t in set(comp) - widths.keys():
+            widths[t] = len(tokenizer.decode([t], skip_special_tokens=False))
+        ends = np.cumsum([widths[t] for t in comp]) if comp else np.zeros(0, int)
+        if end == 0 or not comp or ends[-1] != len(response):
+            masks.append([True] * len(comp))
+        else:
+            masks.append((ends > end).tolist())
+    return masks
+
+
 def _failure_counts(failure: np.ndarray) -> dict[str, int]:
     """Responses per failure name; valid ones are counted under "none"."""
     names = (types.FAILURES[int(f)] or "none" for f in failure)
@@ -192,6 +224,9 @@ def rollout(
         )
     )
     n = len(completions)
+    masks = None
+    if sampling.trace_loss == "moves" and sampling.enable_thinking:
+        masks = header_loss_masks(tokenizer, completions, samples.texts)
     # Length-aware shapes: the completion width is the longest completion's bucket (not the
     # budget), so a batch of short answers trains on short rows; the prompt is run once per
     # group (`GroupBatch`).
@@ -203,6 +238,7 @@ def rollout(
         completion_bucket=sampling.completion_bucket,
         old_logprobs=np.asarray(out.logprobs_full)[:n],
         advantages=adv,
+        loss_masks=masks,
         group_size=group_size,
         shared_prefix=sampling.shared_prefix,
         max_completion_len=sampling.max_new_tokens,

@@ -18,17 +18,18 @@ spec.loader.exec_module(m)
 flags.FLAGS(["go_no_go", "--policy=p", "--out=o", *sys.argv[1:]])
 c = m.arm_config((3,))
 print(json.dumps([c.validation.samples, c.train.max_new_tokens, c.validation.max_new_tokens,
-                  c.train.enable_thinking, c.optim.lr]))
+                  c.train.enable_thinking, c.optim.lr, c.grpo.kl_coef, c.train.trace_loss]))
 """
 
 
 @pytest.mark.parametrize(
     "args, want",
     [
-        ([], [4, 64, 64, False, 1e-4]),
-        (["--thinking"], [4, 640, 640, True, 1e-4]),
-        (["--thinking", "--samples=0", "--lr=1e-5"], [0, 640, 640, True, 1e-5]),
-        (["--max_new_tokens=100"], [4, 100, 100, False, 1e-4]),
+        ([], [4, 64, 64, False, 1e-4, 0.0, "all"]),
+        (["--thinking"], [4, 640, 640, True, 1e-4, 0.0, "all"]),
+        (["--thinking", "--samples=0", "--lr=1e-5"], [0, 640, 640, True, 1e-5, 0.0, "all"]),
+        (["--max_new_tokens=100"], [4, 100, 100, False, 1e-4, 0.0, "all"]),
+        (["--kl_coef=0.05", "--trace_loss=moves"], [4, 64, 64, False, 1e-4, 0.05, "moves"]),
     ],
 )
 def test_flags_reach_the_arm_config(args, want):

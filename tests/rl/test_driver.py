@@ -111,6 +111,13 @@ def test_settings_and_schedule_from_the_shared_schema():
     rft.train.objective = "ppo"
     with pytest.raises(ValueError, match="train.objective = 'ppo'; allowed: grpo, rft"):
         driver.GRPOSettings.from_config(rft)
+    assert s.sampling.trace_loss == "all"
+    moves = c.copy_and_resolve_references()
+    moves.train.trace_loss = "moves"
+    assert driver.GRPOSettings.from_config(moves).sampling.trace_loss == "moves"
+    moves.train.trace_loss = "move"
+    with pytest.raises(ValueError, match="train.trace_loss = 'move'; allowed: one of 'all', 'm"):
+        driver.GRPOSettings.from_config(moves)
     assert isinstance(c.optim, ml_collections.ConfigDict)
 
 

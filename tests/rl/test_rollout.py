@@ -1,6 +1,7 @@
 """Rollouts on a tiny random Qwen3: batch layout, masks, old log-probs against a plain forward
 pass, advantages against NumPy, stats, warnings; scoring of known answers; validation."""
 
+import types
 import warnings
 
 import jax
@@ -216,3 +217,61 @@ def test_validation_table_numbers():
     table = v.table()
     assert "| 2 | 3x3 | 10 | 50.0 | 30.0 | 0 | 0 | 5 |" in table
     assert "| mean | | | 37.5 | 15.0 |" in table
+
+
+def _oracle_response(p):
+    plans = oracle.answer_actions(oracle.solve(p))
+    return trace.render_thinking(p, plans) + text.render_answer(plans) + "<|im_end|>"
+
+
+def test_header_loss_masks_leave_out_exactly_the_transcription(tok, problems):
+    texts = [_oracle_response(p) for p in problems]
+    comps = [tok.encode(t, add_special_tokens=False) for t in texts]
+    masks = rollout.header_loss_masks(tok, comps, texts)
+    for p, comp, mask in zip(problems, comps, masks, strict=True):
+        assert len(mask) == len(comp) and not all(mask) and any(mask)
+        k = mask.index(True)
+        assert all(mask[k:]) and not any(mask[:k])  # one leading run of left-out tokens
+        header = "<think>\n" + "\n".join(trace.render_header(p)) + "\n"
+        assert tok.decode(comp[:k]) == header  # exactly the map and the agents' lines
+        assert tok.decode(comp[k:]).startswith("t1\n")
+    # No step line, or tokens that do not decode into the text: every token is trained.
+    plain = [tok.encode("Agent 0: UP", add_special_tokens=False)]
+    assert rollout.header_loss_masks(tok, plain, ["Agent 0: UP"]) == [[True] * len(plain[0])]
+    assert rollout.header_loss_masks(tok, comps[:1], ["x" + texts[0]]) == [[True] * len(comps[0])]
+    with pytest.raises(ValueError, match="trace_loss='header'"):
+        rollout.SamplingConfig(trace_loss="header")
+
+
+@pytest.mark.parametrize("trace_loss", ["all", "moves"])
+def test_rollout_trace_loss_moves_clears_the_header_from_the_loss_mask(
+    trace_loss, model, tok, problems, monkeypatch
+):
+    texts = [_oracle_response(p) for p in problems for _ in range(G)]
+    comps = [tok.encode(t, add_special_tokens=False) for t in texts]
+    T = max(map(len, comps))
+
+    def fake_sample(model, tokenizer, problems_, repeats, cfg, key, mesh=None):
+        prompts = rollout.encode_prompts(tokenizer, problems_, cfg.enable_thinking)
+        n = len(comps)
+        tokens = np.zeros((n, T), np.int32)
+        out = types.SimpleNamespace(
+            tokens=tokens,
+            lengths=np.array(list(map(len, comps))),
+            logprobs=np.zeros((n, T), np.float32),
+            logprobs_full=np.zeros((n, T), np.float32),
+            finished=np.ones(n, bool),
+        )
+        return rollout.Samples([q for q in prompts for _ in range(repeats)], out, comps, texts)
+
+    monkeypatch.setattr(rollout, "sample", fake_sample)
+    sampling = rollout.SamplingConfig(
+        max_new_tokens=T, enable_thinking=True, trace_loss=trace_loss, completion_bucket=T
+    )
+    batch, stats = rollout.rollout(model, tok, problems, G, sampling, RewardConfig(), None)
+    assert stats.valid_rate == 1.0  # the oracle's answers
+    want = rollout.header_loss_masks(tok, comps, texts) if trace_loss == "moves" else None
+    for i, row in enumerate(as_rows(batch)):
+        loss = row[3][: len(comps[i])].tolist()
+        assert loss == (want[i] if want else [True] * len(comps[i]))
+        assert not row[3][len(comps[i]) :].any()
