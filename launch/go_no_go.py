@@ -25,7 +25,7 @@ _SAMPLES = flags.DEFINE_integer(
 )
 _KL = flags.DEFINE_float("kl_coef", 0.0, "k3 KL weight to the starting policy (0: none)")
 _TRACE_LOSS = flags.DEFINE_enum(
-    "trace_loss", "all", ["all", "moves"], "moves: the trace header is left out of the loss"
+    "trace_loss", "all", ["all", "moves", "answer"], "what of a thinking response GRPO trains"
 )
 _WORKDIR = flags.DEFINE_string("workdir", "runs/go_no_go", "run directories (checkpoints)")
 _OUT = flags.DEFINE_string("out", None, "where verdict.md and the runs' small files go")

@@ -197,6 +197,12 @@ def header_end(response: str) -> int:
     return m.start() if m else 0
 
 
+def answer_start(response: str) -> int:
+    """The character offset where a response's trace closes (`</think>`): from there on come
+    the closing tag and the answer block. 0 when the trace never closes."""
+    return max(response.find(THINK_CLOSE), 0)
+
+
 def parse_trace(trace: str, num_agents: int) -> tuple[list[list[int]] | None, str | None]:
     """The plans a trace's move lines choose -> (plans, None), or (None, reason). Reads only
     the step lines and the `= ACTION (r, c)` ending each move line (the header and the cells

@@ -26,7 +26,10 @@ from mapfjax.rl.logprobs import completion_logprobs
 log = logging.getLogger(__name__)
 
 
-TRACE_LOSSES = ("all", "moves")
+# What of a thinking response the GRPO loss trains (`trace_loss_masks`): every token; the
+# trace's per-step lines and the answer (not the header); the closing tag and the answer only.
+TRACE_LOSSES = ("all", "moves", "answer")
+_LOSS_START = {"moves": trace.header_end, "answer": trace.answer_start}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +42,8 @@ class SamplingConfig:
     `make_batch`'s layout choice for the training batch (True, False or "auto"). trace_loss
     (`TRACE_LOSSES`): "all" trains every response token; "moves" leaves a thinking response's
     header (the map transcription and the agents' lines before step `t1`, a function of the
-    prompt) out of the GRPO loss, so that the reward, which never reads it, cannot move it."""
+    prompt) out of the GRPO loss; "answer" leaves the whole trace out and trains `</think>` and
+    the answer block, the only part the reward reads."""
 
     max_new_tokens: int = 64
     temperature: float = 1.0
@@ -152,14 +156,19 @@ def score(problems, repeats: int, texts, reward_cfg: reward.RewardConfig):
     return verdict, np.asarray(reward.rewards(verdict, reward_cfg, share))
 
 
-def header_loss_masks(tokenizer, completions, texts) -> list[list[bool]]:
-    """Per completion, True on the tokens the loss trains when the trace header is left out:
-    tokens that end inside the text before `trace.header_end` are False. A completion without
-    a step line, or whose tokens do not decode piecewise into its text, is trained whole."""
+def trace_loss_masks(tokenizer, completions, texts, trace_loss: str) -> list[list[bool]]:
+    """Per completion, True on the tokens the loss trains under `trace_loss` (`TRACE_LOSSES`):
+    tokens that end before the response's cut (`trace.header_end` for "moves",
+    `trace.answer_start` for "answer") are False. A completion without the cut (no step line; a
+    trace that never closes), or whose tokens do not decode piecewise into its text, is trained
+    whole."""
+    if trace_loss == "all":
+        return [[True] * len(c) for c in completions]
+    start = _LOSS_START[trace_loss]
     widths: dict[int, int] = {}  # token id -> decoded length, filled lazily (151k-token vocabs)
     masks = []
     for comp, response in zip(completions, texts, strict=True):
-        end = trace.header_end(response)
+        end = start(response)
         comp = [int(t) for t in comp]
         for t in set(comp) - widths.keys():
             widths[t] = len(tokenizer.decode([t], skip_special_tokens=False))
@@ -225,8 +234,8 @@ def rollout(
     )
     n = len(completions)
     masks = None
-    if sampling.trace_loss == "moves" and sampling.enable_thinking:
-        masks = header_loss_masks(tokenizer, completions, samples.texts)
+    if sampling.trace_loss != "all" and sampling.enable_thinking:
+        masks = trace_loss_masks(tokenizer, completions, samples.texts, sampling.trace_loss)
     # Length-aware shapes: the completion width is the longest completion's bucket (not the
     # budget), so a batch of short answers trains on short rows; the prompt is run once per
     # group (`GroupBatch`).

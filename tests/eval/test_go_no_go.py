@@ -30,6 +30,7 @@ print(json.dumps([c.validation.samples, c.train.max_new_tokens, c.validation.max
         (["--thinking", "--samples=0", "--lr=1e-5"], [0, 640, 640, True, 1e-5, 0.0, "all"]),
         (["--max_new_tokens=100"], [4, 100, 100, False, 1e-4, 0.0, "all"]),
         (["--kl_coef=0.05", "--trace_loss=moves"], [4, 64, 64, False, 1e-4, 0.05, "moves"]),
+        (["--trace_loss=answer"], [4, 64, 64, False, 1e-4, 0.0, "answer"]),
     ],
 )
 def test_flags_reach_the_arm_config(args, want):

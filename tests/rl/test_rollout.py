@@ -224,27 +224,38 @@ def _oracle_response(p):
     return trace.render_thinking(p, plans) + text.render_answer(plans) + "<|im_end|>"
 
 
-def test_header_loss_masks_leave_out_exactly_the_transcription(tok, problems):
+def test_trace_loss_masks_leave_out_exactly_the_header_or_the_trace(tok, problems):
     texts = [_oracle_response(p) for p in problems]
     comps = [tok.encode(t, add_special_tokens=False) for t in texts]
-    masks = rollout.header_loss_masks(tok, comps, texts)
-    for p, comp, mask in zip(problems, comps, masks, strict=True):
-        assert len(mask) == len(comp) and not all(mask) and any(mask)
-        k = mask.index(True)
-        assert all(mask[k:]) and not any(mask[:k])  # one leading run of left-out tokens
+    moves = rollout.trace_loss_masks(tok, comps, texts, "moves")
+    answer = rollout.trace_loss_masks(tok, comps, texts, "answer")
+    assert rollout.trace_loss_masks(tok, comps, texts, "all") == [[True] * len(c) for c in comps]
+    for p, comp, t, *masks in zip(problems, comps, texts, moves, answer, strict=True):
+        cuts = []
+        for mask in masks:
+            assert len(mask) == len(comp) and not all(mask) and any(mask)
+            k = mask.index(True)
+            assert all(mask[k:]) and not any(mask[:k])  # one leading run of left-out tokens
+            cuts.append(k)
         header = "<think>\n" + "\n".join(trace.render_header(p)) + "\n"
-        assert tok.decode(comp[:k]) == header  # exactly the map and the agents' lines
-        assert tok.decode(comp[k:]).startswith("t1\n")
-    # No step line, or tokens that do not decode into the text: every token is trained.
+        assert tok.decode(comp[: cuts[0]]) == header  # exactly the map and the agents' lines
+        assert tok.decode(comp[cuts[0] :]).startswith("t1\n")
+        assert tok.decode(comp[: cuts[1]]) == t[: t.index("</think>")]  # the whole trace
+        assert tok.decode(comp[cuts[1] :]).startswith("</think>\n\n<answer>")
+    # No cut in the text, or tokens that do not decode into it: every token is trained.
     plain = [tok.encode("Agent 0: UP", add_special_tokens=False)]
-    assert rollout.header_loss_masks(tok, plain, ["Agent 0: UP"]) == [[True] * len(plain[0])]
-    assert rollout.header_loss_masks(tok, comps[:1], ["x" + texts[0]]) == [[True] * len(comps[0])]
+    for loss in ("moves", "answer"):
+        assert rollout.trace_loss_masks(tok, plain, ["Agent 0: UP"], loss) == [
+            [True] * len(plain[0])
+        ]
+        got = rollout.trace_loss_masks(tok, comps[:1], ["x" + texts[0]], loss)
+        assert got == [[True] * len(comps[0])]
     with pytest.raises(ValueError, match="trace_loss='header'"):
         rollout.SamplingConfig(trace_loss="header")
 
 
-@pytest.mark.parametrize("trace_loss", ["all", "moves"])
-def test_rollout_trace_loss_moves_clears_the_header_from_the_loss_mask(
+@pytest.mark.parametrize("trace_loss", rollout.TRACE_LOSSES)
+def test_rollout_trace_loss_clears_the_left_out_part_from_the_loss_mask(
     trace_loss, model, tok, problems, monkeypatch
 ):
     texts = [_oracle_response(p) for p in problems for _ in range(G)]
@@ -270,8 +281,8 @@ def test_rollout_trace_loss_moves_clears_the_header_from_the_loss_mask(
     )
     batch, stats = rollout.rollout(model, tok, problems, G, sampling, RewardConfig(), None)
     assert stats.valid_rate == 1.0  # the oracle's answers
-    want = rollout.header_loss_masks(tok, comps, texts) if trace_loss == "moves" else None
+    want = rollout.trace_loss_masks(tok, comps, texts, trace_loss)
+    assert (trace_loss == "all") == all(all(m) for m in want)
     for i, row in enumerate(as_rows(batch)):
-        loss = row[3][: len(comps[i])].tolist()
-        assert loss == (want[i] if want else [True] * len(comps[i]))
+        assert row[3][: len(comps[i])].tolist() == want[i]
         assert not row[3][len(comps[i]) :].any()
