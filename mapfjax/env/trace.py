@@ -199,8 +199,10 @@ def header_end(response: str) -> int:
 
 def answer_start(response: str) -> int:
     """The character offset where a response's trace closes (`</think>`): from there on come
-    the closing tag and the answer block. 0 when the trace never closes."""
-    return max(response.find(THINK_CLOSE), 0)
+    the closing tag and the answer block. len(response) when the trace never closes (all of
+    it is trace)."""
+    close = response.find(THINK_CLOSE)
+    return len(response) if close < 0 else close
 
 
 def parse_trace(trace: str, num_agents: int) -> tuple[list[list[int]] | None, str | None]:

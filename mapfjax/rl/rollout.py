@@ -158,10 +158,10 @@ def score(problems, repeats: int, texts, reward_cfg: reward.RewardConfig):
 
 def trace_loss_masks(tokenizer, completions, texts, trace_loss: str) -> list[list[bool]]:
     """Per completion, True on the tokens the loss trains under `trace_loss` (`TRACE_LOSSES`):
-    tokens that end before the response's cut (`trace.header_end` for "moves",
-    `trace.answer_start` for "answer") are False. A completion without the cut (no step line; a
-    trace that never closes), or whose tokens do not decode piecewise into its text, is trained
-    whole."""
+    tokens that end at or before the response's cut (`trace.header_end` for "moves",
+    `trace.answer_start` for "answer") are False. "moves" trains a response without a step line
+    whole; "answer" trains nothing of a trace that never closes. A completion whose tokens do
+    not decode piecewise into its text is trained whole."""
     if trace_loss == "all":
         return [[True] * len(c) for c in completions]
     start = _LOSS_START[trace_loss]
@@ -173,7 +173,7 @@ def trace_loss_masks(tokenizer, completions, texts, trace_loss: str) -> list[lis
         for t in set(comp) - widths.keys():
             widths[t] = len(tokenizer.decode([t], skip_special_tokens=False))
         ends = np.cumsum([widths[t] for t in comp]) if comp else np.zeros(0, int)
-        if end == 0 or not comp or ends[-1] != len(response):
+        if (trace_loss == "moves" and end == 0) or not comp or ends[-1] != len(response):
             masks.append([True] * len(comp))
         else:
             masks.append((ends > end).tolist())

@@ -242,12 +242,15 @@ def test_trace_loss_masks_leave_out_exactly_the_header_or_the_trace(tok, problem
         assert tok.decode(comp[cuts[0] :]).startswith("t1\n")
         assert tok.decode(comp[: cuts[1]]) == t[: t.index("</think>")]  # the whole trace
         assert tok.decode(comp[cuts[1] :]).startswith("</think>\n\n<answer>")
-    # No cut in the text, or tokens that do not decode into it: every token is trained.
+    # No step line: "moves" trains it whole; a trace that never closes: "answer" trains none.
+    for loss, end, want in [("moves", "t1\n", True), ("answer", "</think>", False)]:
+        cut = texts[0][: texts[0].index(end)]
+        ids = [tok.encode(cut, add_special_tokens=False)]
+        assert rollout.trace_loss_masks(tok, ids, [cut], loss) == [[want] * len(ids[0])]
     plain = [tok.encode("Agent 0: UP", add_special_tokens=False)]
-    for loss in ("moves", "answer"):
-        assert rollout.trace_loss_masks(tok, plain, ["Agent 0: UP"], loss) == [
-            [True] * len(plain[0])
-        ]
+    got = rollout.trace_loss_masks(tok, plain, ["Agent 0: UP"], "moves")
+    assert got == [[True] * len(plain[0])]
+    for loss in ("moves", "answer"):  # tokens that do not decode into the text: trained whole
         got = rollout.trace_loss_masks(tok, comps[:1], ["x" + texts[0]], loss)
         assert got == [[True] * len(comps[0])]
     with pytest.raises(ValueError, match="trace_loss='header'"):
