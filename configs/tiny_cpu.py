@@ -64,8 +64,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
             "temperature": 1.0,
             "top_p": 1.0,
             "enable_thinking": False,  # the tiny model answers directly
-            # "moves": a thinking policy's map transcription (the trace header, a function of
-            # the prompt) is left out of the GRPO loss; "all" trains every response token.
+            # What of a thinking response GRPO trains (rollout.TRACE_LOSSES): "all" every token;
+            # "moves" all but the map transcription (the trace header, a function of the
+            # prompt); "answer" only </think> and the answer block.
             "trace_loss": "all",
             "checkpoint_every": 4,
         }

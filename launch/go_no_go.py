@@ -14,6 +14,8 @@ import sys
 from absl import app, flags
 from absl import logging as absl_logging
 
+from mapfjax.rl.rollout import TRACE_LOSSES
+
 _POLICY = flags.DEFINE_string("policy", None, "model directory (HF files) to start from")
 _THINKING = flags.DEFINE_bool("thinking", False, "the policy writes a reasoning trace first")
 _UPDATES = flags.DEFINE_integer("updates", 150, "GRPO updates per run (8 groups x 8 each)")
@@ -25,7 +27,7 @@ _SAMPLES = flags.DEFINE_integer(
 )
 _KL = flags.DEFINE_float("kl_coef", 0.0, "k3 KL weight to the starting policy (0: none)")
 _TRACE_LOSS = flags.DEFINE_enum(
-    "trace_loss", "all", ["all", "moves", "answer"], "what of a thinking response GRPO trains"
+    "trace_loss", "all", list(TRACE_LOSSES), "what of a thinking response GRPO trains"
 )
 _WORKDIR = flags.DEFINE_string("workdir", "runs/go_no_go", "run directories (checkpoints)")
 _OUT = flags.DEFINE_string("out", None, "where verdict.md and the runs' small files go")
