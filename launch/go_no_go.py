@@ -25,6 +25,9 @@ _PER_SIZE = flags.DEFINE_integer("per_size", 100, "held-out puzzles per map size
 _SAMPLES = flags.DEFINE_integer(
     "samples", 4, "held-out samples at temperature 1 per puzzle (mean@k; 0: greedy only)"
 )
+_WAIT = flags.DEFINE_float(
+    "wait_ratio", 0.3, "share of the training puzzles that need a wait (held-out set unchanged)"
+)
 _KL = flags.DEFINE_float("kl_coef", 0.0, "k3 KL weight to the starting policy (0: none)")
 _TRACE_LOSS = flags.DEFINE_enum(
     "trace_loss", "all", list(TRACE_LOSSES), "what of a thinking response GRPO trains"
@@ -33,6 +36,9 @@ _WORKDIR = flags.DEFINE_string("workdir", "runs/go_no_go", "run directories (che
 _OUT = flags.DEFINE_string("out", None, "where verdict.md and the runs' small files go")
 _REFERENCE = flags.DEFINE_string("reference", None, "a run whose start is the reference model")
 flags.mark_flags_as_required(["policy", "out"])
+flags.register_validator(
+    "wait_ratio", lambda v: 0 <= v <= 1, "--wait_ratio: a share of the puzzles, in [0, 1]"
+)
 
 
 def arm_config(sizes):
@@ -41,7 +47,7 @@ def arm_config(sizes):
 
     c = configfile.get_config(configfile.ROOT / "configs" / "tiny_cpu.py", "grpo_effect")
     c.model.path = str(pathlib.Path(_POLICY.value).resolve())
-    c.env = default_config(num_agents=2, sizes=sizes, hole_ratio=0.2, wait_ratio=0.3)
+    c.env = default_config(num_agents=2, sizes=sizes, hole_ratio=0.2, wait_ratio=_WAIT.value)
     c.train.instances = _UPDATES.value * c.train.problems_per_step
     c.optim.lr = _LR.value
     c.grpo.kl_coef = _KL.value

@@ -21,7 +21,7 @@ import dataclasses
 import pathlib
 
 from mapfjax import stats
-from mapfjax.eval.report import paired_change, valid_by_id, validation_rows
+from mapfjax.eval.report import paired_change, training_curves, valid_by_id, validation_rows
 
 PARSE_ERROR = "parse_error"
 
@@ -109,3 +109,114 @@ def markdown(criteria: list[Criterion], rows: list[list[str]], notes: list[str],
     lines += ["", stats.markdown_table(["model", "greedy valid %", "vs start (points)"], rows)]
     lines += ["", *notes] if notes else []
     return "\n".join(lines) + "\n"
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """One GRPO arm of a gate run (`<results>/<name>/<arm>`), measured on its held-out set."""
+
+    name: str  # e.g. "trace_grid6000_kl0.1/matched"
+    policy: str  # the starting policy's directory name
+    settings: str  # what differs between arms: lr, KL, trace_loss, training wait ratio
+    updates: int  # GRPO updates logged
+    minutes: float  # their wall time
+    start: stats.Estimate  # greedy valid of the starting policy
+    end: stats.Estimate  # after the last round
+    change: stats.Estimate  # end - start, paired
+    parses: stats.Estimate  # share of the start's answers that parse
+
+
+def _settings(config: dict) -> str:
+    grpo, train = config.get("grpo", {}), config.get("train", {})
+    waits = sorted({s.get("wait_ratio") for s in config.get("env", {}).get("sizes", {}).values()})
+    lr = config.get("optim", {}).get("lr")
+    parts = [f"lr {lr:.0e}".replace("e-0", "e-") if isinstance(lr, (int, float)) else "lr ?"]
+    parts += [f"KL {grpo['kl_coef']:g}"] if grpo.get("kl_coef") else []
+    parts += [f"trains {train.get('trace_loss', 'all')}"]
+    parts += [f"wait ratio {'/'.join(f'{w:g}' for w in waits)}"] if waits else []
+    return ", ".join(parts)
+
+
+def arms(results) -> list[Arm]:
+    """Every finished arm under `results` (directories `<name>/<arm>` holding run_config.json,
+    start/ and a finished round), sorted by name. Raises ValueError when none is found, or when
+    two arms were validated on different puzzles (their changes would not be comparable)."""
+    import json
+
+    results = pathlib.Path(results)
+    out, ids = [], None
+    for config_path in sorted(results.glob("*/*/run_config.json")):
+        workdir = config_path.parent
+        if len(validation_rows(workdir)) < 2:
+            continue  # stopped before its first round finished
+        start_rows, end_rows = _start_and_end(workdir)
+        start, end = valid_by_id(start_rows), valid_by_id(end_rows)
+        if ids is None:
+            ids, first = set(start), workdir
+        elif set(start) != ids:
+            raise ValueError(f"{workdir} was validated on other puzzles than {first}")
+        config = json.loads(config_path.read_text())
+        curve = training_curves(workdir)
+        out.append(
+            Arm(
+                name=f"{workdir.parent.name}/{workdir.name}",
+                policy=pathlib.Path(config.get("model", {}).get("path", "?")).name,
+                settings=_settings(config),
+                updates=len(curve),
+                minutes=sum(r.get("seconds", 0.0) for _, r in curve) / 60,
+                start=stats.proportion(list(start.values())),
+                end=stats.proportion(list(end.values())),
+                change=paired_change(end, start),
+                parses=stats.proportion([r.get("failure") != PARSE_ERROR for r in start_rows]),
+            )
+        )
+    if not out:
+        raise ValueError(f"{results}: no finished arm (<name>/<arm>/run_config.json, start, round)")
+    return out
+
+
+def arms_markdown(found: list[Arm], min_gain: float = 0.05) -> str:
+    """The arms as one table: start, settings, start and end rates, the paired change."""
+    rows = [
+        [
+            a.name, a.policy, a.settings, f"{a.updates} ({a.minutes:.1f} min)",
+            stats.interval_text(a.parses),
+            stats.interval_text(a.start), stats.interval_text(a.end),
+            stats.interval_text(a.change, signed=True),
+            "yes" if a.change.value >= min_gain and a.change.low > 0 else "no",
+        ]
+        for a in found
+    ]  # fmt: skip
+    header = ["arm", "start", "settings", "updates", "start parses %", "start valid %"]
+    header += ["end valid %"]
+    header += ["change (points, paired)", f"gain >= {100 * min_gain:g}, interval > 0"]
+    n = found[0].start.n if found else 0
+    return f"Greedy valid on the same {n} held-out puzzles, 95 % intervals.\n\n" + (
+        stats.markdown_table(header, rows) + "\n"
+    )
+
+
+def plot_arms(found: list[Arm], path, min_gain: float = 0.05) -> None:
+    """A forest plot of the arms' paired changes with their intervals, the gate's bar and 0."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from mapfjax.eval.report import save_png
+
+    ys = list(range(len(found)))[::-1]
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(found) + 1.4))
+    for y, a in zip(ys, found, strict=True):
+        color = "tab:green" if a.change.low > 0 else "tab:red" if a.change.high < 0 else "tab:gray"
+        lo, hi = 100 * (a.change.value - a.change.low), 100 * (a.change.high - a.change.value)
+        ax.errorbar(100 * a.change.value, y, xerr=[[lo], [hi]], fmt="o", color=color, capsize=3)
+    ax.axvline(0, color="black", lw=0.8)
+    gate_label = f"gate: +{100 * min_gain:g} points"
+    ax.axvline(100 * min_gain, color="tab:green", ls="--", lw=0.8, label=gate_label)
+    ax.set_yticks(ys, [f"{a.policy}: {a.settings}" for a in found], fontsize=8)
+    ax.set_xlabel("held-out greedy valid, after GRPO minus start (points, paired, 95 % interval)")
+    ax.legend(loc="upper left", fontsize=8)
+    ax.set_ylim(-0.8, len(found) - 0.2)
+    fig.tight_layout()
+    save_png(fig, pathlib.Path(path))

@@ -114,7 +114,7 @@ def held_out_table(runs: list[tuple[str, list[dict]]]) -> str:
     return stats.markdown_table(header, table)
 
 
-def _curves(workdir: pathlib.Path) -> list[tuple[int, dict]]:
+def training_curves(workdir: pathlib.Path) -> list[tuple[int, dict]]:
     """(global step, metrics row) of every logged training step, rounds in order."""
     out, offset = [], 0
     for _, d in _rounds(workdir):
@@ -186,7 +186,7 @@ CURVES = (
 )
 
 
-def _save_png(fig, path: pathlib.Path) -> None:
+def save_png(fig, path: pathlib.Path) -> None:
     """Render the figure to memory and write it atomically (readers never see half a PNG)."""
     import matplotlib.pyplot as plt  # loaded by `_plots` (after choosing Agg) before this runs
 
@@ -218,7 +218,7 @@ def _plots(records: list[RoundRecord], workdir: pathlib.Path) -> list[str]:
     axes[1].legend()
     fig.tight_layout()
     names = ["validation.png"]
-    _save_png(fig, workdir / names[0])
+    save_png(fig, workdir / names[0])
 
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.4), sharey=True)
     csizes = sorted({k for r in records for k in r.config["sizes"]}, key=lambda k: int(k[1:]))
@@ -234,9 +234,9 @@ def _plots(records: list[RoundRecord], workdir: pathlib.Path) -> list[str]:
     axes[-1].legend()
     fig.tight_layout()
     names.append("configs.png")
-    _save_png(fig, workdir / names[1])
+    save_png(fig, workdir / names[1])
 
-    curves = _curves(workdir)
+    curves = training_curves(workdir)
     if curves:
         fig, axes = plt.subplots(2, 3, figsize=(12, 6))
         for ax, (key, title) in zip(axes.flat, CURVES, strict=True):
@@ -254,7 +254,7 @@ def _plots(records: list[RoundRecord], workdir: pathlib.Path) -> list[str]:
             ax.grid(alpha=0.3)
         fig.tight_layout()
         names.append("training.png")
-        _save_png(fig, workdir / names[-1])
+        save_png(fig, workdir / names[-1])
     return names
 
 
@@ -293,7 +293,7 @@ def compare_runs(workdirs: list[pathlib.Path], labels: list[str] | None = None) 
     table = []
     entries = [("start", None, start), *zip(labels, workdirs, finals, strict=True)]
     for i, (label, w, rows) in enumerate(entries):
-        curve = _curves(w) if w is not None else []
+        curve = training_curves(w) if w is not None else []
         line = [label, str(curve[-1][0]) if curve else "0"]
         line.append(stats.interval_text(stats.proportion([r["valid"] for r in rows])))
         if k:
@@ -395,7 +395,7 @@ def write_report(workdir) -> pathlib.Path:
             parts += [
                 "## Training rollouts: first vs last updates",
                 "",
-                rollout_trend(_curves(workdir), group_size),
+                rollout_trend(training_curves(workdir), group_size),
                 "",
             ]
         parts += [

@@ -87,3 +87,72 @@ def test_runs_must_share_start_and_puzzles(tmp_path):
         gate.evaluate(a, tmp_path / "missing")
     with pytest.raises(ValueError, match="no start/validation.json"):
         gate.evaluate(a, a, reference=tmp_path / "missing")
+
+
+def _arm(results, name, start, end, lr=1e-4, kl=0.0, trace_loss="all", seconds=(30.0, 40.0)):
+    run = results / name / "matched"
+    _write(run, "start", start, {0: gate.PARSE_ERROR})
+    _write(run, "round_0", end)
+    metrics = [{"step": i + 1, "seconds": s} for i, s in enumerate(seconds)]
+    (run / "round_0" / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    config = {
+        "model": {"path": f"/somewhere/{name}_policy"},
+        "optim": {"lr": lr},
+        "grpo": {"kl_coef": kl},
+        "train": {"trace_loss": trace_loss},
+        "env": {"sizes": {"s3": {"wait_ratio": 0.3}, "s4": {"wait_ratio": 1.0}}},
+    }
+    (run / "run_config.json").write_text(json.dumps(config))
+    return run
+
+
+def test_arms_summarise_every_finished_arm(tmp_path):
+    start = _draw(0.3, seed=1)
+    gain = start | _draw(0.15, seed=2)
+    _arm(tmp_path, "b_kl", start, gain, lr=3e-5, kl=0.1, trace_loss="moves")
+    _arm(tmp_path, "a_plain", start, start)
+    # An arm stopped before its first round finished is left out.
+    _write(tmp_path / "c_stopped" / "matched", "start", start)
+    (tmp_path / "c_stopped" / "matched" / "run_config.json").write_text("{}")
+    a, b = gate.arms(tmp_path)
+    assert [a.name, b.name] == ["a_plain/matched", "b_kl/matched"]
+    assert a.settings == "lr 1e-4, trains all, wait ratio 0.3/1"
+    assert b.settings == "lr 3e-5, KL 0.1, trains moves, wait ratio 0.3/1"
+    assert (a.policy, a.updates, a.minutes) == ("a_plain_policy", 2, pytest.approx(70 / 60))
+    assert a.change.value == 0 and a.parses.value == pytest.approx(399 / 400)
+    want = stats.paired_proportion_difference(list(gain), list(start))
+    assert b.change.value == pytest.approx(want.value) and b.end.value == pytest.approx(gain.mean())
+    table = gate.arms_markdown([a, b])
+    assert table.startswith("Greedy valid on the same 400 held-out puzzles")
+    lines = table.strip().splitlines()
+    assert lines[-1].endswith("| yes |") and lines[-2].endswith("| no |")  # b gains ~10 points
+    gate.plot_arms([a, b], tmp_path / "arms.png")
+    assert (tmp_path / "arms.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_arms_refuse_other_puzzles_and_an_empty_folder(tmp_path):
+    start = _draw(0.3, seed=1)
+    _arm(tmp_path, "a", start, start)
+    _arm(tmp_path, "b", start[:300], start[:300])
+    with pytest.raises(ValueError, match="other puzzles"):
+        gate.arms(tmp_path)
+    with pytest.raises(ValueError, match="no finished arm"):
+        gate.arms(tmp_path / "empty")
+
+
+def test_gate_summary_script_writes_the_table_and_the_picture(tmp_path):
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    script = [sys.executable, str(root / "launch" / "gate_summary.py")]
+    start = _draw(0.3, seed=1)
+    _arm(tmp_path, "a", start, start)
+    out = subprocess.run([*script, f"--results={tmp_path}"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "arms.md").read_text() in out.stdout + "\n"
+    assert (tmp_path / "arms.png").exists()
+    missing = f"--results={tmp_path / 'none'}"
+    out = subprocess.run([*script, missing], capture_output=True, text=True)
+    assert out.returncode == 2 and "no finished arm" in out.stderr

@@ -18,19 +18,21 @@ spec.loader.exec_module(m)
 flags.FLAGS(["go_no_go", "--policy=p", "--out=o", *sys.argv[1:]])
 c = m.arm_config((3,))
 print(json.dumps([c.validation.samples, c.train.max_new_tokens, c.validation.max_new_tokens,
-                  c.train.enable_thinking, c.optim.lr, c.grpo.kl_coef, c.train.trace_loss]))
+                  c.train.enable_thinking, c.optim.lr, c.grpo.kl_coef, c.train.trace_loss,
+                  [s.wait_ratio for s in c.env.sizes.values()]]))
 """
 
 
 @pytest.mark.parametrize(
     "args, want",
     [
-        ([], [4, 64, 64, False, 1e-4, 0.0, "all"]),
-        (["--thinking"], [4, 640, 640, True, 1e-4, 0.0, "all"]),
-        (["--thinking", "--samples=0", "--lr=1e-5"], [0, 640, 640, True, 1e-5, 0.0, "all"]),
-        (["--max_new_tokens=100"], [4, 100, 100, False, 1e-4, 0.0, "all"]),
-        (["--kl_coef=0.05", "--trace_loss=moves"], [4, 64, 64, False, 1e-4, 0.05, "moves"]),
-        (["--trace_loss=answer"], [4, 64, 64, False, 1e-4, 0.0, "answer"]),
+        ([], [4, 64, 64, False, 1e-4, 0.0, "all", [0.3]]),
+        (["--thinking"], [4, 640, 640, True, 1e-4, 0.0, "all", [0.3]]),
+        (["--thinking", "--samples=0", "--lr=1e-5"], [0, 640, 640, True, 1e-5, 0.0, "all", [0.3]]),
+        (["--max_new_tokens=100"], [4, 100, 100, False, 1e-4, 0.0, "all", [0.3]]),
+        (["--kl_coef=0.05", "--trace_loss=moves"], [4, 64, 64, False, 1e-4, 0.05, "moves", [0.3]]),
+        (["--wait_ratio=1"], [4, 64, 64, False, 1e-4, 0.0, "all", [1.0]]),
+        (["--trace_loss=answer"], [4, 64, 64, False, 1e-4, 0.0, "answer", [0.3]]),
     ],
 )
 def test_flags_reach_the_arm_config(args, want):
@@ -39,3 +41,12 @@ def test_flags_reach_the_arm_config(args, want):
     )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1]) == want
+
+
+def test_a_wait_ratio_outside_0_1_is_refused_before_any_work():
+    out = subprocess.run(
+        [sys.executable, "launch/go_no_go.py", "--policy=p", "--out=o", "--wait_ratio=1.5"],
+        cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert "--wait_ratio=1.5" in out.stderr and "in [0, 1]" in out.stderr
