@@ -2,6 +2,9 @@ r"""Greedy valid rates of several checkpoints evaluated (launch/evaluate.py) on 
 file, per group of map sizes, paired against the first on the same puzzles; for evaluations
 whose directory holds an answers.jsonl with reasoning traces (--answers_out DIR/answers.jsonl),
 also how often the answer copies the plan its trace chose and how valid those plans are.
+Directories joined by "+" are one evaluation sampled several times (the same checkpoint at
+temperature 1 with different --seed): each puzzle then counts its share of valid samples
+(mean@k) and the paired change is the mean per-puzzle difference.
 
     python launch/compare_evals.py --instances held_out.jsonl --evals eval_a,eval_b \
         [--labels "model A,model B"] [--sizes 3-5 --sizes 3-10] [--out table.md]
@@ -14,7 +17,9 @@ from absl import app, flags
 from absl import logging as absl_logging
 
 _INSTANCES = flags.DEFINE_string("instances", None, "the instance JSONL every evaluation answered")
-_EVALS = flags.DEFINE_list("evals", None, "launch/evaluate.py --out_dir directories")
+_EVALS = flags.DEFINE_list(
+    "evals", None, "launch/evaluate.py --out_dir directories (seeds of one model joined by +)"
+)
 _LABELS = flags.DEFINE_list("labels", None, "one label per evaluation (default: directory names)")
 _SIZES = flags.DEFINE_multi_string("sizes", ["3-10"], "groups of map sizes, e.g. 3-5")
 _OUT = flags.DEFINE_string("out", None, "also write the table here")

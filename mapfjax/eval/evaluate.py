@@ -515,43 +515,57 @@ def compare_evaluations(
     out_dirs: Sequence, labels: Sequence[str], problems: Sequence[Problem], groups
 ) -> str:
     """Markdown: for each evaluation (all of the same `problems`) and each group of map sizes,
-    greedy valid % [Wilson 95 %] and the paired change against the first evaluation on the
-    same puzzles [95 %], with the number of puzzles only one side solves."""
+    valid % [95 %] and the paired change against the first evaluation on the same puzzles
+    [95 %], with the number of puzzles on which the two sides differ.
+
+    An evaluation is one `launch/evaluate.py` directory, or several joined by "+" (the same
+    checkpoint sampled with different seeds): then each puzzle counts the share of its samples
+    that are valid (mean@k), rates are means (`stats.bounded_mean`) and the paired change is the
+    mean per-puzzle difference with its t interval (`stats.paired_difference`); single
+    directories keep the Wilson and paired-proportion intervals."""
     if len(labels) != len(out_dirs):
         raise ValueError(f"{len(out_dirs)} evaluations but {len(labels)} labels")
     ids = {p.id for p in problems}
-    verdicts = []
-    for d in out_dirs:
-        rows = read_verdicts(d)
-        if set(rows) != ids:
-            raise ValueError(
-                f"{d}: {len(set(rows) - ids)} answered puzzles are not in the instances and "
-                f"{len(ids - set(rows))} instances have no answer; compare evaluations of the "
-                f"same instance file"
-            )
-        verdicts.append(rows)
+    verdicts, joined = [], False
+    for spec in out_dirs:
+        parts = str(spec).split("+")
+        joined |= len(parts) > 1
+        sums = dict.fromkeys(ids, 0.0)
+        for d in parts:
+            rows = read_verdicts(d)
+            if set(rows) != ids:
+                raise ValueError(
+                    f"{d}: {len(set(rows) - ids)} answered puzzles are not in the instances and "
+                    f"{len(ids - set(rows))} instances have no answer; compare evaluations of "
+                    f"the same instance file"
+                )
+            for i in ids:
+                sums[i] += bool(rows[i]["valid"])
+        verdicts.append({i: v / len(parts) for i, v in sums.items()})
+    what = "mean valid %" if joined else "valid %"
     header, cols = ["model"], []
     for group in groups:
         members = [p.id for p in problems if p.height in set(group)]
         if not members:
             raise ValueError(f"sizes {group}: no puzzle of these sizes in the instances")
         name = f"{min(group)}x{min(group)}-{max(group)}x{max(group)}"
-        header += [f"{name} valid % (n={len(members)})", f"vs {labels[0]} (points)", "discordant"]
+        header += [f"{name} {what} (n={len(members)})", f"vs {labels[0]} (points)", "discordant"]
         cols.append(members)
 
     table = []
     for label, rows in zip(labels, verdicts, strict=True):
         line = [label]
         for members in cols:
-            mine = [bool(rows[i]["valid"]) for i in members]
-            base = [bool(verdicts[0][i]["valid"]) for i in members]
-            line.append(stats.interval_text(stats.proportion(mine)))
+            mine = [rows[i] for i in members]
+            base = [verdicts[0][i] for i in members]
+            rate = stats.bounded_mean(mine) if joined else stats.proportion(mine)
+            line.append(stats.interval_text(rate))
             if rows is verdicts[0]:
                 line += ["-", "-"]
-            else:
-                change = stats.paired_proportion_difference(mine, base)
-                line.append(stats.interval_text(change, signed=True))
-                line.append(sum(a != b for a, b in zip(mine, base, strict=True)))
+                continue
+            paired = stats.paired_difference if joined else stats.paired_proportion_difference
+            line.append(stats.interval_text(paired(mine, base), signed=True))
+            line.append(sum(a != b for a, b in zip(mine, base, strict=True)))
         table.append(line)
     return stats.markdown_table(header, table)
 

@@ -102,3 +102,27 @@ def test_trace_comparison_counts_copies_and_valid_trace_plans(tmp_path):
         ev.trace_comparison([path], ["T", "U"], p)
     with pytest.raises(ValueError, match="no answers"):
         ev.trace_comparison([tmp_path / "none.jsonl"], ["T"], p)
+
+
+def test_seeds_joined_by_plus_compare_per_puzzle_means(case, tmp_path):
+    problems, dirs, a, b = case
+    ids = [p.id for p in problems]
+    # A second sample of each side: B's second sample fails everywhere.
+    a2 = _eval_dir(tmp_path / "a2", dict(zip(ids, a, strict=True)))
+    b2 = _eval_dir(tmp_path / "b2", dict.fromkeys(ids, False))
+    specs = [f"{dirs[0]}+{a2}", f"{dirs[1]}+{b2}"]
+    table = ev.compare_evaluations(specs, ["A", "B"], problems, [(3, 7)])
+    lines = table.splitlines()
+    assert lines[0].startswith("| model | 3x3-7x7 mean valid % (n=10) | vs A (points) |")
+    mean_b = [v / 2 for v in b]
+    assert lines[2].startswith(f"| A | {stats.interval_text(stats.bounded_mean(a))} | - |")
+    change = stats.paired_difference(mean_b, [float(x) for x in a])
+    assert lines[3] == (
+        f"| B | {stats.interval_text(stats.bounded_mean(mean_b))} | "
+        f"{stats.interval_text(change, signed=True)} | {sum(x != y for x, y in zip(mean_b, a))} |"
+    )
+    assert change.value == pytest.approx((sum(b) / 2 - sum(a)) / 10)
+    # A joined directory that answered other puzzles is named.
+    other = _eval_dir(tmp_path / "other", {"p0": True})
+    with pytest.raises(ValueError, match="other: 0 answered puzzles are not in the instances"):
+        ev.compare_evaluations([f"{dirs[0]}+{other}"], ["A"], problems, [(3,)])
