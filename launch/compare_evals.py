@@ -23,6 +23,9 @@ _EVALS = flags.DEFINE_list(
 _LABELS = flags.DEFINE_list("labels", None, "one label per evaluation (default: directory names)")
 _SIZES = flags.DEFINE_multi_string("sizes", ["3-10"], "groups of map sizes, e.g. 3-5")
 _OUT = flags.DEFINE_string("out", None, "also write the table here")
+_SPLIT_WAIT = flags.DEFINE_bool(
+    "split_wait", False, "also each size group's puzzles that need a wait and those that do not"
+)
 flags.mark_flags_as_required(["instances", "evals"])
 
 
@@ -42,7 +45,7 @@ def main(argv):
     try:
         problems = io.load_instances(_INSTANCES.value)
         groups = [parse_sizes(s) for s in _SIZES.value]
-        table = ev.compare_evaluations(_EVALS.value, labels, problems, groups)
+        table = ev.compare_evaluations(_EVALS.value, labels, problems, groups, _SPLIT_WAIT.value)
         answers = [pathlib.Path(d) / "answers.jsonl" for d in _EVALS.value]
         traced = [(f, lab) for f, lab in zip(answers, labels, strict=True) if _has_traces(f)]
         if traced:

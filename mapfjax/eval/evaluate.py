@@ -512,7 +512,11 @@ def read_verdicts(out_dir) -> dict[str, dict]:
 
 
 def compare_evaluations(
-    out_dirs: Sequence, labels: Sequence[str], problems: Sequence[Problem], groups
+    out_dirs: Sequence,
+    labels: Sequence[str],
+    problems: Sequence[Problem],
+    groups,
+    split_wait: bool = False,
 ) -> str:
     """Markdown: for each evaluation (all of the same `problems`) and each group of map sizes,
     valid % [95 %] and the paired change against the first evaluation on the same puzzles
@@ -522,7 +526,9 @@ def compare_evaluations(
     checkpoint sampled with different seeds): then each puzzle counts the share of its samples
     that are valid (mean@k), rates are means (`stats.bounded_mean`) and the paired change is the
     mean per-puzzle difference with its t interval (`stats.paired_difference`); single
-    directories keep the Wilson and paired-proportion intervals."""
+    directories keep the Wilson and paired-proportion intervals. split_wait: each size group
+    also as its puzzles that need a wait and those that need none (`Problem.needs_wait`; a
+    ValueError when an instance has no such label)."""
     if len(labels) != len(out_dirs):
         raise ValueError(f"{len(out_dirs)} evaluations but {len(labels)} labels")
     ids = {p.id for p in problems}
@@ -549,8 +555,22 @@ def compare_evaluations(
         if not members:
             raise ValueError(f"sizes {group}: no puzzle of these sizes in the instances")
         name = f"{min(group)}x{min(group)}-{max(group)}x{max(group)}"
-        header += [f"{name} {what} (n={len(members)})", f"vs {labels[0]} (points)", "discordant"]
-        cols.append(members)
+        parts = [(name, members)]
+        if split_wait:
+            wait = {p.id: p.needs_wait for p in problems if p.height in set(group)}
+            unlabelled = sorted(i for i, w in wait.items() if w is None)
+            if unlabelled:
+                raise ValueError(
+                    f"{len(unlabelled)} instances (e.g. {unlabelled[0]}) have no needs_wait "
+                    "label; label the instance file or leave out the split by waits"
+                )
+            parts += [
+                (f"{name} needs a wait", [i for i in members if wait[i]]),
+                (f"{name} needs none", [i for i in members if not wait[i]]),
+            ]
+        for part, ids_ in parts:
+            header += [f"{part} {what} (n={len(ids_)})", f"vs {labels[0]} (points)", "discordant"]
+            cols.append(ids_)
 
     table = []
     for label, rows in zip(labels, verdicts, strict=True):

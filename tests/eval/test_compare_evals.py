@@ -126,3 +126,20 @@ def test_seeds_joined_by_plus_compare_per_puzzle_means(case, tmp_path):
     other = _eval_dir(tmp_path / "other", {"p0": True})
     with pytest.raises(ValueError, match="other: 0 answered puzzles are not in the instances"):
         ev.compare_evaluations([f"{dirs[0]}+{other}"], ["A"], problems, [(3,)])
+
+
+def test_split_by_waits_adds_both_halves_of_each_size_group(case):
+    problems, dirs, a, b = case
+    with pytest.raises(ValueError, match="10 instances .* have no needs_wait label"):
+        ev.compare_evaluations(dirs, ["A", "B"], problems, [(3, 7)], split_wait=True)
+    labelled = [p.with_labels(None, None, i % 2 == 0) for i, p in enumerate(problems)]
+    table = ev.compare_evaluations(dirs, ["A", "B"], labelled, [(3, 7)], split_wait=True)
+    header, _, row_a, row_b = table.splitlines()
+    assert "3x3-7x7 needs a wait valid % (n=5)" in header
+    assert "3x3-7x7 needs none valid % (n=5)" in header
+    even = stats.paired_proportion_difference(b[::2], a[::2])
+    odd = stats.paired_proportion_difference(b[1::2], a[1::2])
+    cells = [c.strip() for c in row_b.strip("|").split("|")]
+    assert cells[5] == stats.interval_text(even, signed=True)
+    assert cells[8] == stats.interval_text(odd, signed=True)
+    assert cells[1] == stats.interval_text(stats.proportion(b))
