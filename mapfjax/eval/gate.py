@@ -128,12 +128,18 @@ class Arm:
 
 def _settings(config: dict) -> str:
     grpo, train = config.get("grpo", {}), config.get("train", {})
-    waits = sorted({s.get("wait_ratio") for s in config.get("env", {}).get("sizes", {}).values()})
+    sizes = config.get("env", {}).get("sizes", {})
+    used = {k: v for k, v in sizes.items() if v.get("data_ratio", 1.0) > 0}
+    waits = sorted({v.get("wait_ratio") for v in used.values()})
     lr = config.get("optim", {}).get("lr")
     parts = [f"lr {lr:.0e}".replace("e-0", "e-") if isinstance(lr, (int, float)) else "lr ?"]
     parts += [f"KL {grpo['kl_coef']:g}"] if grpo.get("kl_coef") else []
     parts += [f"trains {train.get('trace_loss', 'all')}"]
     parts += [f"wait ratio {'/'.join(f'{w:g}' for w in waits)}"] if waits else []
+    ns = sorted(int(k[1:]) for k in used)
+    if ns:
+        lo, hi = ns[0], ns[-1]
+        parts.append(f"{lo}x{lo} only" if lo == hi else f"{lo}x{lo}-{hi}x{hi}")
     return ", ".join(parts)
 
 

@@ -100,7 +100,7 @@ def _arm(results, name, start, end, lr=1e-4, kl=0.0, trace_loss="all", seconds=(
         "optim": {"lr": lr},
         "grpo": {"kl_coef": kl},
         "train": {"trace_loss": trace_loss},
-        "env": {"sizes": {"s3": {"wait_ratio": 0.3}, "s4": {"wait_ratio": 1.0}}},
+        "env": {"sizes": {"s3": {"wait_ratio": 0.3}, "s4": {"wait_ratio": 1.0, "data_ratio": 0}}},
     }
     (run / "run_config.json").write_text(json.dumps(config))
     return run
@@ -116,8 +116,8 @@ def test_arms_summarise_every_finished_arm(tmp_path):
     (tmp_path / "c_stopped" / "matched" / "run_config.json").write_text("{}")
     a, b = gate.arms(tmp_path)
     assert [a.name, b.name] == ["a_plain/matched", "b_kl/matched"]
-    assert a.settings == "lr 1e-4, trains all, wait ratio 0.3/1"
-    assert b.settings == "lr 3e-5, KL 0.1, trains moves, wait ratio 0.3/1"
+    assert a.settings == "lr 1e-4, trains all, wait ratio 0.3, 3x3 only"
+    assert b.settings == "lr 3e-5, KL 0.1, trains moves, wait ratio 0.3, 3x3 only"
     assert (a.policy, a.updates, a.minutes) == ("a_plain_policy", 2, pytest.approx(70 / 60))
     assert a.change.value == 0 and a.parses.value == pytest.approx(399 / 400)
     want = stats.paired_proportion_difference(list(gain), list(start))
