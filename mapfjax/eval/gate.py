@@ -212,7 +212,7 @@ def plot_arms(found: list[Arm], path, min_gain: float = 0.05) -> None:
     from mapfjax.eval.report import save_png
 
     ys = list(range(len(found)))[::-1]
-    fig, ax = plt.subplots(figsize=(9, 0.45 * len(found) + 1.4))
+    fig, ax = plt.subplots(figsize=(10, 0.45 * len(found) + 1.4))
     for y, a in zip(ys, found, strict=True):
         color = "tab:green" if a.change.low > 0 else "tab:red" if a.change.high < 0 else "tab:gray"
         lo, hi = 100 * (a.change.value - a.change.low), 100 * (a.change.high - a.change.value)
@@ -221,7 +221,7 @@ def plot_arms(found: list[Arm], path, min_gain: float = 0.05) -> None:
     gate_label = f"gate: +{100 * min_gain:g} points"
     ax.axvline(100 * min_gain, color="tab:green", ls="--", lw=0.8, label=gate_label)
     ax.set_yticks(ys, [f"{a.policy}: {a.settings}" for a in found], fontsize=8)
-    ax.set_xlabel("held-out greedy valid, after GRPO minus start (points, paired, 95 % interval)")
+    ax.set_xlabel("held-out greedy valid: after GRPO minus start (points, paired, 95 %)")
     ax.legend(loc="upper left", fontsize=8)
     ax.set_ylim(-0.8, len(found) - 0.2)
     fig.tight_layout()
