@@ -549,28 +549,29 @@ def compare_evaluations(
                 sums[i] += bool(rows[i]["valid"])
         verdicts.append({i: v / len(parts) for i, v in sums.items()})
     what = "mean valid %" if joined else "valid %"
+    wait = {p.id: p.needs_wait for p in problems}
     header, cols = ["model"], []
     for group in groups:
         members = [p.id for p in problems if p.height in set(group)]
         if not members:
             raise ValueError(f"sizes {group}: no puzzle of these sizes in the instances")
         name = f"{min(group)}x{min(group)}-{max(group)}x{max(group)}"
-        parts = [(name, members)]
+        columns = [(name, members)]
         if split_wait:
-            wait = {p.id: p.needs_wait for p in problems if p.height in set(group)}
-            unlabelled = sorted(i for i, w in wait.items() if w is None)
+            unlabelled = sorted(i for i in members if wait[i] is None)
             if unlabelled:
                 raise ValueError(
                     f"{len(unlabelled)} instances (e.g. {unlabelled[0]}) have no needs_wait "
                     "label; label the instance file or leave out the split by waits"
                 )
-            parts += [
+            columns += [
                 (f"{name} needs a wait", [i for i in members if wait[i]]),
                 (f"{name} needs none", [i for i in members if not wait[i]]),
             ]
-        for part, ids_ in parts:
-            header += [f"{part} {what} (n={len(ids_)})", f"vs {labels[0]} (points)", "discordant"]
-            cols.append(ids_)
+        for title, chosen in columns:
+            header += [f"{title} {what} (n={len(chosen)})", f"vs {labels[0]} (points)"]
+            header.append("discordant")
+            cols.append(chosen)
 
     table = []
     for label, rows in zip(labels, verdicts, strict=True):

@@ -18,6 +18,7 @@ shipped model's) is reported beside them, not gated.
 from __future__ import annotations
 
 import dataclasses
+import json
 import pathlib
 
 from mapfjax import stats
@@ -32,6 +33,11 @@ class Criterion:
     measured: str  # the figure, with its 95 % interval
     required: str
     passed: bool
+
+
+def _parse_rate(rows: list[dict]) -> stats.Estimate:
+    """Share of validation rows whose answer parsed."""
+    return stats.proportion([r.get("failure") != PARSE_ERROR for r in rows])
 
 
 def _start_and_end(workdir: pathlib.Path) -> tuple[list[dict], list[dict]]:
@@ -58,7 +64,7 @@ def evaluate(
             raise ValueError(f"{where} was validated on other puzzles than {matched}/start")
     if other_start != base:
         raise ValueError(f"{matched} and {mismatched} do not start from the same policy")
-    parsed = stats.proportion([r.get("failure") != PARSE_ERROR for r in start_rows])
+    parsed = _parse_rate(start_rows)
     gain, apart = paired_change(end, base), paired_change(end, other_end)
     pct = lambda x: f"{100 * x:g} %"
     criteria = [
@@ -147,21 +153,23 @@ def arms(results) -> list[Arm]:
     """Every finished arm under `results` (directories `<name>/<arm>` holding run_config.json,
     start/ and a finished round), sorted by name. Raises ValueError when none is found, or when
     two arms were validated on different puzzles (their changes would not be comparable)."""
-    import json
-
     results = pathlib.Path(results)
     out, ids = [], None
     for config_path in sorted(results.glob("*/*/run_config.json")):
         workdir = config_path.parent
-        if len(validation_rows(workdir)) < 2:
+        found = validation_rows(workdir)
+        if len(found) < 2:
             continue  # stopped before its first round finished
-        start_rows, end_rows = _start_and_end(workdir)
+        start_rows, end_rows = found[0][1], found[-1][1]
         start, end = valid_by_id(start_rows), valid_by_id(end_rows)
         if ids is None:
             ids, first = set(start), workdir
         elif set(start) != ids:
             raise ValueError(f"{workdir} was validated on other puzzles than {first}")
-        config = json.loads(config_path.read_text())
+        try:
+            config = json.loads(config_path.read_text())
+        except ValueError as e:
+            raise ValueError(f"{config_path}: not readable as JSON ({e})") from None
         curve = training_curves(workdir)
         out.append(
             Arm(
@@ -173,7 +181,7 @@ def arms(results) -> list[Arm]:
                 start=stats.proportion(list(start.values())),
                 end=stats.proportion(list(end.values())),
                 change=paired_change(end, start),
-                parses=stats.proportion([r.get("failure") != PARSE_ERROR for r in start_rows]),
+                parses=_parse_rate(start_rows),
             )
         )
     if not out:

@@ -138,6 +138,10 @@ def test_arms_refuse_other_puzzles_and_an_empty_folder(tmp_path):
         gate.arms(tmp_path)
     with pytest.raises(ValueError, match="no finished arm"):
         gate.arms(tmp_path / "empty")
+    broken = _arm(tmp_path / "broken", "a", start, start)
+    (broken / "run_config.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"a/matched/run_config.json: not readable as JSON"):
+        gate.arms(tmp_path / "broken")
 
 
 def test_gate_summary_script_writes_the_table_and_the_picture(tmp_path):
