@@ -2,7 +2,8 @@ r"""Go / no-go for a starting policy: GRPO with the fixed engineer on the held-o
 (2 agents, 3x3-6x6) and, with the same budget, on 3x3 maps only; both validated on the same 400
 held-out puzzles (configs/tiny_cpu.py:grpo_effect). Writes <out>/verdict.md (criteria in
 mapfjax/eval/gate.py) and the runs' small files; exit status 0 on GO, 1 on NO-GO, 2 on an error.
-Rerunning the command resumes both runs.
+Rerunning the command resumes both runs; rerunning it with more --rounds extends them (the
+gate then reads the last round).
 
     python launch/go_no_go.py --policy runs/tiny_trace_grid/export --thinking --updates 60 \
         --out results/go_no_go/trace [--reference results/grpo_effect/grpo_lr1e-4]
@@ -18,7 +19,14 @@ from mapfjax.rl.rollout import TRACE_LOSSES
 
 _POLICY = flags.DEFINE_string("policy", None, "model directory (HF files) to start from")
 _THINKING = flags.DEFINE_bool("thinking", False, "the policy writes a reasoning trace first")
-_UPDATES = flags.DEFINE_integer("updates", 150, "GRPO updates per run (8 groups x 8 each)")
+_UPDATES = flags.DEFINE_integer("updates", 150, "GRPO updates per round (8 groups x 8 each)")
+_ROUNDS = flags.DEFINE_integer(
+    "rounds",
+    1,
+    "rounds per run, each on fresh training puzzles and validated after it; a "
+    "finished run given more rounds continues (a budget counted in updates)",
+    lower_bound=1,
+)
 _LR = flags.DEFINE_float("lr", 1e-4, "GRPO learning rate")
 _TOKENS = flags.DEFINE_integer("max_new_tokens", 0, "completion budget (0: 64, or 640 thinking)")
 _PER_SIZE = flags.DEFINE_integer("per_size", 100, "held-out puzzles per map size (4 sizes)")
@@ -48,6 +56,7 @@ def arm_config(sizes):
     c = configfile.get_config(configfile.ROOT / "configs" / "tiny_cpu.py", "grpo_effect")
     c.model.path = str(pathlib.Path(_POLICY.value).resolve())
     c.env = default_config(num_agents=2, sizes=sizes, hole_ratio=0.2, wait_ratio=_WAIT.value)
+    c.rounds = _ROUNDS.value
     c.train.instances = _UPDATES.value * c.train.problems_per_step
     c.optim.lr = _LR.value
     c.grpo.kl_coef = _KL.value

@@ -68,7 +68,8 @@ def run(
     Before round 0 the starting model is validated (workdir/start/); each round trains with
     `driver.run_phase` on its own training set and is validated on the same held-out set.
     The workdir is locked meanwhile (`files.dir_lock`). An engineer that fails to run keeps the
-    config with a warning, or with strict_engineer raises EngineerError."""
+    config with a warning, or with strict_engineer raises EngineerError. A finished run given
+    more rounds continues, its engineer deciding first after what was its last round."""
     c = config
     workdir = pathlib.Path(workdir)
     check_config(c)
@@ -117,6 +118,13 @@ def _run(c, workdir: pathlib.Path, tokenizer, progress: bool, strict_engineer: b
         if (out / "DONE").exists():
             record, decision = finished_round(workdir, n, c, position)
             records.append(record)
+            if decision is None and n + 1 < c.rounds and position == {"round": n, "step": steps}:
+                # A finished run given more rounds: round n was its last, so its engineer never
+                # ran; it runs now, on round n's weights (still the checkpoint's).
+                decision = _engineer(
+                    n, records, current, c, trainer, tokenizer, base_model, out, strict_engineer
+                )
+                rundir.record_digests(workdir, out / "decision.json")
             if decision is not None:
                 current = decision.config
             if export and not (out / "model").exists():

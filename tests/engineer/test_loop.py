@@ -71,6 +71,30 @@ def test_two_rounds_end_to_end(tiny_model_dir, reference_run):
     assert (work / "round_1" / "DONE").stat().st_mtime_ns == stamp
 
 
+def test_a_finished_run_given_more_rounds_continues(tiny_model_dir, reference_run, tmp_path):
+    """rounds is a resumable change: the engineer decides after what was the last round (it
+    had not), and the new round trains on that decision; finished rounds stay as they were."""
+    import shutil
+
+    from mapfjax.engineer import loop
+
+    work = tmp_path / "run"
+    shutil.copytree(reference_run[0], work)
+    before = {p: p.read_bytes() for p in work.glob("round_[01]/*.json")}
+    assert not (work / "round_1" / "decision.json").exists()
+    c = smoke_config(tiny_model_dir)
+    c.rounds = 3
+    records = loop.run(c, work, progress=False)
+    assert [r.round for r in records] == [0, 1, 2]
+    assert all(p.read_bytes() == b for p, b in before.items())
+    decision = json.loads((work / "round_1" / "decision.json").read_text())
+    assert decision["engineer"] == "policy"
+    assert json.loads((work / "round_2" / "config.json").read_text()) == decision["config"]
+    assert (work / "round_2" / "DONE").exists()
+    assert (work / "round_2" / "model" / "model.safetensors").exists()
+    assert loop.run(c, work, progress=False)[-1].to_dict() == records[-1].to_dict()  # resumes
+
+
 def test_refuses_a_run_dir_of_another_config(tiny_model_dir, tmp_path):
     from mapfjax.engineer import loop
 

@@ -19,20 +19,27 @@ flags.FLAGS(["go_no_go", "--policy=p", "--out=o", *sys.argv[1:]])
 c = m.arm_config((3,))
 print(json.dumps([c.validation.samples, c.train.max_new_tokens, c.validation.max_new_tokens,
                   c.train.enable_thinking, c.optim.lr, c.grpo.kl_coef, c.train.trace_loss,
-                  [s.wait_ratio for s in c.env.sizes.values()]]))
+                  [s.wait_ratio for s in c.env.sizes.values()], c.rounds, c.train.instances]))
 """
 
 
 @pytest.mark.parametrize(
     "args, want",
     [
-        ([], [4, 64, 64, False, 1e-4, 0.0, "all", [0.3]]),
-        (["--thinking"], [4, 640, 640, True, 1e-4, 0.0, "all", [0.3]]),
-        (["--thinking", "--samples=0", "--lr=1e-5"], [0, 640, 640, True, 1e-5, 0.0, "all", [0.3]]),
-        (["--max_new_tokens=100"], [4, 100, 100, False, 1e-4, 0.0, "all", [0.3]]),
-        (["--kl_coef=0.05", "--trace_loss=moves"], [4, 64, 64, False, 1e-4, 0.05, "moves", [0.3]]),
-        (["--wait_ratio=1"], [4, 64, 64, False, 1e-4, 0.0, "all", [1.0]]),
-        (["--trace_loss=answer"], [4, 64, 64, False, 1e-4, 0.0, "answer", [0.3]]),
+        ([], [4, 64, 64, False, 1e-4, 0.0, "all", [0.3], 1, 1200]),
+        (["--thinking"], [4, 640, 640, True, 1e-4, 0.0, "all", [0.3], 1, 1200]),
+        (
+            ["--thinking", "--samples=0", "--lr=1e-5"],
+            [0, 640, 640, True, 1e-5, 0.0, "all", [0.3], 1, 1200],
+        ),
+        (["--max_new_tokens=100"], [4, 100, 100, False, 1e-4, 0.0, "all", [0.3], 1, 1200]),
+        (
+            ["--kl_coef=0.05", "--trace_loss=moves"],
+            [4, 64, 64, False, 1e-4, 0.05, "moves", [0.3], 1, 1200],
+        ),
+        (["--wait_ratio=1"], [4, 64, 64, False, 1e-4, 0.0, "all", [1.0], 1, 1200]),
+        (["--trace_loss=answer"], [4, 64, 64, False, 1e-4, 0.0, "answer", [0.3], 1, 1200]),
+        (["--updates=40", "--rounds=5"], [4, 64, 64, False, 1e-4, 0.0, "all", [0.3], 5, 320]),
     ],
 )
 def test_flags_reach_the_arm_config(args, want):
@@ -50,3 +57,12 @@ def test_a_wait_ratio_outside_0_1_is_refused_before_any_work():
     )  # fmt: skip
     assert out.returncode != 0
     assert "--wait_ratio=1.5" in out.stderr and "in [0, 1]" in out.stderr
+
+
+def test_rounds_below_1_are_refused_before_any_work():
+    out = subprocess.run(
+        [sys.executable, "launch/go_no_go.py", "--policy=p", "--out=o", "--rounds=0"],
+        cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert "--rounds=0" in out.stderr and "not a positive integer" in out.stderr
