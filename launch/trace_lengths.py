@@ -1,0 +1,79 @@
+r"""How long is the response a policy is trained to write for the oracle's plan, against the
+generation budget? Per map size and whether the puzzle needs a wait: tokens of the oracle's
+reasoning trace + answer (`rl.data.sft_examples`, end of turn included; median, 90th
+percentile, max) and how many exceed the budget. With --verdicts (a launch/evaluate.py
+--out_dir, or a run's validation.json) also the evaluation's parse errors, and how many of
+them the budget would have cut even on the oracle's trace.
+
+    python launch/trace_lengths.py --instances results/go_no_go/held_out_400.jsonl \
+        --tokenizer runs/tiny_trace_grid/export_aw10_6000 --style grid --budget 640 \
+        [--verdicts runs/go_no_go_6000_kl/matched/start/validation.json] [--out table.md]
+"""
+
+import json
+import pathlib
+import sys
+
+from absl import app, flags
+from absl import logging as absl_logging
+
+from mapfjax.env.trace import STYLES
+
+_INSTANCES = flags.DEFINE_string("instances", None, "instance JSONL")
+_TOKENIZER = flags.DEFINE_string("tokenizer", None, "model directory whose tokenizer counts")
+_STYLE = flags.DEFINE_enum("style", "grid", list(STYLES), "the trace's map transcription")
+_NO_TRACE = flags.DEFINE_bool("answer_only", False, "the answer block alone (no trace)")
+_BUDGET = flags.DEFINE_integer("budget", 640, "max_new_tokens to compare with", lower_bound=1)
+_VERDICTS = flags.DEFINE_string(
+    "verdicts", None, "an evaluation --out_dir (verdicts.jsonl) or a run's validation.json"
+)
+_OUT = flags.DEFINE_string("out", None, "also write the table here")
+flags.mark_flags_as_required(["instances", "tokenizer"])
+
+
+def failures(path: pathlib.Path) -> dict[str, str]:
+    """Puzzle id -> failure label, from an evaluation directory or a validation.json."""
+    from mapfjax.eval import evaluate as ev
+
+    if path.is_dir():
+        return {i: r.get("failure") for i, r in ev.read_verdicts(path).items()}
+    try:
+        rows = json.loads(path.read_text())["rows"]
+        return {r["id"]: r.get("failure") for r in rows}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not a validation.json with 'rows' of ids ({e!r})") from None
+
+
+def main(argv):
+    del argv
+    absl_logging.set_verbosity(absl_logging.WARNING)
+    from mapfjax import files
+    from mapfjax.env import io
+    from mapfjax.eval import evaluate as ev
+    from mapfjax.models import tokenizer as tok_lib
+    from mapfjax.rl import data
+
+    try:
+        problems = io.load_instances(_INSTANCES.value)
+        tok = tok_lib.load_tokenizer(_TOKENIZER.value)
+        fails = failures(pathlib.Path(_VERDICTS.value)) if _VERDICTS.value else None
+        if fails is not None and (missing := [p.id for p in problems if p.id not in fails]):
+            raise ValueError(
+                f"{_VERDICTS.value}: no verdict for {len(missing)} puzzle(s), e.g. "
+                f"{missing[0]!r}, of {_INSTANCES.value}"
+            )
+        thinking = not _NO_TRACE.value
+        examples = data.sft_examples(tok, problems, thinking=thinking, style=_STYLE.value)
+        lengths = [len(e.completion) for e in examples]
+        table = ev.response_length_table(problems, lengths, _BUDGET.value, fails)
+        if _OUT.value:
+            files.atomic_write(pathlib.Path(_OUT.value), (table + "\n").encode())
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,79 @@
+"""launch/trace_lengths.py: the oracle response's tokens per size against a budget, and an
+evaluation's parse errors that the budget would cut even on the oracle's trace."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from mapfjax.env import io, oracle, text, trace
+from mapfjax.env.types import Problem
+from mapfjax.eval import evaluate as ev
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _problems():
+    grids = [("FFF", "FHF", "FFF"), ("FFFF", "FFHF", "FFFF", "HFFF"), ("FFF", "FFF", "FFF")]
+    out = []
+    for i, g in enumerate(grids):
+        n = len(g)
+        p = Problem(f"p{i}", g, ((0, 0), (n - 1, n - 1)), ((n - 1, n - 2), (0, 1)))
+        out.append(p.with_labels(None, None, needs_wait=i == 2))
+    return out
+
+
+def test_the_table_counts_lengths_over_the_budget_and_parse_errors_among_them():
+    probs = _problems()  # 3x3 no wait, 4x4 no wait, 3x3 wait
+    table = ev.response_length_table(
+        probs, [100, 300, 500], budget=250, failures={"p0": None, "p1": "parse_error",
+                                                      "p2": "parse_error"}
+    )  # fmt: skip
+    rows = {tuple(c.strip() for c in line.split("|")[1:3]): line for line in table.splitlines()}
+    cells = lambda key: [c.strip() for c in rows[key].split("|")[3:-1]]  # noqa: E731
+    # puzzles, median, p90, max, > budget, parse errors, of them > budget
+    assert cells(("3x3", "no")) == ["1", "100", "100", "100", "0", "0", "0"]
+    assert cells(("3x3", "yes")) == ["1", "500", "500", "500", "1", "1", "1"]
+    assert cells(("4x4", "no")) == ["1", "300", "300", "300", "1", "1", "1"]
+    assert cells(("all", "")) == ["3", "300", "500", "500", "2", "2", "2"]
+    assert "parse errors" not in ev.response_length_table(probs, [1, 2, 3], budget=2)
+    with pytest.raises(ValueError, match="2 lengths for 3 puzzles"):
+        ev.response_length_table(probs, [1, 2], budget=2)
+
+
+def _run(*args):
+    return subprocess.run(
+        [sys.executable, "launch/trace_lengths.py", *args], cwd=ROOT, capture_output=True,
+        text=True,
+    )  # fmt: skip
+
+
+def test_the_script_counts_the_oracle_trace_and_answer_with_the_end_of_turn(
+    tiny_model_dir, tmp_path
+):
+    import transformers
+
+    probs = _problems()
+    inst = tmp_path / "inst.jsonl"
+    io.save_instances(inst, probs)
+    tok = transformers.AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    want = []
+    for p in probs:
+        a = oracle.answer_actions(oracle.solve(p))
+        s = trace.render_thinking(p, a, "grid") + text.render_answer(a)
+        want.append(len(tok(s, add_special_tokens=False)["input_ids"]) + 1)
+    out = _run(f"--instances={inst}", f"--tokenizer={tiny_model_dir}", "--budget=100000")
+    assert out.returncode == 0, out.stderr
+    last = [c.strip() for c in out.stdout.strip().splitlines()[-1].split("|")[1:-1]]
+    assert last[:3] == ["all", "", "3"] and int(last[5]) == max(want) and last[6] == "0"
+
+    verdicts = tmp_path / "validation.json"
+    verdicts.write_text(json.dumps({"rows": [{"id": "p0", "failure": "parse_error"}]}))
+    out = _run(f"--instances={inst}", f"--tokenizer={tiny_model_dir}", f"--verdicts={verdicts}")
+    assert out.returncode == 2
+    assert f"{verdicts}: no verdict for 2 puzzle(s), e.g. 'p1'" in out.stderr
+    verdicts.write_text("[1, 2]")
+    out = _run(f"--instances={inst}", f"--tokenizer={tiny_model_dir}", f"--verdicts={verdicts}")
+    assert out.returncode == 2 and f"{verdicts}: not a validation.json" in out.stderr
