@@ -28,7 +28,7 @@ BROAD_HOLES = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)
 
 # The reasoning-trace policy's range: the go/no-go held-out set is 3x3-6x6.
 TRACE_SIZES = {3: 0.25, 4: 0.25, 5: 0.25, 6: 0.25}
-VARIANTS = ("", "quick", "broad", "trace", "trace_quick")
+VARIANTS = ("", "quick", "broad", "trace", "trace_quick", "trace_long")
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
@@ -37,7 +37,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     hole ratio 0..0.5, half the instances needing a wait), validated on a held-out set from the
     same space that shares no puzzle with the SFT data. "trace" trains a policy that thinks
     before it answers (`mapfjax.env.trace`) from scratch on 3x3-6x6 ("trace_quick": its smoke
-    run)."""
+    run); "trace_long" continues it on puzzles with longer plans."""
     if arg not in VARIANTS:
         raise ValueError(f"configs/tiny_model.py: unknown variant {arg!r}; known: {VARIANTS}")
     c = ml_collections.ConfigDict()
@@ -72,6 +72,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.sft.instances = 49152
     c.sft.env = env_config(SFT_SIZES, seed=1)
     c.sft.batch_size = 32
+    # Instance files (JSONL) whose puzzles the SFT data must not hold: a held-out set drawn
+    # elsewhere (small maps repeat: 23 of the gate's 102 3x3 puzzles were in the trace SFT data).
+    c.sft.exclude = ()
     # True: also train on the start/goal coordinates the prompt states (each is fixed by where
     # the agent's letter stands in the map), an auxiliary target teaching cell -> (row, col).
     # Off for the shipped model: with it an 8-layer, 6,000-update run reached 52/36/24 % on
@@ -186,6 +189,23 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.validation.spare = 0.25
         c.validation.max_new_tokens = 640
         c.validation.batch_size = 60
+    if arg == "trace_long":
+        # The grid-trace policy (6,000 updates, aw10) continued on puzzles with longer plans:
+        # every one of its 23 parse errors on the gate's puzzles writes more than 10 steps and
+        # loses count of them, and 0.8 % of its SFT plans are over 10 steps; this mix has about
+        # 5x as many (results/go_no_go/parse_errors_6000). The gate's puzzles are kept out.
+        c.init = "runs/tiny_trace_grid/export_aw10_6000"
+        c.workdir = "runs/tiny_trace_long"
+        c.out_dir = "runs/tiny_trace_long/export"
+        c.sft.env = env_config({3: 0.1, 4: 0.2, 5: 0.3, 6: 0.4}, seed=31, wait_ratio=0.7)
+        c.sft.hole_ratios = (0.1, 0.2, 0.3, 0.4)
+        c.sft.instances = 16384
+        c.sft.exclude = ("results/go_no_go/held_out_400.jsonl",)
+        c.sft.answer_weight = 10.0
+        c.sft.stages = (1000,)
+        c.sft.optim.lr = 5e-4  # a continuation: a quarter of the recipe's peak
+        c.sft.optim.warmup_steps = 50
+        c.rl.train.steps = 0
     if arg == "trace_quick":
         c.workdir = "/tmp/mapfjax_tiny_trace_quick"
         c.out_dir = "/tmp/mapfjax_tiny_trace_quick/export"

@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import hashlib
 import json
+import logging
 import pathlib
 from collections.abc import Sequence
 
@@ -31,6 +32,8 @@ from mapfjax.rl.data import (
     sft_examples,
 )
 from mapfjax.rl.optim import OptimConfig
+
+log = logging.getLogger(__name__)
 
 
 def _balanced(problems: Sequence[Problem], n: int, cells: int) -> list[Problem]:
@@ -105,6 +108,9 @@ def check_recipe(cfg) -> None:
     for where in ("sft.hole_ratios", "validation.hole_ratios"):
         part, key = where.split(".")
         env_config.check_hole_ratios(cfg[part].get(key, ()), where)
+    for path in cfg.sft.get("exclude", ()):
+        ok = isinstance(path, str) and pathlib.Path(path).is_file()
+        require("sft.exclude", path, ok, "instance files (JSONL) whose puzzles SFT never sees")
     spare = cfg.validation.get("spare", 0.0)
     require("validation.spare", spare, is_finite_real(spare) and spare >= 0, "a number >= 0")
     rl = copy.deepcopy(cfg.rl)
@@ -115,7 +121,8 @@ def check_recipe(cfg) -> None:
 
 def prepare(cfg, workdir) -> RunData:
     """Build (first run) or load (later runs) a run's data under `workdir`, from the config
-    fields tokenizer.{instances, vocab_size}, sft.{env, instances}, validation.{env,
+    fields tokenizer.{instances, vocab_size}, sft.{env, instances, hole_ratios, exclude (instance
+    files whose puzzles are dropped from the SFT data)}, validation.{env,
     per_size}, rl.env, rl.train.{steps, problems_per_step, oversample}, seed and processes
     (configs/tiny_model.py).
     Each part has its own seed offset, so changing one size does not change the others."""
@@ -152,17 +159,21 @@ def prepare(cfg, workdir) -> RunData:
         tok = cached(tok_dir, tokenizer, bpe.save_tokenizer, tok_lib.load_tokenizer)
     sft_holes = tuple(cfg.sft.get("hole_ratios", ()))
     val_holes = tuple(cfg.validation.get("hole_ratios", ()))
+    # Held-out sets kept out of the SFT data (e.g. a gate's puzzles); in the cache key by content.
+    exclude = tuple(pathlib.Path(f) for f in cfg.sft.get("exclude", ()))
+    exclude_key = [hashlib.sha256(f.read_bytes()).hexdigest()[:16] for f in exclude]
 
     def sft():
-        return sft_examples(
-            tok,
-            problems(cfg.sft.env, cfg.sft.instances, 1, sft_holes),
-            thinking=thinking,
-            style=style,
-        )
+        drawn = problems(cfg.sft.env, cfg.sft.instances, 1, sft_holes)
+        if exclude:
+            seen = {io.puzzle_hash(p) for f in exclude for p in io.load_instances(f)}
+            drawn, dropped = held_out(drawn, seen)
+            log.warning("sft: %d of the drawn puzzles are in sft.exclude; dropped", dropped)
+        return sft_examples(tok, drawn, thinking=thinking, style=style)
 
+    parts = (tok_dir.name, cfg.sft.env, cfg.sft.instances, sft_holes, *mode)
     sft_data = cached(
-        name("sft", ".jsonl", tok_dir.name, cfg.sft.env, cfg.sft.instances, sft_holes, *mode),
+        name("sft", ".jsonl", *parts, *([exclude_key] if exclude else [])),
         sft,
         save_examples,
         load_examples,

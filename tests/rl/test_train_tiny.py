@@ -77,6 +77,7 @@ BAD_RECIPES = [
     ("dtype", "float7", r"dtype = 'float7'"),
     ("trace_style", "cells", r"trace_style = 'cells'; allowed: one of \('holes', 'rows', 'grid'\)"),
     ("init", "/nonexistent", r"init = '/nonexistent'; allowed: a model directory or ''"),
+    ("sft.exclude", ("/nonexistent.jsonl",), r"sft\.exclude = '/nonexistent\.jsonl'; allowed: "),
 ]
 
 
@@ -128,3 +129,25 @@ def test_only_the_full_recipes_write_into_the_package():
     for arg, ships in (("", True), ("quick", False), ("broad", False)):
         out = configfile.resolve(configfile.get_config("configs/tiny_model.py", arg).out_dir)
         assert out.resolve().is_relative_to(assets) == ships, (arg, out)
+
+
+def test_sft_exclude_keeps_a_held_out_file_out_of_the_sft_data(tmp_path):
+    """The puzzles of sft.exclude files are dropped from the SFT data, and the cache is keyed
+    by the files' content (another file: other data)."""
+    from mapfjax import configfile
+    from mapfjax.env import io
+    from mapfjax.rl import data, recipe
+
+    c = configfile.get_config("configs/tiny_model.py", "trace_quick")
+    c.sft.instances, c.tokenizer.instances, c.validation.per_size = 48, 48, 2
+    drawn = data.generate_problems(c.sft.env, 48, c.seed + 1, 1, tuple(c.sft.hole_ratios))
+    held = tmp_path / "held.jsonl"
+    io.save_instances(held, drawn[:10])
+    c.sft.exclude = (str(held),)
+    recipe.check_recipe(c)
+    got = recipe.prepare(c, tmp_path / "w").sft
+    gone = {io.puzzle_hash(p) for p in drawn[:10]}
+    assert {e.puzzle for e in got}.isdisjoint(gone)
+    assert len(got) == sum(io.puzzle_hash(p) not in gone for p in drawn)
+    io.save_instances(held, drawn[:1])
+    assert len(recipe.prepare(c, tmp_path / "w").sft) > len(got)
