@@ -11,7 +11,6 @@ temperature 1 with different --seed): each puzzle then counts its share of valid
 """
 
 import pathlib
-import sys
 
 from absl import app, flags
 from absl import logging as absl_logging
@@ -42,7 +41,8 @@ def main(argv):
     from mapfjax.eval import evaluate as ev
 
     labels = _LABELS.value or [pathlib.Path(d).name for d in _EVALS.value]
-    try:
+
+    def build():
         problems = io.load_instances(_INSTANCES.value)
         groups = [parse_sizes(s) for s in _SIZES.value]
         table = ev.compare_evaluations(_EVALS.value, labels, problems, groups, _SPLIT_WAIT.value)
@@ -51,13 +51,9 @@ def main(argv):
         if traced:
             table += "\n\nReasoning traces: the answer against the plan its trace chose\n\n"
             table += ev.trace_comparison(*zip(*traced), problems)
-        if _OUT.value:
-            files.atomic_write(pathlib.Path(_OUT.value), (table + "\n").encode())
-    except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(table)
-    return 0
+        return table
+
+    return files.report_command(build, _OUT.value)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ copies, so `--runs DIR/a,DIR/b` regenerates the table without the run directorie
 """
 
 import pathlib
-import sys
 
 from absl import app, flags
 from absl import logging as absl_logging
@@ -29,20 +28,19 @@ def main(argv):
     from mapfjax.eval import report
 
     runs = [pathlib.Path(r) for r in _RUNS.value]
-    try:
+
+    def build():
         table = report.compare_runs(runs, _LABELS.value)  # checks before anything is copied
         if _EXPORT.value:
             dest = pathlib.Path(_EXPORT.value)
             if len({r.name for r in runs}) != len(runs):
                 raise ValueError(f"--export needs distinct run directory names: {_RUNS.value}")
-            runs = [report.export_run(r, dest / r.name) for r in runs]
-            table = report.compare_runs(runs, _LABELS.value)
+            exported = [report.export_run(r, dest / r.name) for r in runs]
+            table = report.compare_runs(exported, _LABELS.value)
             files.atomic_write(dest / "comparison.md", (table + "\n").encode())
-    except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(table)
-    return 0
+        return table
+
+    return files.report_command(build)
 
 
 if __name__ == "__main__":

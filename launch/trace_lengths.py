@@ -12,7 +12,6 @@ them the budget would have cut even on the oracle's trace.
 
 import json
 import pathlib
-import sys
 
 from absl import app, flags
 from absl import logging as absl_logging
@@ -53,7 +52,7 @@ def main(argv):
     from mapfjax.models import tokenizer as tok_lib
     from mapfjax.rl import data
 
-    try:
+    def build():
         problems = io.load_instances(_INSTANCES.value)
         tok = tok_lib.load_tokenizer(_TOKENIZER.value)
         fails = failures(pathlib.Path(_VERDICTS.value)) if _VERDICTS.value else None
@@ -65,14 +64,9 @@ def main(argv):
         thinking = not _NO_TRACE.value
         examples = data.sft_examples(tok, problems, thinking=thinking, style=_STYLE.value)
         lengths = [len(e.completion) for e in examples]
-        table = ev.response_length_table(problems, lengths, _BUDGET.value, fails)
-        if _OUT.value:
-            files.atomic_write(pathlib.Path(_OUT.value), (table + "\n").encode())
-    except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(table)
-    return 0
+        return ev.response_length_table(problems, lengths, _BUDGET.value, fails)
+
+    return files.report_command(build, _OUT.value)
 
 
 if __name__ == "__main__":

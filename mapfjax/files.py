@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import socket
+import sys
 import tempfile
 from pathlib import Path
 
@@ -182,3 +183,18 @@ def dir_lock(directory, flag: str):
         with contextlib.suppress(OSError, ValueError):
             if json.loads(path.read_text()) == me:
                 path.unlink()
+
+
+def report_command(build, out=None) -> int:
+    """The body of a command that prints a report: `build()` returns its text, written
+    atomically to `out` when given, then printed; exit status 0. A ValueError or OSError (bad
+    input, named by its message) is one line on stderr instead, exit status 2."""
+    try:
+        text = build()
+        if out:
+            atomic_write(Path(out), (text + "\n").encode())
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(text)
+    return 0

@@ -50,19 +50,14 @@ def test_flags_reach_the_arm_config(args, want):
     assert json.loads(out.stdout.strip().splitlines()[-1]) == want
 
 
-def test_a_wait_ratio_outside_0_1_is_refused_before_any_work():
+@pytest.mark.parametrize(
+    "arg, message",
+    [("--wait_ratio=1.5", "in [0, 1]"), ("--rounds=0", "not a positive integer")],
+)
+def test_a_bad_flag_is_refused_before_any_work(arg, message):
     out = subprocess.run(
-        [sys.executable, "launch/go_no_go.py", "--policy=p", "--out=o", "--wait_ratio=1.5"],
+        [sys.executable, "launch/go_no_go.py", "--policy=p", "--out=o", arg],
         cwd=ROOT, capture_output=True, text=True,
     )  # fmt: skip
     assert out.returncode != 0
-    assert "--wait_ratio=1.5" in out.stderr and "in [0, 1]" in out.stderr
-
-
-def test_rounds_below_1_are_refused_before_any_work():
-    out = subprocess.run(
-        [sys.executable, "launch/go_no_go.py", "--policy=p", "--out=o", "--rounds=0"],
-        cwd=ROOT, capture_output=True, text=True,
-    )  # fmt: skip
-    assert out.returncode != 0
-    assert "--rounds=0" in out.stderr and "not a positive integer" in out.stderr
+    assert arg in out.stderr and message in out.stderr
