@@ -192,8 +192,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     if arg == "trace_long":
         # The grid-trace policy (6,000 updates, aw10) continued on puzzles with longer plans:
         # every one of its 23 parse errors on the gate's puzzles writes more than 10 steps and
-        # loses count of them, and 0.8 % of its SFT plans are over 10 steps; this mix has about
-        # 5x as many (results/go_no_go/parse_errors_6000). The gate's puzzles are kept out.
+        # loses count of them, and 1.4 % of its SFT plans are over 10 steps (3.7 % in this mix;
+        # results/go_no_go/parse_errors_6000, trace_long). The gate's puzzles are kept out.
         c.init = "runs/tiny_trace_grid/export_aw10_6000"
         c.workdir = "runs/tiny_trace_long"
         c.out_dir = "runs/tiny_trace_long/export"
