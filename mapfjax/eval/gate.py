@@ -132,6 +132,13 @@ class Arm:
     parses: stats.Estimate  # share of the start's answers that parse
 
 
+def _policy_name(path: str) -> str:
+    """A starting policy's directory name, with its parent's when the name alone says nothing
+    (a recipe's default `export`)."""
+    p = pathlib.Path(path)
+    return f"{p.parent.name}/{p.name}" if p.name == "export" else p.name
+
+
 def _settings(config: dict) -> str:
     grpo, train = config.get("grpo", {}), config.get("train", {})
     sizes = config.get("env", {}).get("sizes", {})
@@ -174,7 +181,7 @@ def arms(results) -> list[Arm]:
         out.append(
             Arm(
                 name=f"{workdir.parent.name}/{workdir.name}",
-                policy=pathlib.Path(config.get("model", {}).get("path", "?")).name,
+                policy=_policy_name(config.get("model", {}).get("path", "?")),
                 settings=_settings(config),
                 updates=len(curve),
                 minutes=sum(r.get("seconds", 0.0) for _, r in curve) / 60,

@@ -160,3 +160,8 @@ def test_gate_summary_script_writes_the_table_and_the_picture(tmp_path):
     missing = f"--results={tmp_path / 'none'}"
     out = subprocess.run([*script, missing], capture_output=True, text=True)
     assert out.returncode == 2 and "no finished arm" in out.stderr
+
+
+def test_an_arm_started_from_a_recipes_export_is_named_with_its_run():
+    assert gate._policy_name("/r/runs/tiny_trace_long/export") == "tiny_trace_long/export"
+    assert gate._policy_name("/r/runs/tiny_trace_grid/export_aw10_6000") == "export_aw10_6000"
