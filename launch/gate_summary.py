@@ -8,7 +8,6 @@ round_*/validation.json); writes <results>/arms.md and <results>/arms.png.
 """
 
 import pathlib
-import sys
 
 from absl import app, flags
 
@@ -21,16 +20,13 @@ def main(argv):
     from mapfjax.eval import gate
 
     results = pathlib.Path(_RESULTS.value)
-    try:
+
+    def build():
         found = gate.arms(results)
-    except (OSError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    text = gate.arms_markdown(found)
-    files.atomic_write(results / "arms.md", text.encode())
-    gate.plot_arms(found, results / "arms.png")
-    print(text)
-    return 0
+        gate.plot_arms(found, results / "arms.png")
+        return gate.arms_markdown(found).rstrip("\n")
+
+    return files.report_command(build, results / "arms.md")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import logging
 import pathlib
 from collections.abc import Sequence
 
-from mapfjax import configfile
+from mapfjax import configfile, files
 from mapfjax.checks import is_finite_real, is_int, require, require_dtype, require_int
 from mapfjax.env import config as env_config
 from mapfjax.env import io, text, trace
@@ -161,7 +161,7 @@ def prepare(cfg, workdir) -> RunData:
     val_holes = tuple(cfg.validation.get("hole_ratios", ()))
     # Held-out sets kept out of the SFT data (e.g. a gate's puzzles); in the cache key by content.
     exclude = tuple(pathlib.Path(f) for f in cfg.sft.get("exclude", ()))
-    exclude_key = [hashlib.sha256(f.read_bytes()).hexdigest()[:16] for f in exclude]
+    exclude_key = [files.sha256(f)[:16] for f in exclude]
 
     def sft():
         drawn = problems(cfg.sft.env, cfg.sft.instances, 1, sft_holes)
