@@ -167,7 +167,7 @@ def _failure(e: Exception) -> str:
     return f"{type(e).__name__}: {first[:200]}"
 
 
-def _model_factory(cfg, opts, dtype_name="bfloat16"):
+def _model_factory(cfg, opts, dtype_name="bfloat16", attention=None):
     import jax.numpy as jnp
 
     from mapfjax.models.qwen3 import Qwen3
@@ -176,7 +176,7 @@ def _model_factory(cfg, opts, dtype_name="bfloat16"):
 
     def make():
         return Qwen3(cfg, dtype=dt, param_dtype=dt, remat=opts.remat,
-                     attention_impl=opts.attention, attention_block=0)  # fmt: skip
+                     attention_impl=attention or opts.attention, attention_block=0)  # fmt: skip
 
     return make
 
@@ -186,7 +186,9 @@ def _prompts(rng, count: int, length: int, vocab: int) -> list[list[int]]:
 
 
 def parity(model, cfg, opts, shapes: Shapes) -> dict:
-    """bf16 logits against fp32 logits of the same weights on the same fixed prompts."""
+    """bf16 logits of the benchmarked model against fp32 logits of the same weights through the
+    reference attention (einsum) on the same fixed prompts; where the benchmarked attention is
+    not einsum, also bf16 against bf16 einsum (the fast path's own error)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -195,24 +197,35 @@ def parity(model, cfg, opts, shapes: Shapes) -> dict:
     tokens = np.random.default_rng(0).integers(
         0, cfg.vocab_size, (shapes.parity_prompts, shapes.parity_len)
     )
-    graph32, _ = nnx.split(nnx.eval_shape(_model_factory(cfg, opts, "float32")))
+    graph32, _ = nnx.split(nnx.eval_shape(_model_factory(cfg, opts, "float32", "einsum")))
+    graph16, _ = nnx.split(nnx.eval_shape(_model_factory(cfg, opts, "bfloat16", "einsum")))
     state32 = jax.tree.map(lambda x: x.astype(jnp.float32), nnx.state(model))
+
+    def stats(lo, ref):
+        same = jnp.argmax(lo, -1) == jnp.argmax(ref, -1)
+        return jnp.max(jnp.abs(lo.astype(jnp.float32) - ref)), jnp.mean(same)
 
     @jax.jit
     def compare(state16, state32, tokens):
         lo16 = nnx.merge(nnx.graphdef(model), state16)(tokens)[0]
         lo32 = nnx.merge(graph32, state32)(tokens)[0]
-        same = jnp.argmax(lo16, -1) == jnp.argmax(lo32, -1)
-        return jnp.max(jnp.abs(lo16 - lo32)), jnp.mean(same), jnp.max(jnp.abs(lo32))
+        ref16 = nnx.merge(graph16, state16)(tokens)[0].astype(jnp.float32)
+        return stats(lo16, lo32), stats(lo16, ref16), jnp.max(jnp.abs(lo32))
 
-    err, agree, scale = jax.device_get(compare(nnx.state(model), state32, jnp.asarray(tokens)))
-    return {
+    (err, agree), (err_attn, agree_attn), scale = jax.device_get(
+        compare(nnx.state(model), state32, jnp.asarray(tokens))
+    )
+    out = {
         "max_abs_error": float(err),
         "max_abs_logit": float(scale),
         "top1_agreement": float(agree),
         "prompts": shapes.parity_prompts,
         "tokens": shapes.parity_len,
     }
+    if opts.attention != "einsum":
+        out["attention_vs_einsum_max_abs_error"] = float(err_attn)
+        out["attention_vs_einsum_top1_agreement"] = float(agree_attn)
+    return out
 
 
 def _kv_bytes_per_token(cfg) -> int:
@@ -401,8 +414,10 @@ def run_model(name: str, opts, shapes: Shapes, report: Report) -> tuple[dict, di
     return device, result
 
 
-def _children(names, opts, argv) -> tuple[dict | None, dict, dict]:
-    """Runs each model in its own process (a clean device and high-water mark per model)."""
+def _children(names, opts, argv, done=None) -> tuple[dict | None, dict, dict]:
+    """Runs each model in its own process (a clean device and high-water mark per model);
+    done(device, models, missing) after each, so what finished is written even if a later
+    model's run is cut off."""
     device, models, missing = None, {}, {}
     for name in names:
         with tempfile.TemporaryDirectory() as tmp:
@@ -412,12 +427,14 @@ def _children(names, opts, argv) -> tuple[dict | None, dict, dict]:
             if proc.returncode or not os.path.exists(part):
                 missing[f"models.{name}"] = f"{name}: the run exited with {proc.returncode}"
                 print(missing[f"models.{name}"], file=sys.stderr)
-                continue
-            with open(part) as f:
-                data = json.load(f)
-        device = device or data["device"]
-        models.update(data["models"])
-        missing.update(data["missing"])
+            else:
+                with open(part) as f:
+                    data = json.load(f)
+                device = device or data["device"]
+                models.update(data["models"])
+                missing.update(data["missing"])
+        if done is not None and device is not None:
+            done(device, models, missing)
     return device, models, missing
 
 
@@ -432,8 +449,26 @@ def main(argv=None) -> dict:
             names.append(name)
         else:
             report.lack(f"models.{name}", f"unknown model size {name!r}; allowed {list(SIZES)}")
+
+    def result_of(device, models, missing):
+        return {
+            "device": device,
+            "shapes": dataclasses.asdict(shapes),
+            "settings": {
+                "remat": opts.remat,
+                "attention": opts.attention,
+                "repeats": opts.repeats,
+            },  # fmt: skip
+            "models": models,
+            "missing": {**report.missing, **missing},
+        }
+
     if len(names) > 1:
-        device, models, missing = _children(names, opts, _without_models(argv))
+
+        def done(device, models, missing):  # the finished models, written as they finish
+            write(result_of(device, models, missing), opts.out, quiet=True)
+
+        device, models, missing = _children(names, opts, _without_models(argv), done)
         report.missing.update(missing)
     else:
         device, models = None, {}
@@ -441,17 +476,7 @@ def main(argv=None) -> dict:
             device, models[name] = run_model(name, opts, shapes, report)
     if device is None:
         device = device_info(opts, report)
-    result = {
-        "device": device,
-        "shapes": dataclasses.asdict(shapes),
-        "settings": {
-            "remat": opts.remat,
-            "attention": opts.attention,
-            "repeats": opts.repeats,
-        },  # fmt: skip
-        "models": models,
-        "missing": report.missing,
-    }
+    result = result_of(device, models, {})
     if opts.part:
         with open(opts.part, "w") as f:
             json.dump(result, f)
@@ -477,17 +502,17 @@ def device_slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "device"
 
 
-def write(result: dict, out_dir: str):
-    """<device>.json and <device>.md under out_dir."""
+def write(result: dict, out_dir: str, quiet: bool = False):
+    """<device>.json and <device>.md under out_dir, each replaced atomically."""
+    from mapfjax import files
+
     os.makedirs(out_dir, exist_ok=True)
     stem = os.path.join(out_dir, device_slug(result["device"]["name"]))
-    with open(stem + ".json", "w") as f:
-        json.dump(result, f, indent=1, sort_keys=True)
-        f.write("\n")
-    with open(stem + ".md", "w") as f:
-        f.write(markdown(result))
-    print(markdown(result))
-    print(f"wrote {stem}.json and {stem}.md")
+    files.atomic_write(stem + ".json", json.dumps(result, indent=1, sort_keys=True) + "\n")
+    files.atomic_write(stem + ".md", markdown(result))
+    if not quiet:
+        print(markdown(result))
+    print(f"wrote {stem}.json and {stem}.md", flush=True)
 
 
 def _fmt(x, spec=",.0f", scale=1.0):
@@ -532,14 +557,20 @@ def markdown(result: dict) -> str:
             f"{_fmt(mem.get('plan_step_bytes'), '.2f', 2**-30)} | "
             f"{_fmt(mem.get('peak_over_plan'), '.2f')} |"
         )
-    lines += ["", "| model | bf16 vs fp32: max abs error | max abs logit | top-1 agreement |",
-              "|---|---|---|---|"]  # fmt: skip
+    attn = result["settings"]["attention"]
+    lines += ["", f"bf16 ({attn} attention) against fp32 (einsum attention), and against bf16 "
+              "with einsum attention (the fast path's own error; - when it is einsum):", "",
+              "| model | vs fp32: max abs error | max abs logit | top-1 agreement "
+              "| vs bf16 einsum: max abs error | top-1 agreement |",
+              "|---|---|---|---|---|---|"]  # fmt: skip
     for name, m in result["models"].items():
         p = m.get("parity")
         if p is not None:
             lines.append(
                 f"| {name} ({p['prompts']}x{p['tokens']}) | {p['max_abs_error']:.3g} | "
-                f"{p['max_abs_logit']:.3g} | {p['top1_agreement']:.1%} |"
+                f"{p['max_abs_logit']:.3g} | {p['top1_agreement']:.1%} | "
+                f"{_fmt(p.get('attention_vs_einsum_max_abs_error'), '.3g')} | "
+                f"{_fmt(p.get('attention_vs_einsum_top1_agreement'), '.1%')} |"
             )
     if result["missing"]:
         lines += ["", "Not measured:", ""]

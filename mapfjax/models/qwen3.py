@@ -293,10 +293,12 @@ def _attend(q: Array, segments: Sequence[Keys], scale: float) -> Array:
     return out
 
 
-def _fused_implementation() -> str | None:
-    """`jax.nn.dot_product_attention`'s implementation here: cuDNN's fused kernel on GPU, the
-    XLA reference elsewhere (CPU, and TPU, where XLA fuses the softmax itself)."""
-    return "cudnn" if jax.default_backend() == "gpu" else None
+def _fused_implementation(dtype) -> str | None:
+    """`jax.nn.dot_product_attention`'s implementation here: cuDNN's fused kernel on GPU for
+    half-precision inputs (the only ones it takes), the XLA reference elsewhere (CPU, TPU,
+    where XLA fuses the softmax itself, and float32 on GPU)."""
+    half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+    return "cudnn" if half and jax.default_backend() == "gpu" else None
 
 
 def _attend_fused(q: Array, segments: Sequence[Keys], scale: float) -> Array:
@@ -322,7 +324,7 @@ def _attend_fused(q: Array, segments: Sequence[Keys], scale: float) -> Array:
         jnp.concatenate(vs, axis=1),
         mask=jnp.concatenate(masks, axis=-1),
         scale=scale,
-        implementation=_fused_implementation(),
+        implementation=_fused_implementation(q.dtype),
     )
     return out.reshape(q.shape)
 
@@ -435,7 +437,7 @@ def attention(
     take the einsum path."""
     b, g, c = q.shape[:3]
     scale = q.shape[-1] ** -0.5
-    if impl == "fused" and _fused_implementation() == "cudnn":
+    if impl == "fused" and _fused_implementation(q.dtype) == "cudnn":
         return _attend_fused(q, segments, scale)
     if impl == "splash":  # unchunked: query chunks would break the causal structure
         if _splash_inputs(q, segments) is not None:

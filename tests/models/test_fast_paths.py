@@ -211,3 +211,13 @@ def test_bad_names_are_rejected():
     with pytest.raises(ValueError, match="remat='some'.*dots_saveable"):
         Qwen3(CFG, remat="some")
     assert qwen3.remat_policy_name(True) == "full" and qwen3.remat_policy_name(False) == "none"
+
+
+def test_cudnn_is_chosen_for_half_precision_on_gpu_only(monkeypatch):
+    # cuDNN's fused kernel takes fp16/bf16 only: float32 on a GPU (e.g. an fp32 reference
+    # model beside a bf16 one) goes to XLA's implementation instead of failing.
+    assert qwen3._fused_implementation(jnp.bfloat16) is None  # CPU: XLA everywhere
+    monkeypatch.setattr(qwen3.jax, "default_backend", lambda: "gpu")
+    assert qwen3._fused_implementation(jnp.bfloat16) == "cudnn"
+    assert qwen3._fused_implementation(jnp.float16) == "cudnn"
+    assert qwen3._fused_implementation(jnp.float32) is None
