@@ -10,7 +10,6 @@ them the budget would have cut even on the oracle's trace.
         [--verdicts runs/go_no_go_6000_kl/matched/start/validation.json] [--out table.md]
 """
 
-import json
 import pathlib
 
 from absl import app, flags
@@ -33,14 +32,11 @@ flags.mark_flags_as_required(["instances", "tokenizer"])
 def failures(path: pathlib.Path) -> dict[str, str]:
     """Puzzle id -> failure label, from an evaluation directory or a validation.json."""
     from mapfjax.eval import evaluate as ev
+    from mapfjax.eval import report
 
     if path.is_dir():
         return {i: r.get("failure") for i, r in ev.read_verdicts(path).items()}
-    try:
-        rows = json.loads(path.read_text())["rows"]
-        return {r["id"]: r.get("failure") for r in rows}
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{path}: not a validation.json with 'rows' of ids ({e!r})") from None
+    return {r["id"]: r.get("failure") for r in report.read_validation(path)}
 
 
 def main(argv):

@@ -45,7 +45,9 @@ def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
 
 
 def _validation(path: pathlib.Path) -> dict:
-    rows = json.loads(path.read_text())["rows"]
+    from mapfjax.eval.report import read_validation
+
+    rows = read_validation(path)
     return {
         "greedy": "".join("1" if r["valid"] else "0" for r in rows),
         "samples": [r.get("samples_valid") for r in rows]

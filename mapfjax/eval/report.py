@@ -63,13 +63,29 @@ def config_table(records: list[RoundRecord]) -> str:
     return stats.markdown_table(["round", *(f"{s[1:]}x{s[1:]}" for s in sizes)], rows)
 
 
+def read_validation(path) -> list[dict]:
+    """The per-puzzle rows of a validation.json (each a dict with an "id" and "valid"); a
+    ValueError naming the file and what is wrong otherwise."""
+    try:
+        rows = json.loads(pathlib.Path(path).read_text())["rows"]
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read it ({e.strerror or e})") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not a validation.json with a 'rows' list ({e!r})") from None
+    if not isinstance(rows, list) or not all(
+        isinstance(r, dict) and "id" in r and "valid" in r for r in rows
+    ):
+        raise ValueError(f"{path}: 'rows' must be a list of objects with an 'id' and 'valid'")
+    return rows
+
+
 def validation_rows(workdir: pathlib.Path) -> list[tuple[str, list[dict]]]:
     """(label, per-puzzle rows) of the starting model and every finished round, in order."""
     out = []
     for label, d in [("start", workdir / "start"), *((f"R{n}", d) for n, d in _rounds(workdir))]:
         path = d / "validation.json"
         if path.exists():
-            out.append((label, json.loads(path.read_text())["rows"]))
+            out.append((label, read_validation(path)))
     return out
 
 

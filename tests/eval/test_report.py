@@ -147,3 +147,22 @@ def test_engineer_failures_are_counted_in_the_report_header(tmp_path):
         "R2: no key",
     ]
     assert report.engineer_failures(tmp_path, found[1:2]) == []
+
+
+def test_read_validation_names_the_file_and_what_is_wrong(tmp_path):
+    good = tmp_path / "validation.json"
+    good.write_text(json.dumps({"rows": [{"id": "a", "valid": True}]}))
+    assert report.read_validation(good) == [{"id": "a", "valid": True}]
+    cases = {
+        "missing.json": None,
+        "torn.json": '{"rows": [',
+        "norows.json": '{"round": 1}',
+        "badrow.json": '{"rows": [{"id": "a"}]}',
+        "notlist.json": '{"rows": 3}',
+    }
+    for name, text in cases.items():
+        path = tmp_path / name
+        if text is not None:
+            path.write_text(text)
+        with pytest.raises(ValueError, match=f"{path}: "):
+            report.read_validation(path)

@@ -70,7 +70,8 @@ def test_the_script_counts_the_oracle_trace_and_answer_with_the_end_of_turn(
     assert last[:3] == ["all", "", "3"] and int(last[5]) == max(want) and last[6] == "0"
 
     verdicts = tmp_path / "validation.json"
-    verdicts.write_text(json.dumps({"rows": [{"id": "p0", "failure": "parse_error"}]}))
+    row = {"id": "p0", "valid": False, "failure": "parse_error"}
+    verdicts.write_text(json.dumps({"rows": [row]}))
     out = _run(f"--instances={inst}", f"--tokenizer={tiny_model_dir}", f"--verdicts={verdicts}")
     assert out.returncode == 2
     assert f"{verdicts}: no verdict for 2 puzzle(s), e.g. 'p1'" in out.stderr
