@@ -364,6 +364,8 @@ def grpo_step(make_model, cfg, opts, shapes: Shapes, device: dict, report: Repor
         roll = parallel.memory_per_device(sampler.lower_generate(
             graphdef, state, batch=B * G, prompt_len=P, max_new_tokens=T, num_samples=G, mesh=mesh
         ))["peak"]  # fmt: skip
+        # The last cache growth holds the old cache beside the last segment's arrays.
+        roll += sampler.growth_bytes(cfg, batch=B * G, max_new_tokens=T, num_samples=G, mesh=mesh)
         # During the rollout the optimiser moments stay resident beside the sampler's arrays.
         moments = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(trainer.state.opt_state))
         plan = max(upd, roll + moments)

@@ -62,7 +62,10 @@ def main():
     cfg = PRESETS[OPTS.model]
     names = list(COMPUTATIONS) if OPTS.computations == "all" else OPTS.computations.split(",")
     sizes = [tuple(int(v) for v in s.split("x")) for s in OPTS.sizes.split(",")]
-    print(f"{OPTS.model}, {OPTS.devices} devices, GiB per device (peak = args + out + temp)")
+    print(
+        f"{OPTS.model}, {OPTS.devices} devices, GiB per device "
+        "(peak = args + out - aliased + temp, + the cache's last growth when sampling)"
+    )
     for spec in OPTS.meshes.split(","):
         mesh = parallel.mesh_from_spec(spec)
         for name in names:
@@ -71,6 +74,9 @@ def main():
             for b, t in sizes:
                 with jax.set_mesh(mesh):  # activates the model's activation constraints
                     mem = parallel.memory_per_device(build(graphdef, state, mesh, b, t))
+                if name == "sample":  # the last cache growth holds the old cache beside it
+                    kw = dict(batch=b, max_new_tokens=t - t // 2, mesh=mesh)
+                    mem["growth"] = sampler.growth_bytes(cfg, **kw)
                 line = parallel.describe_memory(mem)
                 print(f"{spec:>12} {name:>8} B={b:<4} T={t:<6} {line}", flush=True)
 

@@ -296,10 +296,15 @@ def mesh_from_spec(spec: str) -> Mesh:
 
 
 def describe_memory(mem: Mapping[str, int], caps_gb: Sequence[int] = (16, 80)) -> str:
-    """One line for `memory_per_device` output: GiB per device and which device sizes fit."""
+    """One line for `memory_per_device` output: GiB per device and which device sizes fit. A
+    "growth" entry (bytes alive beside the program, e.g. `sampler.growth_bytes`) is added to
+    the peak and named."""
     gib = {k: v / 2**30 for k, v in mem.items() if k not in ("flops", "bytes_accessed")}
-    fits = [f"{cap} GB" for cap in caps_gb if mem["peak"] <= cap * 2**30]
+    peak = mem["peak"] + mem.get("growth", 0)
+    fits = [f"{cap} GB" for cap in caps_gb if peak <= cap * 2**30]
+    grow = f", cache growth {gib['growth']:.2f}" if "growth" in mem else ""
     return (
-        f"peak {gib['peak']:7.2f} (args {gib['arguments']:.2f}, out {gib['outputs']:.2f}, aliased "
-        f"{gib['aliased']:.2f}, temp {gib['temporaries']:.2f})  fits: {', '.join(fits) or '-'}"
+        f"peak {peak / 2**30:7.2f} (args {gib['arguments']:.2f}, out {gib['outputs']:.2f}, "
+        f"aliased {gib['aliased']:.2f}, temp {gib['temporaries']:.2f}{grow})  "
+        f"fits: {', '.join(fits) or '-'}"
     )

@@ -188,8 +188,10 @@ def test_memory_plan_script_runs():
     )
     assert out.returncode == 0, out.stderr[-2000:]
     lines = [line for line in out.stdout.splitlines() if "fsdp4-tp2" in line]
-    assert {line.split()[1] for line in lines} >= {"forward", "hidden"}
+    assert {line.split()[1] for line in lines} == {"forward", "hidden", "sample"}
     assert all("fits: 16 GB, 80 GB" in line for line in lines)
+    (sample,) = [line for line in lines if line.split()[1] == "sample"]
+    assert "cache growth" in sample
 
 
 def test_compilation_cache_directory_choice_and_off(tmp_path, monkeypatch):

@@ -690,6 +690,31 @@ def lower_generate(
         )
 
 
+def growth_bytes(
+    config,
+    *,
+    batch: int,
+    max_new_tokens: int,
+    window: int = 64,
+    mesh: jax.sharding.Mesh | None = None,
+    cache_dtype: Any = jnp.bfloat16,
+    num_samples: int = 1,
+) -> int:
+    """Bytes per device of the rows' KV cache before its last growth (0 when the budget fits
+    the first window). `generate` grows the cache between decode segments by copying it into
+    one twice as long, so during the last growth the old cache is alive beside everything the
+    last segment holds: add this to `lower_generate`'s peak (which plans the last segment
+    only) for the sampler's high-water mark."""
+    windows = _windows(max_new_tokens, window)
+    if len(windows) < 2:
+        return 0
+    shape = (batch, config.num_kv_heads, windows[-2], config.head_dim)
+    if mesh is not None:
+        shape = _shardings(mesh, config, batch // num_samples, batch).kv.shard_shape(shape)
+    per_layer = 2 * math.prod(shape) * jnp.dtype(cache_dtype).itemsize  # keys and values
+    return config.num_layers * per_layer
+
+
 def _vector(sharding):
     """The batch sharding restricted to a [B] vector (None stays None)."""
     if sharding is None:

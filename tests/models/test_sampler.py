@@ -317,6 +317,34 @@ def test_lower_generate_is_the_sampling_computation(models):
     np.testing.assert_allclose(logprobs, want.logprobs, atol=1e-6)
 
 
+def test_growth_bytes_is_the_cache_the_last_growth_copies(models, monkeypatch):
+    # The memory plan adds it to lower_generate's peak: during the last growth the old cache
+    # is alive beside the new one (seen on an H200: the rollout's high-water mark).
+    (ours, _), _ = models
+    grown = []
+    real_grow = sampler._grow
+
+    def spy(cache, *, window, shardings):
+        grown.append(sum(x.nbytes for x in jax.tree.leaves(cache)))
+        return real_grow(cache, window=window, shardings=shardings)
+
+    monkeypatch.setattr(sampler, "_grow", spy)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9, 10], [11]]
+    kw = dict(stop_tokens=(), cache_dtype=jnp.bfloat16, window=4)
+    sampler.generate(ours, prompts, 20, **kw)  # windows 4, 8, 16, 19
+    assert len(grown) == 3
+    cfg = ours.config
+    want = sampler.growth_bytes(cfg, batch=4, max_new_tokens=20, window=4)
+    assert want == grown[-1] == cfg.num_layers * 2 * 4 * cfg.num_kv_heads * 16 * cfg.head_dim * 2
+    assert sampler.growth_bytes(cfg, batch=4, max_new_tokens=5, window=4) == 0  # one window
+    # Per device under a mesh: rows over data x fsdp (4 ways here), KV heads over tp if they
+    # divide.
+    mesh = parallel.make_mesh({"data": 2, "fsdp": 2, "tp": 2})
+    per_device = sampler.growth_bytes(cfg, batch=8, max_new_tokens=20, window=4, mesh=mesh)
+    whole = sampler.growth_bytes(cfg, batch=8, max_new_tokens=20, window=4)
+    assert per_device in (whole // 4, whole // 8)
+
+
 def test_bucket_is_clamped_to_the_cache_limit(models):
     (ours, _), _ = models
     prompts = [list(range(1, 26)), [3, 4]]  # bucket 32, but only 35 - 8 = 27 slots remain
