@@ -15,6 +15,7 @@ import sys
 from absl import app, flags
 from absl import logging as absl_logging
 
+from mapfjax.rl.driver import OBJECTIVES
 from mapfjax.rl.rollout import TRACE_LOSSES
 
 _POLICY = flags.DEFINE_string("policy", None, "model directory (HF files) to start from")
@@ -37,6 +38,13 @@ _WAIT = flags.DEFINE_float(
     "wait_ratio", 0.3, "share of the training puzzles that need a wait (held-out set unchanged)"
 )
 _KL = flags.DEFINE_float("kl_coef", 0.0, "k3 KL weight to the starting policy (0: none)")
+_OBJECTIVE = flags.DEFINE_enum(
+    "objective",
+    "grpo",
+    list(OBJECTIVES),
+    "what the arms optimise on their rollouts: grpo, or rft (cross-entropy on the policy's own "
+    "valid samples)",
+)
 _TRACE_LOSS = flags.DEFINE_enum(
     "trace_loss", "all", list(TRACE_LOSSES), "what of a thinking response GRPO trains"
 )
@@ -44,6 +52,11 @@ _WORKDIR = flags.DEFINE_string("workdir", "runs/go_no_go", "run directories (che
 _OUT = flags.DEFINE_string("out", None, "where verdict.md and the runs' small files go")
 _REFERENCE = flags.DEFINE_string("reference", None, "a run whose start is the reference model")
 flags.mark_flags_as_required(["policy", "out"])
+flags.register_multi_flags_validator(
+    ["kl_coef", "objective"],
+    lambda v: v["kl_coef"] == 0 or v["objective"] == "grpo",
+    "--kl_coef: a KL term is part of the GRPO loss; --objective rft takes none",
+)
 flags.register_validator(
     "wait_ratio", lambda v: 0 <= v <= 1, "--wait_ratio: a share of the puzzles, in [0, 1]"
 )
@@ -60,6 +73,7 @@ def arm_config(sizes):
     c.train.instances = _UPDATES.value * c.train.problems_per_step
     c.optim.lr = _LR.value
     c.grpo.kl_coef = _KL.value
+    c.train.objective = _OBJECTIVE.value
     c.train.trace_loss = _TRACE_LOSS.value
     c.validation.per_size = _PER_SIZE.value
     c.validation.samples = _SAMPLES.value  # the gate reads greedy rates only

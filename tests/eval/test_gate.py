@@ -89,7 +89,8 @@ def test_runs_must_share_start_and_puzzles(tmp_path):
         gate.evaluate(a, a, reference=tmp_path / "missing")
 
 
-def _arm(results, name, start, end, lr=1e-4, kl=0.0, trace_loss="all", seconds=(30.0, 40.0)):
+def _arm(results, name, start, end, lr=1e-4, kl=0.0, trace_loss="all", seconds=(30.0, 40.0),
+         objective="grpo"):  # fmt: skip
     run = results / name / "matched"
     _write(run, "start", start, {0: gate.PARSE_ERROR})
     _write(run, "round_0", end)
@@ -99,7 +100,7 @@ def _arm(results, name, start, end, lr=1e-4, kl=0.0, trace_loss="all", seconds=(
         "model": {"path": f"/somewhere/{name}_policy"},
         "optim": {"lr": lr},
         "grpo": {"kl_coef": kl},
-        "train": {"trace_loss": trace_loss},
+        "train": {"trace_loss": trace_loss, "objective": objective},
         "env": {"sizes": {"s3": {"wait_ratio": 0.3}, "s4": {"wait_ratio": 1.0, "data_ratio": 0}}},
     }
     (run / "run_config.json").write_text(json.dumps(config))
@@ -111,11 +112,13 @@ def test_arms_summarise_every_finished_arm(tmp_path):
     gain = start | _draw(0.15, seed=2)
     _arm(tmp_path, "b_kl", start, gain, lr=3e-5, kl=0.1, trace_loss="moves")
     _arm(tmp_path, "a_plain", start, start)
+    _arm(tmp_path, "c_rft", start, start, objective="rft")
     # An arm stopped before its first round finished is left out.
-    _write(tmp_path / "c_stopped" / "matched", "start", start)
-    (tmp_path / "c_stopped" / "matched" / "run_config.json").write_text("{}")
-    a, b = gate.arms(tmp_path)
-    assert [a.name, b.name] == ["a_plain/matched", "b_kl/matched"]
+    _write(tmp_path / "d_stopped" / "matched", "start", start)
+    (tmp_path / "d_stopped" / "matched" / "run_config.json").write_text("{}")
+    a, b, c = gate.arms(tmp_path)
+    assert [a.name, b.name, c.name] == ["a_plain/matched", "b_kl/matched", "c_rft/matched"]
+    assert c.settings == "RFT, lr 1e-4, trains all, wait ratio 0.3, 3x3 only"
     assert a.settings == "lr 1e-4, trains all, wait ratio 0.3, 3x3 only"
     assert b.settings == "lr 3e-5, KL 0.1, trains moves, wait ratio 0.3, 3x3 only"
     assert (a.policy, a.updates, a.minutes) == ("a_plain_policy", 2, pytest.approx(70 / 60))

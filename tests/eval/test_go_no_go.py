@@ -19,27 +19,32 @@ flags.FLAGS(["go_no_go", "--policy=p", "--out=o", *sys.argv[1:]])
 c = m.arm_config((3,))
 print(json.dumps([c.validation.samples, c.train.max_new_tokens, c.validation.max_new_tokens,
                   c.train.enable_thinking, c.optim.lr, c.grpo.kl_coef, c.train.trace_loss,
-                  [s.wait_ratio for s in c.env.sizes.values()], c.rounds, c.train.instances]))
+                  [s.wait_ratio for s in c.env.sizes.values()], c.rounds, c.train.instances,
+                  c.train.objective]))
 """
 
 
 @pytest.mark.parametrize(
     "args, want",
     [
-        ([], [4, 64, 64, False, 1e-4, 0.0, "all", [0.3], 1, 1200]),
-        (["--thinking"], [4, 640, 640, True, 1e-4, 0.0, "all", [0.3], 1, 1200]),
+        ([], [4, 64, 64, False, 1e-4, 0.0, "all", [0.3], 1, 1200, "grpo"]),
+        (["--thinking"], [4, 640, 640, True, 1e-4, 0.0, "all", [0.3], 1, 1200, "grpo"]),
         (
             ["--thinking", "--samples=0", "--lr=1e-5"],
-            [0, 640, 640, True, 1e-5, 0.0, "all", [0.3], 1, 1200],
+            [0, 640, 640, True, 1e-5, 0.0, "all", [0.3], 1, 1200, "grpo"],
         ),
-        (["--max_new_tokens=100"], [4, 100, 100, False, 1e-4, 0.0, "all", [0.3], 1, 1200]),
+        (["--max_new_tokens=100"], [4, 100, 100, False, 1e-4, 0.0, "all", [0.3], 1, 1200, "grpo"]),
         (
             ["--kl_coef=0.05", "--trace_loss=moves"],
-            [4, 64, 64, False, 1e-4, 0.05, "moves", [0.3], 1, 1200],
+            [4, 64, 64, False, 1e-4, 0.05, "moves", [0.3], 1, 1200, "grpo"],
         ),
-        (["--wait_ratio=1"], [4, 64, 64, False, 1e-4, 0.0, "all", [1.0], 1, 1200]),
-        (["--trace_loss=answer"], [4, 64, 64, False, 1e-4, 0.0, "answer", [0.3], 1, 1200]),
-        (["--updates=40", "--rounds=5"], [4, 64, 64, False, 1e-4, 0.0, "all", [0.3], 5, 320]),
+        (["--wait_ratio=1"], [4, 64, 64, False, 1e-4, 0.0, "all", [1.0], 1, 1200, "grpo"]),
+        (["--trace_loss=answer"], [4, 64, 64, False, 1e-4, 0.0, "answer", [0.3], 1, 1200, "grpo"]),
+        (
+            ["--updates=40", "--rounds=5"],
+            [4, 64, 64, False, 1e-4, 0.0, "all", [0.3], 5, 320, "grpo"],
+        ),
+        (["--objective=rft"], [4, 64, 64, False, 1e-4, 0.0, "all", [0.3], 1, 1200, "rft"]),
     ],
 )
 def test_flags_reach_the_arm_config(args, want):
@@ -52,12 +57,16 @@ def test_flags_reach_the_arm_config(args, want):
 
 @pytest.mark.parametrize(
     "arg, message",
-    [("--wait_ratio=1.5", "in [0, 1]"), ("--rounds=0", "not a positive integer")],
+    [
+        ("--wait_ratio=1.5", "in [0, 1]"),
+        ("--rounds=0", "not a positive integer"),
+        ("--objective=rft --kl_coef=0.1", "--objective rft takes none"),
+    ],
 )
 def test_a_bad_flag_is_refused_before_any_work(arg, message):
     out = subprocess.run(
-        [sys.executable, "launch/go_no_go.py", "--policy=p", "--out=o", arg],
+        [sys.executable, "launch/go_no_go.py", "--policy=p", "--out=o", *arg.split()],
         cwd=ROOT, capture_output=True, text=True,
     )  # fmt: skip
     assert out.returncode != 0
-    assert arg in out.stderr and message in out.stderr
+    assert arg.split()[-1].split("=")[0] in out.stderr and message in out.stderr
