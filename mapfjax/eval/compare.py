@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from mapfjax import files, stats
+from mapfjax.eval.report import read_validation
 
 # Keys of run_config.json that must agree for runs to be compared (the same held-out set and
 # the same training budget); the engineer and the seed may differ.
@@ -45,8 +46,6 @@ def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
 
 
 def _validation(path: pathlib.Path) -> dict:
-    from mapfjax.eval.report import read_validation
-
     rows = read_validation(path)
     return {
         "greedy": "".join("1" if r["valid"] else "0" for r in rows),

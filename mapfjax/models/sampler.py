@@ -314,6 +314,10 @@ def _grow(cache, *, window, shardings):
     return jax.tree.map(pad, cache)
 
 
+# The own-token cache's first window (slots) in `generate`; `growth_bytes` plans with the same.
+FIRST_WINDOW = 64
+
+
 def _windows(max_new_tokens: int, first: int) -> list[int]:
     """Cache window per decode segment: `first`, then doubling, up to the N - 1 slots the
     fed tokens need (column 0 comes from the prefill, so N columns feed N - 1 tokens)."""
@@ -435,7 +439,7 @@ def generate(
     max_cache_len: int | None = None,
     mesh: jax.sharding.Mesh | None = None,
     num_samples: int = 1,
-    window: int = 64,
+    window: int = FIRST_WINDOW,
     split_layers: bool | None = None,
     timings: dict | None = None,
 ) -> SampleOutput:
@@ -695,7 +699,7 @@ def growth_bytes(
     *,
     batch: int,
     max_new_tokens: int,
-    window: int = 64,
+    window: int = FIRST_WINDOW,
     mesh: jax.sharding.Mesh | None = None,
     cache_dtype: Any = jnp.bfloat16,
     num_samples: int = 1,
