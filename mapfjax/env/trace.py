@@ -133,6 +133,17 @@ def read_holes(trace: str) -> set[tuple[int, int]] | None:
     return out if found else None
 
 
+def taken_cells(
+    moved: dict[int, tuple[int, int]], pos: Sequence[tuple[int, int]], agent: int
+) -> set[tuple[int, int]]:
+    """The cells agent `agent`'s move line marks `taken`: each cell an agent written earlier in
+    this step goes to (`moved`: agent -> its next cell), and the cell of one that stands there
+    and comes to `agent`'s cell (`pos`: every agent's cell before the step)."""
+    out = set(moved.values())
+    out.update(pos[j] for j, goes in moved.items() if goes == pos[agent])
+    return out
+
+
 def render_trace(problem: Problem, plans: Sequence[Sequence[int]], style: str = "holes") -> str:
     """The trace of `plans` (per-agent action codes, as `oracle.answer_actions` gives) on
     `problem`, its map transcribed in `style` (see STYLES). Moves are followed as written (an
@@ -155,17 +166,15 @@ def render_trace(problem: Problem, plans: Sequence[Sequence[int]], style: str = 
             if not 0 <= a < len(ACTION_NAMES):
                 raise ValueError(f"agent {i}, step {t + 1}: action code {a} out of range")
             parts = [f"A{i}", cell(pos[i])]
+            taken = taken_cells(moved, pos, i)
             for name in MOVES:
                 dr, dc = ACTION_DELTAS[ACTION_NAMES.index(name)]
                 r, c = pos[i][0] + int(dr), pos[i][1] + int(dc)
                 if not (0 <= r < h and 0 <= c < w):
                     parts += [name, OFF]
                     continue
-                taken = any(
-                    goes == (r, c) or (pos[j] == (r, c) and goes == pos[i])
-                    for j, goes in moved.items()
-                )
-                parts += [name, cell((r, c)), TAKEN if taken else symbols.get((r, c), "F")]
+                content = TAKEN if (r, c) in taken else symbols.get((r, c), "F")
+                parts += [name, cell((r, c)), content]
             dr, dc = ACTION_DELTAS[a]
             moved[i] = (pos[i][0] + int(dr), pos[i][1] + int(dc))
             parts += ["=", ACTION_NAMES[a], cell(moved[i])]
