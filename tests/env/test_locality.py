@@ -42,6 +42,13 @@ def test_the_rule_as_a_planner_and_the_search_find_the_decided_plan():
     assert simulate.simulate(CROSS, plans)["valid"]
 
 
+def test_writing_the_yielding_agent_last_decides_its_wait():
+    mirror = Problem("mirror", CROSS.grid, CROSS.starts[::-1], CROSS.goals[::-1])
+    plans, soc, miss = locality.most_explained_optimal(mirror)
+    assert (plans, soc, miss) == ([[WAIT, UP], [RIGHT, RIGHT]], 4, 1)  # A0 waits unprompted
+    assert locality.most_explained_optimal(mirror, any_order=True)[1:] == (4, 0)
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_the_search_is_optimal_and_never_leaves_more_undecided_than_the_oracle(seed):
     wait_seen = 0
@@ -54,6 +61,8 @@ def test_the_search_is_optimal_and_never_leaves_more_undecided_than_the_oracle(s
         assert locality.unexplained_count(p, plans) == miss
         orc = oracle.answer_actions(sol)
         assert miss <= locality.unexplained_count(p, orc)
+        free = locality.most_explained_optimal(p, any_order=True)
+        assert free[1] == soc and free[2] <= miss
         if not p.needs_wait:
             # every agent walks a shortest path without a conflict: each move is progress
             assert locality.unexplained_count(p, orc) == 0, p
