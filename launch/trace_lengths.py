@@ -10,7 +10,6 @@ them the budget would have cut even on the oracle's trace.
         [--verdicts runs/go_no_go_6000_kl/matched/start/validation.json] [--out table.md]
 """
 
-import pathlib
 
 from absl import app, flags
 from absl import logging as absl_logging
@@ -29,16 +28,6 @@ _OUT = flags.DEFINE_string("out", None, "also write the table here")
 flags.mark_flags_as_required(["instances", "tokenizer"])
 
 
-def failures(path: pathlib.Path) -> dict[str, str]:
-    """Puzzle id -> failure label, from an evaluation directory or a validation.json."""
-    from mapfjax.eval import evaluate as ev
-    from mapfjax.eval import report
-
-    if path.is_dir():
-        return {i: r.get("failure") for i, r in ev.read_verdicts(path).items()}
-    return {r["id"]: r.get("failure") for r in report.read_validation(path)}
-
-
 def main(argv):
     del argv
     absl_logging.set_verbosity(absl_logging.WARNING)
@@ -51,7 +40,9 @@ def main(argv):
     def build():
         problems = io.load_instances(_INSTANCES.value)
         tok = tok_lib.load_tokenizer(_TOKENIZER.value)
-        fails = failures(pathlib.Path(_VERDICTS.value)) if _VERDICTS.value else None
+        fails = None
+        if _VERDICTS.value:
+            fails = {i: r.get("failure") for i, r in ev.read_outcomes(_VERDICTS.value).items()}
         if fails is not None and (missing := [p.id for p in problems if p.id not in fails]):
             raise ValueError(
                 f"{_VERDICTS.value}: no verdict for {len(missing)} puzzle(s), e.g. "

@@ -11,7 +11,9 @@ puzzles whose plan is decided and on the rest.
 from absl import app, flags
 
 _INSTANCES = flags.DEFINE_string("instances", None, "instance JSONL (2-3 agents)")
-_EVALS = flags.DEFINE_list("evals", [], "launch/evaluate.py --out_dir(s) on these instances")
+_EVALS = flags.DEFINE_list(
+    "evals", [], "launch/evaluate.py --out_dir(s) or runs' validation.json on these instances"
+)
 _LABELS = flags.DEFINE_list("labels", [], "a name per --evals directory")
 _OUT = flags.DEFINE_string("out", None, "also write the table here")
 flags.mark_flags_as_required(["instances"])
@@ -32,7 +34,7 @@ def main(argv):
         problems = io.require_instances(_INSTANCES.value)
         valid = {}
         for label, path in zip(_LABELS.value, _EVALS.value, strict=True):
-            verdicts = ev.read_verdicts(path)
+            verdicts = ev.read_outcomes(path)
             if missing := [p.id for p in problems if p.id not in verdicts]:
                 raise ValueError(
                     f"{path}: no verdict for {len(missing)} puzzle(s), e.g. {missing[0]!r}"

@@ -26,7 +26,7 @@ from mapfjax.env import benchmark, dynamics, io, text, trace, types
 from mapfjax.env import config as env_config
 from mapfjax.env.cli import label_problems
 from mapfjax.env.types import Problem
-from mapfjax.eval import paper
+from mapfjax.eval import paper, report
 from mapfjax.files import CheckpointError
 from mapfjax.models import hf
 from mapfjax.models import tokenizer as tok_lib
@@ -509,6 +509,16 @@ def read_verdicts(out_dir) -> dict[str, dict]:
     except (OSError, ValueError) as e:
         raise ValueError(f"{path}: not readable as an evaluation's verdicts ({e})") from None
     return {r["id"]: r for r in rows}
+
+
+def read_outcomes(path) -> dict[str, dict]:
+    """Per-puzzle rows by id, each with its "valid" flag and "failure" label, from an
+    evaluation's --out_dir (`read_verdicts`) or a run's validation.json
+    (`report.read_validation`)."""
+    path = pathlib.Path(path)
+    if path.is_dir():
+        return read_verdicts(path)
+    return {r["id"]: r for r in report.read_validation(path)}
 
 
 def compare_evaluations(

@@ -105,6 +105,11 @@ def test_the_script_splits_a_policy_by_whether_the_plan_is_decided(tmp_path):
     assert last[-2].endswith(f"(n={sum(decided)})") and last[-1].endswith(
         f"(n={len(probs) - sum(decided)})"
     )
+    # a run's validation.json reads the same
+    val = tmp_path / "validation.json"
+    val.write_text(json.dumps({"rows": rows}))
+    again = _run(f"--instances={inst}", f"--evals={val}", "--labels=pol")
+    assert again.returncode == 0 and again.stdout == out.stdout, again.stderr
     # a verdict file that misses a puzzle, and mismatched labels: one line naming the problem
     (ev_dir / "verdicts.jsonl").write_text(json.dumps(rows[0]) + "\n")
     bad = _run(f"--instances={inst}", f"--evals={ev_dir}", "--labels=pol")
