@@ -17,7 +17,10 @@ from absl import logging as absl_logging
 
 _INSTANCES = flags.DEFINE_string("instances", None, "the instance JSONL every evaluation answered")
 _EVALS = flags.DEFINE_list(
-    "evals", None, "launch/evaluate.py --out_dir directories (seeds of one model joined by +)"
+    "evals",
+    None,
+    "launch/evaluate.py --out_dir directories or runs' validation.json (seeds of one model "
+    "joined by +)",
 )
 _LABELS = flags.DEFINE_list("labels", None, "one label per evaluation (default: directory names)")
 _SIZES = flags.DEFINE_multi_string("sizes", ["3-10"], "groups of map sizes, e.g. 3-5")

@@ -22,9 +22,8 @@ flags.mark_flags_as_required(["instances"])
 def main(argv):
     del argv
     from mapfjax import files
-    from mapfjax.env import io, locality
+    from mapfjax.env import io, locality, oracle
     from mapfjax.eval import evaluate as ev
-    from mapfjax.rl import data
 
     def build():
         if len(_LABELS.value) != len(_EVALS.value):
@@ -40,7 +39,11 @@ def main(argv):
                     f"{path}: no verdict for {len(missing)} puzzle(s), e.g. {missing[0]!r}"
                 )
             valid[label] = {i: bool(v["valid"]) for i, v in verdicts.items()}
-        return locality.locality_table(problems, data.oracle_answers(problems), valid)
+        sols = oracle.solve_many(problems)
+        if bad := [p.id for p, s in zip(problems, sols, strict=True) if not s.optimal]:
+            raise ValueError(f"{_INSTANCES.value}: the oracle did not solve {bad[0]!r}")
+        plans = [oracle.answer_actions(s) for s in sols]
+        return locality.locality_table(problems, plans, valid, [s.nodes for s in sols])
 
     return files.report_command(build, _OUT.value)
 

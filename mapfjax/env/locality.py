@@ -192,18 +192,22 @@ def _unwind(parent: dict, s, n: int) -> list[list[int]]:
     return [p[::-1] for p in plans]
 
 
-def locality_table(problems: Sequence[Problem], plans, valid=None) -> str:
+def locality_table(problems: Sequence[Problem], plans, valid=None, nodes=None) -> str:
     """Markdown: per half (needs a wait or not) how many puzzles, how many of `plans` (the
     oracle's, in `problems`' order) their move lines decide whole, the actions they leave
     undecided, the same for the most explained optimal plan (with the agents of a step in index
     order, as the trace writes them, and in any order), and how often the rule as a
-    planner (`greedy_plans`) is valid. valid: {label: {puzzle id: bool}} adds, per evaluated
-    policy, its valid rate on the puzzles whose oracle plan is decided and on the others."""
+    planner (`greedy_plans`) is valid. valid: {label: {puzzle id: bool}} adds a second table:
+    each policy's valid rate on the puzzles whose oracle plan is decided and on the others,
+    paired against the first policy. nodes: the search nodes the oracle expanded per problem
+    (`Solution.nodes`), reported as median / 90th percentile / max: what writing the search
+    into a trace would cost."""
     from mapfjax import stats
     from mapfjax.env.simulate import simulate
 
     rows = []
-    for p, plan in zip(problems, plans, strict=True):
+    nodes_of = [None] * len(problems) if nodes is None else list(nodes)
+    for p, plan, node_count in zip(problems, plans, nodes_of, strict=True):
         best_miss = most_explained_optimal(p)[2]
         any_miss = most_explained_optimal(p, any_order=True)[2]
         miss = unexplained_count(p, plan)
@@ -216,6 +220,7 @@ def locality_table(problems: Sequence[Problem], plans, valid=None) -> str:
                 best_miss=best_miss,
                 any_miss=any_miss,
                 greedy=bool(simulate(p, greedy_plans(p))["valid"]),
+                nodes=node_count,
             )
         )
     header = [
@@ -223,8 +228,8 @@ def locality_table(problems: Sequence[Problem], plans, valid=None) -> str:
         *("best optimal plan decided", "its undecided actions"),
         *("the same, agents in any order", "its undecided actions", "rule as planner valid"),
     ]
-    for label in valid or {}:
-        header += [f"{label}: valid, plan decided", f"{label}: valid, not decided"]
+    if nodes is not None:
+        header.append("oracle search nodes (median / p90 / max)")
     out = []
     for name, keep in (("no", False), ("yes", True), ("all", None)):
         sel = [r for r in rows if keep is None or r["wait"] is keep]
@@ -236,9 +241,44 @@ def locality_table(problems: Sequence[Problem], plans, valid=None) -> str:
         line.append(stats.interval_text(stats.proportion([r["any_miss"] == 0 for r in sel])))
         line.append(sum(r["any_miss"] for r in sel))
         line.append(stats.interval_text(stats.proportion([r["greedy"] for r in sel])))
-        for verdict in (valid or {}).values():
-            for decided in (True, False):
-                hits = [verdict[r["id"]] for r in sel if (r["miss"] == 0) is decided]
-                line.append(f"{stats.interval_text(stats.proportion(hits))} (n={len(hits)})")
+        if nodes is not None:
+            ns = sorted(r["nodes"] for r in sel)
+            line.append(
+                f"{ns[len(ns) // 2]} / {ns[min(len(ns) - 1, int(0.9 * len(ns)))]} / {ns[-1]}"
+            )
+        out.append(line)
+    text = stats.markdown_table(header, out)
+    if not valid:
+        return text
+    return text + "\n\n" + _policy_table(rows, valid)
+
+
+def _policy_table(rows: list[dict], valid: dict) -> str:
+    """Each policy's valid rate on the puzzles whose oracle plan its lines decide and on the
+    rest, paired against the first policy on the same puzzles."""
+    from mapfjax import stats
+
+    subsets = [
+        (
+            f"plan decided (n={sum(r['miss'] == 0 for r in rows)})",
+            [r["id"] for r in rows if r["miss"] == 0],
+        ),
+        (
+            f"not decided (n={sum(r['miss'] > 0 for r in rows)})",
+            [r["id"] for r in rows if r["miss"] > 0],
+        ),
+    ]
+    first = next(iter(valid))
+    header = ["policy"]
+    for name, _ in subsets:
+        header += [f"{name}: valid %", f"vs {first} (points)"]
+    out = []
+    for label, verdict in valid.items():
+        line = [label]
+        for _, ids in subsets:
+            mine, base = [verdict[i] for i in ids], [valid[first][i] for i in ids]
+            line.append(stats.interval_text(stats.proportion(mine)))
+            diff = stats.paired_proportion_difference(mine, base)
+            line.append("-" if label == first else stats.interval_text(diff, signed=True))
         out.append(line)
     return stats.markdown_table(header, out)

@@ -532,7 +532,8 @@ def compare_evaluations(
     valid % [95 %] and the paired change against the first evaluation on the same puzzles
     [95 %], with the number of puzzles on which the two sides differ.
 
-    An evaluation is one `launch/evaluate.py` directory, or several joined by "+" (the same
+    An evaluation is one `launch/evaluate.py` directory (or a run's validation.json), or several
+    joined by "+" (the same
     checkpoint sampled with different seeds): then each puzzle counts the share of its samples
     that are valid (mean@k), rates are means (`stats.bounded_mean`) and the paired change is the
     mean per-puzzle difference with its t interval (`stats.paired_difference`); single
@@ -548,7 +549,7 @@ def compare_evaluations(
         joined |= len(parts) > 1
         sums = dict.fromkeys(ids, 0.0)
         for d in parts:
-            rows = read_verdicts(d)
+            rows = read_outcomes(d)
             if set(rows) != ids:
                 raise ValueError(
                     f"{d}: {len(set(rows) - ids)} answered puzzles are not in the instances and "

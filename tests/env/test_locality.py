@@ -97,14 +97,24 @@ def test_the_script_splits_a_policy_by_whether_the_plan_is_decided(tmp_path):
     (ev_dir / "verdicts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = _run(f"--instances={inst}", f"--evals={ev_dir}", "--labels=pol")
     assert out.returncode == 0, out.stderr
-    last = [c.strip() for c in out.stdout.strip().splitlines()[-1].split("|")[1:-1]]
+    lines = out.stdout.strip().splitlines()
+    cells = lambda line: [c.strip() for c in line.split("|")[1:-1]]
     decided = [
         locality.unexplained_count(p, oracle.answer_actions(oracle.solve(p))) == 0 for p in probs
     ]
-    assert last[:2] == ["all", str(len(probs))]
-    assert last[-2].endswith(f"(n={sum(decided)})") and last[-1].endswith(
-        f"(n={len(probs) - sum(decided)})"
-    )
+    all_row = cells(next(x for x in lines if x.startswith("| all")))
+    assert all_row[:2] == ["all", str(len(probs))]
+    nodes = sorted(oracle.solve(p).nodes for p in probs)
+    assert all_row[-1] == f"{nodes[len(nodes) // 2]} / {nodes[int(0.9 * len(nodes))]} / {nodes[-1]}"
+    header, row = cells(lines[-3]), cells(lines[-1])
+    assert header[1] == f"plan decided (n={sum(decided)}): valid %"
+    assert header[3] == f"not decided (n={len(probs) - sum(decided)}): valid %"
+    want = [rows[i]["valid"] for i, d in enumerate(decided) if d]
+    assert row[0] == "pol" and row[1].startswith(f"{100 * sum(want) / len(want):.1f} [")
+    # a second policy is paired against the first on the same puzzles
+    two = _run(f"--instances={inst}", f"--evals={ev_dir},{ev_dir}", "--labels=a,b")
+    a, b = (cells(x) for x in two.stdout.strip().splitlines()[-2:])
+    assert a[2] == "-" and b[2].startswith("0.0 [") and b[1] == a[1], two.stdout
     # a run's validation.json reads the same
     val = tmp_path / "validation.json"
     val.write_text(json.dumps({"rows": rows}))
