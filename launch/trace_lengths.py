@@ -1,7 +1,8 @@
 r"""How long is the response a policy is trained to write for the oracle's plan, against the
 generation budget? Per map size and whether the puzzle needs a wait: tokens of the oracle's
 reasoning trace + answer (`rl.data.sft_examples`, end of turn included; median, 90th
-percentile, max) and how many exceed the budget. With --verdicts (a launch/evaluate.py
+percentile, max) and how many exceed the budget; with --lookahead the trace also writes the
+search that finds its plan (`env.lookahead`). With --verdicts (a launch/evaluate.py
 --out_dir, or a run's validation.json) also the evaluation's parse errors, and how many of
 them the budget would have cut even on the oracle's trace.
 
@@ -9,7 +10,6 @@ them the budget would have cut even on the oracle's trace.
         --tokenizer runs/tiny_trace_grid/export_aw10_6000 --style grid --budget 640 \
         [--verdicts runs/go_no_go_6000_kl/matched/start/validation.json] [--out table.md]
 """
-
 
 from absl import app, flags
 from absl import logging as absl_logging
@@ -20,6 +20,11 @@ _INSTANCES = flags.DEFINE_string("instances", None, "instance JSONL")
 _TOKENIZER = flags.DEFINE_string("tokenizer", None, "model directory whose tokenizer counts")
 _STYLE = flags.DEFINE_enum("style", "grid", list(STYLES), "the trace's map transcription")
 _NO_TRACE = flags.DEFINE_bool("answer_only", False, "the answer block alone (no trace)")
+_LOOKAHEAD = flags.DEFINE_bool(
+    "lookahead",
+    False,
+    "the trace writes its search first (env.lookahead; its plan, not the oracle's)",
+)
 _BUDGET = flags.DEFINE_integer("budget", 640, "max_new_tokens to compare with", lower_bound=1)
 _VERDICTS = flags.DEFINE_string(
     "verdicts", None, "an evaluation --out_dir (verdicts.jsonl) or a run's validation.json"
@@ -32,7 +37,7 @@ def main(argv):
     del argv
     absl_logging.set_verbosity(absl_logging.WARNING)
     from mapfjax import files
-    from mapfjax.env import io
+    from mapfjax.env import io, lookahead
     from mapfjax.eval import evaluate as ev
     from mapfjax.models import tokenizer as tok_lib
     from mapfjax.rl import data
@@ -49,9 +54,19 @@ def main(argv):
                 f"{missing[0]!r}, of {_INSTANCES.value}"
             )
         thinking = not _NO_TRACE.value
-        examples = data.sft_examples(tok, problems, thinking=thinking, style=_STYLE.value)
+        note = ""
+        if _LOOKAHEAD.value:
+            found = [lookahead.search(p).plans is not None for p in problems]
+            note = (
+                f"\n\nThe look-ahead search gave up on {found.count(False)} of {len(problems)}"
+                f" puzzles (after {lookahead.MAX_OPEN} opened nodes); they are left out above."
+            )
+            problems = [p for p, ok in zip(problems, found, strict=True) if ok]
+        examples = data.sft_examples(
+            tok, problems, thinking=thinking, style=_STYLE.value, lookahead=_LOOKAHEAD.value
+        )
         lengths = [len(e.completion) for e in examples]
-        return ev.response_length_table(problems, lengths, _BUDGET.value, fails)
+        return ev.response_length_table(problems, lengths, _BUDGET.value, fails) + note
 
     return files.report_command(build, _OUT.value)
 

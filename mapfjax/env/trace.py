@@ -144,18 +144,24 @@ def taken_cells(
     return out
 
 
-def render_trace(problem: Problem, plans: Sequence[Sequence[int]], style: str = "holes") -> str:
+def render_trace(
+    problem: Problem,
+    plans: Sequence[Sequence[int]],
+    style: str = "holes",
+    plan_lines: Sequence[str] = (),
+) -> str:
     """The trace of `plans` (per-agent action codes, as `oracle.answer_actions` gives) on
     `problem`, its map transcribed in `style` (see STYLES). Moves are followed as written (an
     illegal plan still gets a trace: its cells are what the moves say, `off` cells included),
-    so any plan can be rendered and read back."""
+    so any plan can be rendered and read back. plan_lines: a look-ahead block written between the
+    header and the first step (`env.lookahead`); the moves do not read it."""
     n = problem.num_agents
     if len(plans) != n:
         raise ValueError(f"{len(plans)} plans for {n} agents")
     symbols = _symbols(problem)
     h, w = problem.height, problem.width
     pos = [tuple(int(v) for v in s) for s in problem.starts]
-    lines = render_header(problem, style)
+    lines = render_header(problem, style) + list(plan_lines)
     for t in range(max((len(p) for p in plans), default=0)):
         lines.append(f"t{t + 1}")
         moved: dict[int, tuple[int, int]] = {}  # agents written earlier this step -> target
@@ -184,10 +190,16 @@ def render_trace(problem: Problem, plans: Sequence[Sequence[int]], style: str = 
     return "\n".join(lines)
 
 
-def render_thinking(problem: Problem, plans: Sequence[Sequence[int]], style: str = "holes") -> str:
+def render_thinking(
+    problem: Problem,
+    plans: Sequence[Sequence[int]],
+    style: str = "holes",
+    plan_lines: Sequence[str] = (),
+) -> str:
     """The think block of `plans`: '<think>\\n' + trace + '\\n</think>\\n\\n' (the answer follows,
-    as Qwen3 writes it)."""
-    return f"{THINK_OPEN}\n{render_trace(problem, plans, style)}\n{THINK_CLOSE}\n\n"
+    as Qwen3 writes it); plan_lines as in `render_trace`."""
+    body = render_trace(problem, plans, style, plan_lines)
+    return f"{THINK_OPEN}\n{body}\n{THINK_CLOSE}\n\n"
 
 
 _STEP = re.compile(r"^t(\d{1,4})$")
@@ -196,6 +208,8 @@ _CELL = re.compile(r"\((\d{1,2}), (\d{1,2})\)")
 
 
 _FIRST_STEP = re.compile(r"^[ \t]*t1[ \t]*$", re.MULTILINE)
+# The lines of a look-ahead block (`env.lookahead`): paths, a conflict, a node, an opened node.
+LOOKAHEAD_LINE = re.compile(r"^(P\d{1,2} \(|(meet|swap) |n\d+ A\d{1,2} not |open n\d+$)")
 
 
 def header_end(response: str) -> int:
@@ -304,7 +318,8 @@ def check_trace(
     ERROR_KINDS). A diagnostic of which look-up a policy gets wrong: transcribing the map
     ("holes", in any style) or the agents, tracking its position, naming a neighbouring cell,
     what the cell holds, or the cell its move enters. style: the trace's (see STYLES); None
-    reads it from the trace's first line."""
+    reads it from the trace's first line. A look-ahead block's lines (`LOOKAHEAD_LINE`) are
+    left out of the comparison."""
     trace = thinking_text(response)
     if trace is None:
         return 0, "no_trace"
@@ -313,7 +328,8 @@ def check_trace(
         return 0, "unreadable"
     style = detect_style(trace) if style is None else style
     want = render_trace(problem, plans, style).splitlines()
-    got = [line.strip() for line in trace.splitlines()]
+    # a look-ahead block is not checked here: its own lines say where it went wrong
+    got = [line.strip() for line in trace.splitlines() if not LOOKAHEAD_LINE.match(line.strip())]
     map_lines = len(_map_lines(problem, style))
     header = map_lines + problem.num_agents
     for k, (a, b) in enumerate(zip(got, want, strict=False)):

@@ -15,6 +15,7 @@ import numpy as np
 
 from mapfjax import files
 from mapfjax.env import generator, io, oracle, text, trace
+from mapfjax.env import lookahead as look
 from mapfjax.env.types import Problem
 from mapfjax.models import tokenizer as tok_lib
 from mapfjax.rl.batch import SequenceBatch, make_batch
@@ -51,9 +52,23 @@ def encode_prompts(tokenizer, problems: Sequence[Problem], enable_thinking: bool
     return tok_lib.encode_chat(tokenizer, prompts, enable_thinking=enable_thinking)
 
 
-def response(problem: Problem, actions, thinking: bool = False, style: str = "holes") -> str:
+def response(
+    problem: Problem, actions, thinking: bool = False, style: str = "holes", lookahead: bool = False
+) -> str:
     """The text a policy is trained to write for `actions`: the answer block, after the
-    reasoning trace's think block when `thinking` (`env.trace`, its map written in `style`)."""
+    reasoning trace's think block when `thinking` (`env.trace`, its map written in `style`).
+    lookahead (with thinking): the trace also writes the search that finds the plan
+    (`env.lookahead`), and the plan is the one that search finds, not `actions` (None is
+    accepted then); a ValueError names the problem when the search gives up."""
+    if thinking and lookahead:
+        found = look.search(problem)
+        if found.plans is None:
+            raise ValueError(
+                f"problem {problem.id!r}: the look-ahead search found no plan within "
+                f"{found.opened} opened nodes"
+            )
+        body = trace.render_thinking(problem, found.plans, style, found.lines)
+        return body + text.render_answer(found.plans)
     answer = text.render_answer(actions)
     return trace.render_thinking(problem, actions, style) + answer if thinking else answer
 
@@ -64,17 +79,21 @@ def sft_examples(
     answers=None,
     thinking: bool = False,
     style: str = "holes",
+    lookahead: bool = False,
 ) -> list[Example]:
     """Examples for `problems`; `answers` (per-problem action lists) default to the oracle's.
     thinking: the prompt opens the assistant turn without the empty think block and the
     completion is the reasoning trace (its map in `style`, `env.trace.STYLES`), then the
-    answer (`response`)."""
-    answers = oracle_answers(problems) if answers is None else answers
+    answer (`response`); lookahead: the trace writes the search first and the plan is the
+    search's (`response`; the oracle is not called)."""
+    if answers is None:
+        answers = [None] * len(problems) if lookahead and thinking else oracle_answers(problems)
     im_end = tok_lib.special_ids(tokenizer).im_end
     prompts = encode_prompts(tokenizer, problems, enable_thinking=thinking)
     out = []
     for p, ids, a in zip(problems, prompts, answers, strict=True):
-        ans = tokenizer(response(p, a, thinking, style), add_special_tokens=False)["input_ids"]
+        turn = response(p, a, thinking, style, lookahead)
+        ans = tokenizer(turn, add_special_tokens=False)["input_ids"]
         out.append(Example(p.id, tuple(ids), (*ans, im_end), io.puzzle_hash(p)))
     return out
 

@@ -78,3 +78,34 @@ def test_the_script_counts_the_oracle_trace_and_answer_with_the_end_of_turn(
     verdicts.write_text("[1, 2]")
     out = _run(f"--instances={inst}", f"--tokenizer={tiny_model_dir}", f"--verdicts={verdicts}")
     assert out.returncode == 2 and f"{verdicts}: not a validation.json" in out.stderr
+
+
+def test_with_lookahead_the_trace_writes_the_search_and_the_script_counts_it(
+    tiny_model_dir, tmp_path
+):
+    import transformers
+
+    from mapfjax.env import lookahead
+
+    probs = _problems()
+    inst = tmp_path / "inst.jsonl"
+    io.save_instances(inst, probs)
+    tok = transformers.AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    want = []
+    for p in probs:
+        found = lookahead.search(p)
+        s = trace.render_thinking(p, found.plans, "grid", found.lines)
+        want.append(
+            len(tok(s + text.render_answer(found.plans), add_special_tokens=False)["input_ids"]) + 1
+        )
+    out = _run(
+        f"--instances={inst}", f"--tokenizer={tiny_model_dir}", "--budget=100000", "--lookahead"
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[-1] == (
+        "The look-ahead search gave up on 0 of 3 puzzles (after 16 opened nodes); they are "
+        "left out above."
+    )
+    last = [c.strip() for c in lines[-3].split("|")[1:-1]]
+    assert last[:3] == ["all", "", "3"] and int(last[5]) == max(want)

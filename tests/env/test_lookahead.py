@@ -1,0 +1,115 @@
+"""env.lookahead: the search written as trace lines. Paths are the first shortest ones under
+their constraints (against a plain space-time breadth-first search), the plan is optimal
+(against the CBS oracle) and valid (against the plain-Python simulator), the block reads back
+through the trace's parser, and a search that gives up is a named error for SFT data."""
+
+import collections
+import itertools
+import re
+
+import numpy as np
+import pytest
+
+from mapfjax.env import locality, lookahead, oracle, simulate, text, trace
+from mapfjax.env.joint import GridMap
+from mapfjax.env.lookahead import Constraint
+from mapfjax.env.types import ACTION_DELTAS, Problem
+from mapfjax.rl import data
+from tests.models.test_bpe import random_problems
+
+CROSS = Problem(id="cross", grid=("FFF", "HFH"), starts=((0, 0), (1, 1)), goals=((0, 2), (0, 1)))
+
+
+def test_the_hand_example_is_the_docstring_s():
+    found = lookahead.search(CROSS)
+    want = [re.split(r"\s{3,}", line.strip())[0] for line in lookahead.__doc__.splitlines()]
+    want = [w for w in want if w.startswith(("P", "meet", "n", "open"))]
+    assert list(found.lines) == want and found.opened == 3
+    assert found.plans == [[4, 4], [0, 1]]  # A0 RIGHT, RIGHT; A1 WAIT, UP
+
+
+def _bfs_length(grid, start, goal, cons, limit=30):
+    """Least arrival time under `cons` by plain breadth-first search over (time, cell)."""
+    m = GridMap(grid)
+    vertex = {(c.t, c.cells[0]) for c in cons if len(c.cells) == 1}
+    edge = {(c.t, *c.cells) for c in cons if len(c.cells) == 2}
+    later = max((t for t, q in vertex if q == tuple(goal)), default=-1)
+    layer = {tuple(start)}
+    for t in range(limit):
+        if tuple(goal) in layer and t > later:
+            return t
+        nxt = set()
+        for u in layer:
+            for v in m.nbrs[m.cell(u)]:
+                q = m.rc(v)
+                if (t + 1, q) not in vertex and (t + 1, u, q) not in edge:
+                    nxt.add(q)
+        layer = nxt
+    return None
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_path_is_a_shortest_one_that_keeps_its_constraints(seed):
+    rng = np.random.default_rng(seed)
+    for p in random_problems(25, seed, sizes=(3, 4)):
+        m = GridMap(p.grid)
+        free = [m.rc(u) for u in range(m.n) if m.nbrs[u]]
+        cons = []
+        for _ in range(int(rng.integers(0, 4))):
+            a = free[int(rng.integers(len(free)))]
+            t = int(rng.integers(1, 5))
+            nbrs = [m.rc(v) for v in m.nbrs[m.cell(a)] if m.rc(v) != a]
+            if nbrs and rng.random() < 0.3:
+                cons.append(Constraint(0, t, (a, nbrs[int(rng.integers(len(nbrs)))])))
+            else:
+                cons.append(Constraint(0, t, (a,)))
+        got = lookahead.path(m, p.starts[0], p.goals[0], cons, limit=30)
+        want = _bfs_length(p.grid, p.starts[0], p.goals[0], cons)
+        assert (None if got is None else len(got) - 1) == want, (p, cons, got)
+        if got is None:
+            continue
+        steps = {tuple(d) for d in ACTION_DELTAS.tolist()}
+        for t, (u, v) in enumerate(itertools.pairwise(got), 1):
+            assert (v[0] - u[0], v[1] - u[1]) in steps and m.nbrs[m.cell(v)]
+            assert all(not (c.t == t and c.cells in ((v,), (u, v))) for c in cons)
+
+
+def test_without_constraints_each_step_is_the_first_move_closer_to_the_goal():
+    for p in random_problems(20, 5, sizes=(4, 5)):
+        m = GridMap(p.grid)
+        walk = lookahead.path(m, p.starts[0], p.goals[0], ())
+        solo = Problem("solo", p.grid, p.starts[:1], p.goals[:1])
+        plan = [lookahead._actions(walk)]
+        assert locality.explained(solo, plan) == [[True] * len(plan[0])]
+        assert locality.greedy_plans(solo) == plan  # the rule's first choice, every step
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_plan_is_optimal_valid_and_reads_back_through_the_trace(seed):
+    outcomes = collections.Counter()
+    for p in random_problems(30, seed, sizes=(3, 4, 5), hole_ratio=0.25):
+        found = lookahead.search(p)
+        if found.plans is None:
+            outcomes["gave up"] += 1
+            assert found.opened == lookahead.MAX_OPEN
+            continue
+        outcomes["wait" if p.needs_wait else "none"] += 1
+        r = simulate.simulate(p, found.plans)
+        assert r["valid"] and r["soc"] == oracle.solve(p).soc, (p, found)
+        response = trace.render_thinking(p, found.plans, "grid", found.lines) + "x"
+        body = trace.thinking_text(response)
+        assert trace.parse_trace(body, 2) == (found.plans, None)
+        assert trace.check_trace(p, response)[1] is None
+        assert lookahead.search(p) == found  # deterministic
+    assert outcomes["wait"] and outcomes["none"], outcomes
+
+
+def test_sft_data_with_a_lookahead_uses_the_search_s_plan_and_names_a_search_that_gives_up(
+    monkeypatch,
+):
+    turn = data.response(CROSS, None, thinking=True, style="grid", lookahead=True)
+    found = lookahead.search(CROSS)
+    assert "\nopen n2\n" in turn and turn.endswith(text.render_answer(found.plans))
+    monkeypatch.setattr(lookahead, "MAX_OPEN", 1)
+    with pytest.raises(ValueError, match=r"'cross': the look-ahead search found no plan within 1"):
+        data.response(CROSS, None, thinking=True, lookahead=True)
