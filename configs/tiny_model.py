@@ -28,7 +28,7 @@ BROAD_HOLES = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)
 
 # The reasoning-trace policy's range: the go/no-go held-out set is 3x3-6x6.
 TRACE_SIZES = {3: 0.25, 4: 0.25, 5: 0.25, 6: 0.25}
-VARIANTS = ("", "quick", "broad", "trace", "trace_quick", "trace_long", "trace_wait")
+VARIANTS = ("", "quick", "broad", "trace", "trace_quick", "trace_long", "trace_wait", "trace_ahead")
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
@@ -38,7 +38,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     same space that shares no puzzle with the SFT data. "trace" trains a policy that thinks
     before it answers (`mapfjax.env.trace`) from scratch on 3x3-6x6 ("trace_quick": its smoke
     run); "trace_long" continues it on puzzles with longer plans; "trace_wait" continues that on
-    puzzles most of which need a wait."""
+    puzzles most of which need a wait; "trace_ahead" continues that with a look-ahead block
+    (prioritised planning) written before the moves."""
     if arg not in VARIANTS:
         raise ValueError(f"configs/tiny_model.py: unknown variant {arg!r}; known: {VARIANTS}")
     c = ml_collections.ConfigDict()
@@ -48,6 +49,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.thinking = False
     # How the trace transcribes the map before the moves (`mapfjax.env.trace.STYLES`).
     c.trace_style = "holes"
+    # With thinking: how the plan is found, written before the moves (`mapfjax.env.lookahead`:
+    # "search" or "priority"; the plan is the one found that way; "" = the oracle's, no block).
+    c.trace_lookahead = ""
     c.init = ""  # a checkpoint directory to continue from (its tokenizer too); "" = from scratch
     c.workdir = "/tmp/mapfjax_tiny"  # tokenizer, data cache, checkpoints, logs
     c.out_dir = "mapfjax/assets/tiny"  # exported model + tokenizer + VALIDATION.md
@@ -221,6 +225,25 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.sft.exclude = ("results/go_no_go/held_out_400.jsonl",)
         c.sft.answer_weight = 10.0
         c.sft.stages = (1000,)
+        c.sft.optim.lr = 5e-4
+        c.sft.optim.warmup_steps = 50
+        c.rl.train.steps = 0
+    if arg == "trace_ahead":
+        # trace_wait continued on traces that first write how the plan is found: each agent's
+        # path alone, their first conflict, each re-planned around the other's written path,
+        # the cheaper (`lookahead.priority`): the waits and detours no move line decides
+        # (results/go_no_go, "What the trace's own lines decide") follow from written lines.
+        # About 80 more tokens on puzzles that need a wait (results/go_no_go/lookahead).
+        c.trace_lookahead = "priority"
+        c.init = "runs/tiny_trace_wait/export"
+        c.workdir = "runs/tiny_trace_ahead"
+        c.out_dir = "runs/tiny_trace_ahead/export"
+        c.sft.env = env_config({3: 0.1, 4: 0.2, 5: 0.3, 6: 0.4}, seed=51, wait_ratio=0.7)
+        c.sft.hole_ratios = (0.1, 0.2, 0.3, 0.4)
+        c.sft.instances = 24576
+        c.sft.exclude = ("results/go_no_go/held_out_400.jsonl",)
+        c.sft.answer_weight = 10.0
+        c.sft.stages = (1500,)
         c.sft.optim.lr = 5e-4
         c.sft.optim.warmup_steps = 50
         c.rl.train.steps = 0

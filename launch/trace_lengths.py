@@ -1,8 +1,8 @@
 r"""How long is the response a policy is trained to write for the oracle's plan, against the
 generation budget? Per map size and whether the puzzle needs a wait: tokens of the oracle's
 reasoning trace + answer (`rl.data.sft_examples`, end of turn included; median, 90th
-percentile, max) and how many exceed the budget; with --lookahead the trace also writes the
-search that finds its plan (`env.lookahead`). With --verdicts (a launch/evaluate.py
+percentile, max) and how many exceed the budget; with --lookahead=search|priority the trace
+also writes how its plan is found (`env.lookahead`). With --verdicts (a launch/evaluate.py
 --out_dir, or a run's validation.json) also the evaluation's parse errors, and how many of
 them the budget would have cut even on the oracle's trace.
 
@@ -20,10 +20,11 @@ _INSTANCES = flags.DEFINE_string("instances", None, "instance JSONL")
 _TOKENIZER = flags.DEFINE_string("tokenizer", None, "model directory whose tokenizer counts")
 _STYLE = flags.DEFINE_enum("style", "grid", list(STYLES), "the trace's map transcription")
 _NO_TRACE = flags.DEFINE_bool("answer_only", False, "the answer block alone (no trace)")
-_LOOKAHEAD = flags.DEFINE_bool(
+_LOOKAHEAD = flags.DEFINE_enum(
     "lookahead",
-    False,
-    "the trace writes its search first (env.lookahead; its plan, not the oracle's)",
+    None,
+    ["search", "priority"],
+    "the trace first writes how its plan is found (env.lookahead; that plan, not the oracle's)",
 )
 _BUDGET = flags.DEFINE_integer("budget", 640, "max_new_tokens to compare with", lower_bound=1)
 _VERDICTS = flags.DEFINE_string(
@@ -56,14 +57,16 @@ def main(argv):
         thinking = not _NO_TRACE.value
         note = ""
         if _LOOKAHEAD.value:
-            found = [lookahead.search(p).plans is not None for p in problems]
+            form = lookahead.LOOKAHEADS[_LOOKAHEAD.value]
+            found = [form(p).plans is not None for p in problems]
             note = (
-                f"\n\nThe look-ahead search gave up on {found.count(False)} of {len(problems)}"
-                f" puzzles (after {lookahead.MAX_OPEN} opened nodes); they are left out above."
+                f"\n\nThe {_LOOKAHEAD.value} look-ahead found no plan for {found.count(False)} of "
+                f"{len(problems)} puzzles (the search gives up after {lookahead.MAX_OPEN} opened "
+                "nodes); they are left out above."
             )
             problems = [p for p, ok in zip(problems, found, strict=True) if ok]
         examples = data.sft_examples(
-            tok, problems, thinking=thinking, style=_STYLE.value, lookahead=_LOOKAHEAD.value
+            tok, problems, thinking=thinking, style=_STYLE.value, lookahead=_LOOKAHEAD.value or ""
         )
         lengths = [len(e.completion) for e in examples]
         return ev.response_length_table(problems, lengths, _BUDGET.value, fails) + note

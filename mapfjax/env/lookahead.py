@@ -1,26 +1,38 @@
-"""A look-ahead block for the reasoning trace: the search that finds the plan, written as text
-lines a policy can imitate step by step (conflict-based search, best first on the sum of
-costs), so the waits and detours that no move line decides (`env.locality`) follow from lines
-the trace has already written.
+"""A look-ahead block for the reasoning trace: how the plan is found, written as text lines a
+policy can imitate step by step, so the waits and detours that no move line decides
+(`env.locality`) follow from lines the trace has already written. Two forms (`LOOKAHEADS`):
+
+`search`, conflict-based search best first on the sum of costs (optimal):
 
     P0 (0, 0) (0, 1) (0, 2)                each agent's path: its cell at t = 0, 1, ...
     P1 (1, 1) (0, 1)
-    meet A0 A1 t1 (0, 1)                   the first conflict (`swap ...` for an edge one)
-    n1 A0 not (0, 1) t1 = (0, 0) (0, 0) (0, 1) (0, 2) cost 4
-    n2 A1 not (0, 1) t1 = (1, 1) (1, 1) (0, 1) cost 4
-    open n1                                the cheapest node not yet opened
-    P0 (0, 0) (0, 0) (0, 1) (0, 2)
-    P1 (1, 1) (0, 1)
-    meet A0 A1 t2 (0, 1)                   A1 stays on its goal, where A0 now arrives
-    n3 A0 not (0, 1) t1, not (0, 1) t2 = (0, 0) (0, 0) (0, 0) (0, 1) (0, 2) cost 5
-    n4 A1 not (0, 1) t2 = (1, 1) (0, 1) (1, 1) (0, 1) cost 6
-    open n2
+    meet A0 A1 t1 (0, 1) rest A1           the first conflict; A1 already rests on its goal
+    n1 A0 not (0, 1) from t1 = none        so either A0 never enters it again (no path)
+    n2 A1 ends after t1 = (1, 1) (0, 1) (0, 1) cost 4           or A1 ends later
+    open n2                                the cheapest node not yet opened
+    P0 (0, 0) (0, 1) (0, 2)
+    P1 (1, 1) (0, 1) (0, 1)
+    meet A0 A1 t1 (0, 1)
+    n3 A0 not (0, 1) t1 = (0, 0) (0, 0) (0, 1) (0, 2) cost 5
+    n4 A1 ends after t1, not (0, 1) t1 = (1, 1) (1, 1) (0, 1) cost 4
+    open n4
     P0 (0, 0) (0, 1) (0, 2)
     P1 (1, 1) (1, 1) (0, 1)
     meet none                              its paths are the plan
 
-A node line lists every constraint of the agent it re-plans (its ancestors' too) and the path
-that agent now takes, or `none`; `open` picks the least cost, the first written among equals.
+A node line lists every constraint of the agent it re-plans (its ancestors' too: `not CELL tK`,
+`not CELL CELL tK` for a move, `not CELL from tK`, `ends after tK`) and the path that agent now
+takes, or `none`; `open` picks the least cost, the first written among equals; a swap is
+written `swap A0 A1 tK CELL CELL` (A0's move). `priority`, prioritised planning for two agents
+(valid, not always optimal):
+
+    P0 (0, 0) (0, 1) (0, 2)
+    P1 (1, 1) (0, 1)
+    meet A0 A1 t1 (0, 1) rest A1
+    A1 around P0 = (1, 1) (1, 1) (0, 1) cost 4     A1 re-planned around A0's written path
+    A0 around P1 = none
+    plan A1 around P0                      the cheaper, A1 around P0 among equals
+
 A path is the first shortest one in the move lines' order (UP, DOWN, LEFT, RIGHT, then WAIT)
 under the agent's constraints: with none, each step is the first move one step closer to the
 goal; with some, the agent waits as late as it can.
@@ -31,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from mapfjax.env.joint import INF, GridMap
 from mapfjax.env.trace import cell
@@ -42,15 +55,32 @@ MAX_OPEN = 16  # nodes a look-ahead may open before it gives up (its text grows 
 
 @dataclasses.dataclass(frozen=True)
 class Constraint:
-    """Agent `agent` may not be at `cells[-1]` at time `t` (one cell: a vertex constraint) or
-    move from `cells[0]` to `cells[1]` arriving at `t` (two cells: an edge constraint)."""
+    """What agent `agent` may not do. mode "at": be at `cells[0]` at time `t` (one cell) or move
+    from `cells[0]` to `cells[1]` arriving at `t` (two cells); "from": be at `cells[0]` at `t`
+    or any later time; "after": end its path (settle on its goal, `cells[0]`) by time `t`."""
 
     agent: int
     t: int
     cells: tuple[tuple[int, int], ...]
+    mode: str = "at"
 
     def text(self) -> str:
-        return "not " + " ".join(cell(c) for c in self.cells) + f" t{self.t}"
+        if self.mode == "after":
+            return f"ends after t{self.t}"
+        where = " ".join(cell(c) for c in self.cells)
+        return f"not {where} from t{self.t}" if self.mode == "from" else f"not {where} t{self.t}"
+
+
+class Conflict(NamedTuple):
+    """The earliest conflict of a node's paths: agents `i` < `j` meet in `cells[0]` or swap
+    `cells` at time `t`; `rest` is the agent already resting on its goal there, if any."""
+
+    kind: str  # "meet" or "swap"
+    t: int
+    i: int
+    j: int
+    cells: tuple[tuple[int, int], ...]
+    rest: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,23 +96,35 @@ class Lookahead:
 
 def path(m: GridMap, start, goal, cons: Sequence[Constraint], limit: int = 256):
     """The first shortest path (cells at t = 0..T, T the last arrival at `goal`) that keeps
-    `cons` (one agent's constraints), trying actions in ORDER; None within `limit` steps."""
+    `cons` (one agent's constraints), trying actions in ORDER; None when there is none (or none
+    within `limit` steps)."""
     start, goal = tuple(start), tuple(goal)
-    vertex = {(c.t, c.cells[0]) for c in cons if len(c.cells) == 1}
+    vertex = {(c.t, c.cells[0]) for c in cons if len(c.cells) == 1 and c.mode == "at"}
     edge = {(c.t, *c.cells) for c in cons if len(c.cells) == 2}
-    last_goal = max((t for t, q in vertex if q == goal), default=-1)
+    since: dict[tuple[int, int], int] = {}  # cell -> the time from which it is barred
+    for c in cons:
+        if c.mode == "from":
+            since[c.cells[0]] = min(c.t, since.get(c.cells[0], c.t))
+    after = max((c.t for c in cons if c.mode == "after"), default=-1)
+
+    def barred(t: int, rc) -> bool:
+        return (t, rc) in vertex or t >= since.get(rc, INF)
+
     d = m.dist(m.cell(goal))[m.cell(start)]
-    if d >= INF:
+    if d >= INF or goal in since:  # unreachable, or the agent could not rest on its goal
         return None
-    for arrive in range(max(d, last_goal + 1), limit + 1):
+    last_goal = max([after, *(t for t, q in vertex if q == goal)])
+    # after the last constraint the map is static: a path, if any, arrives within `free` more
+    latest = max((c.t for c in cons), default=0) + m.free + d
+    for arrive in range(max(d, last_goal + 1), min(limit, latest) + 1):
         # can[t]: cells from which the goal is reached exactly at `arrive`, keeping cons
         can = [set() for _ in range(arrive + 1)]
-        can[arrive] = {goal} if (arrive, goal) not in vertex else set()
+        can[arrive] = set() if barred(arrive, goal) else {goal}
         for t in range(arrive - 1, -1, -1):
             for q in can[t + 1]:
                 for u in m.nbrs[m.cell(q)]:  # q itself (a wait) and its free neighbours
                     rc = m.rc(u)
-                    if (t + 1, rc, q) not in edge and (t, rc) not in vertex:
+                    if (t + 1, rc, q) not in edge and not barred(t, rc):
                         can[t].add(rc)
         if start not in can[0]:
             continue
@@ -103,23 +145,20 @@ def _at(p, t):
     return p[min(t, len(p) - 1)]
 
 
-def first_conflict(paths) -> tuple[str, int, int, int, tuple] | None:
-    """(kind "meet"/"swap", t, i, j, cells) of the earliest conflict (then the lowest pair, a
-    meeting before a swap), agents staying on their goals after their paths end; or None."""
+def first_conflict(paths) -> Conflict | None:
+    """The earliest conflict (then the lowest pair, a meeting before a swap), agents staying on
+    their goals after their paths end; None without one."""
     horizon = max(len(p) for p in paths)
     for t in range(1, horizon):
         for i, j in itertools.combinations(range(len(paths)), 2):
             if _at(paths[i], t) == _at(paths[j], t):
-                return "meet", t, i, j, (_at(paths[i], t),)
+                rest = next((k for k in (i, j) if t >= len(paths[k]) - 1), None)
+                return Conflict("meet", t, i, j, (_at(paths[i], t),), rest)
         for i, j in itertools.combinations(range(len(paths)), 2):
-            a0, a1, b0, b1 = (
-                _at(paths[i], t - 1),
-                _at(paths[i], t),
-                _at(paths[j], t - 1),
-                _at(paths[j], t),
-            )
+            a0, a1 = _at(paths[i], t - 1), _at(paths[i], t)
+            b0, b1 = _at(paths[j], t - 1), _at(paths[j], t)
             if a0 != a1 and a1 == b0 and b1 == a0:
-                return "swap", t, i, j, (a0, a1)
+                return Conflict("swap", t, i, j, (a0, a1))
     return None
 
 
@@ -155,13 +194,17 @@ def search(problem: Problem, max_open: int | None = None) -> Lookahead:
         if found is None:
             lines.append("meet none")
             return Lookahead(tuple(lines), [_actions(p) for p in paths], opened)
-        kind, t, i, j, where = found
-        lines.append(f"{kind} A{i} A{j} t{t} {_cells(where)}")
+        kind, t, i, j, where, rest = found
+        tail = "" if rest is None else f" rest A{rest}"
+        lines.append(f"{kind} A{i} A{j} t{t} {_cells(where)}{tail}")
         for agent in (i, j):
-            if kind == "meet":
-                new = Constraint(agent, t, where)
-            else:
+            if kind == "swap":
                 new = Constraint(agent, t, where if agent == i else where[::-1])
+            else:
+                # an agent resting on its goal there: it ends later, or the other one never
+                # enters that cell again (one branch instead of a wait per time step)
+                mode = "at" if rest is None else ("after" if agent == rest else "from")
+                new = Constraint(agent, t, where, mode)
             mine = [c for c in cons if c.agent == agent] + [new]
             p = path(m, starts[agent], goals[agent], mine)
             order = next(written)
@@ -176,3 +219,52 @@ def search(problem: Problem, max_open: int | None = None) -> Lookahead:
         if not frontier:
             break
     return Lookahead(tuple(lines), None, opened)
+
+
+def _around(other, agent: int) -> list[Constraint]:
+    """Constraints that keep `agent` off `other`'s path: its cell at every time, its reverse
+    moves (no swap), and its goal from when it rests there."""
+    out = [Constraint(agent, t, (c,)) for t, c in enumerate(other) if t]
+    out += [Constraint(agent, t, (other[t], other[t - 1])) for t in range(1, len(other))]
+    return [*out, Constraint(agent, len(other) - 1, (other[-1],), "from")]
+
+
+def priority(problem: Problem) -> Lookahead:
+    """The `priority` look-ahead block (two agents; see the module docstring): each agent's path
+    alone and, when they conflict, each agent re-planned around the other's written path; the
+    plan is the cheaper pair. plans is None when neither order has a path."""
+    if problem.num_agents != 2:
+        raise ValueError(
+            f"problem {problem.id!r}: {problem.num_agents} agents; the priority look-ahead takes 2"
+        )
+    m = GridMap(problem.grid)
+    starts, goals = problem.starts, problem.goals
+    alone = [path(m, s, g, ()) for s, g in zip(starts, goals, strict=True)]
+    if any(p is None for p in alone):
+        return Lookahead((), None, 0)
+    lines = [f"P{i} {_cells(p)}" for i, p in enumerate(alone)]
+    found = first_conflict(alone)
+    if found is None:
+        return Lookahead((*lines, "meet none"), [_actions(p) for p in alone], 1)
+    tail = "" if found.rest is None else f" rest A{found.rest}"
+    lines.append(f"{found.kind} A0 A1 t{found.t} {_cells(found.cells)}{tail}")
+    best = None
+    for agent, first in ((1, 0), (0, 1)):
+        p = path(m, starts[agent], goals[agent], _around(alone[first], agent))
+        head = f"A{agent} around P{first} = "
+        if p is None:
+            lines.append(head + "none")
+            continue
+        pair = [alone[0], p] if agent == 1 else [p, alone[1]]
+        cost = sum(len(q) - 1 for q in pair)
+        lines.append(head + f"{_cells(p)} cost {cost}")
+        if best is None or cost < best[0]:
+            best = (cost, head[:-3], pair)
+    if best is None:
+        return Lookahead(tuple(lines), None, 2)
+    lines.append(f"plan {best[1]}")
+    return Lookahead(tuple(lines), [_actions(p) for p in best[2]], 2)
+
+
+# The look-ahead forms a trace can write (`rl.data.response`, `launch/trace_lengths.py`).
+LOOKAHEADS = {"search": search, "priority": priority}

@@ -209,7 +209,10 @@ _CELL = re.compile(r"\((\d{1,2}), (\d{1,2})\)")
 
 _FIRST_STEP = re.compile(r"^[ \t]*t1[ \t]*$", re.MULTILINE)
 # The lines of a look-ahead block (`env.lookahead`): paths, a conflict, a node, an opened node.
-LOOKAHEAD_LINE = re.compile(r"^(P\d{1,2} \(|(meet|swap) |n\d+ A\d{1,2} not |open n\d+$)")
+LOOKAHEAD_LINE = re.compile(
+    r"^(P\d{1,2} \(|(meet|swap) |n\d+ A\d{1,2} (not|ends) |open n\d+$"
+    r"|A\d{1,2} around P\d{1,2} = |plan A\d{1,2} around P\d{1,2}$)"
+)
 
 
 def header_end(response: str) -> int:

@@ -53,19 +53,21 @@ def encode_prompts(tokenizer, problems: Sequence[Problem], enable_thinking: bool
 
 
 def response(
-    problem: Problem, actions, thinking: bool = False, style: str = "holes", lookahead: bool = False
+    problem: Problem, actions, thinking: bool = False, style: str = "holes", lookahead: str = ""
 ) -> str:
     """The text a policy is trained to write for `actions`: the answer block, after the
     reasoning trace's think block when `thinking` (`env.trace`, its map written in `style`).
-    lookahead (with thinking): the trace also writes the search that finds the plan
-    (`env.lookahead`), and the plan is the one that search finds, not `actions` (None is
-    accepted then); a ValueError names the problem when the search gives up."""
+    lookahead (with thinking): a form of `env.lookahead.LOOKAHEADS`; the trace also writes how
+    the plan is found, and the plan is the one found that way, not `actions` (None is accepted
+    then); a ValueError names the problem when it finds none."""
     if thinking and lookahead:
-        found = look.search(problem)
+        if lookahead not in look.LOOKAHEADS:
+            raise ValueError(f"lookahead {lookahead!r}: allowed {sorted(look.LOOKAHEADS)}")
+        found = look.LOOKAHEADS[lookahead](problem)
         if found.plans is None:
             raise ValueError(
-                f"problem {problem.id!r}: the look-ahead search found no plan within "
-                f"{found.opened} opened nodes"
+                f"problem {problem.id!r}: the {lookahead} look-ahead found no plan "
+                f"({found.opened} opened nodes)"
             )
         body = trace.render_thinking(problem, found.plans, style, found.lines)
         return body + text.render_answer(found.plans)
@@ -79,13 +81,13 @@ def sft_examples(
     answers=None,
     thinking: bool = False,
     style: str = "holes",
-    lookahead: bool = False,
+    lookahead: str = "",
 ) -> list[Example]:
     """Examples for `problems`; `answers` (per-problem action lists) default to the oracle's.
     thinking: the prompt opens the assistant turn without the empty think block and the
     completion is the reasoning trace (its map in `style`, `env.trace.STYLES`), then the
-    answer (`response`); lookahead: the trace writes the search first and the plan is the
-    search's (`response`; the oracle is not called)."""
+    answer (`response`); lookahead: a look-ahead form the trace writes first, whose plan it is
+    (`response`; the oracle is not called)."""
     if answers is None:
         answers = [None] * len(problems) if lookahead and thinking else oracle_answers(problems)
     im_end = tok_lib.special_ids(tokenizer).im_end

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from mapfjax import configfile, files
 from mapfjax.checks import is_finite_real, is_int, require, require_dtype, require_int
 from mapfjax.env import config as env_config
-from mapfjax.env import io, text, trace
+from mapfjax.env import io, lookahead, text, trace
 from mapfjax.env.types import Problem
 from mapfjax.models import bpe, qwen3
 from mapfjax.models import tokenizer as tok_lib
@@ -100,6 +100,10 @@ def check_recipe(cfg) -> None:
         require("thinking", cfg.thinking, False, "True or False")
     style = cfg.get("trace_style", "holes")
     require("trace_style", style, style in trace.STYLES, f"one of {trace.STYLES}")
+    ahead = cfg.get("trace_lookahead", "")
+    ok = ahead == "" or (ahead in lookahead.LOOKAHEADS and cfg.get("thinking", False))
+    allowed = " or ".join(repr(k) for k in lookahead.LOOKAHEADS)
+    require("trace_lookahead", ahead, ok, f"'' (none), or {allowed} with thinking=True")
     if cfg.get("thinking", False) and not cfg.rl.train.get("enable_thinking", False):
         require("rl.train.enable_thinking", False, False, "True when thinking=True")
     for where in ("sft.env", "rl.env", "validation.env"):
@@ -138,14 +142,26 @@ def prepare(cfg, workdir) -> RunData:
 
     thinking = bool(cfg.get("thinking", False))
     style = cfg.get("trace_style", "holes")
+    ahead = cfg.get("trace_lookahead", "") if thinking else ""
     # In the cache keys of what thinking changes ("holes", the first style, kept its old keys).
     mode = (("thinking",) + ((style,) if style != "holes" else ())) if thinking else ()
+    mode += (f"lookahead-{ahead}",) if ahead else ()
+
+    def plannable(ps: list[Problem], what: str) -> list[Problem]:
+        """With a look-ahead, the puzzles it finds a plan for (the others are dropped)."""
+        if not ahead:
+            return ps
+        kept = [p for p in ps if lookahead.LOOKAHEADS[ahead](p).plans is not None]
+        if len(kept) < len(ps):
+            log.warning("%s: the %s look-ahead finds no plan for %d puzzles; dropped", what,
+                        ahead, len(ps) - len(kept))  # fmt: skip
+        return kept
 
     def tokenizer():
-        ps = problems(cfg.sft.env, cfg.tokenizer.instances, 100)
+        ps = plannable(problems(cfg.sft.env, cfg.tokenizer.instances, 100), "tokenizer")
         prompts = [text.render_prompt(p) for p in ps]
-        answers = oracle_answers(ps)
-        turns = [response(p, a, thinking, style) for p, a in zip(ps, answers, strict=True)]
+        answers = [None] * len(ps) if ahead else oracle_answers(ps)
+        turns = [response(p, a, thinking, style, ahead) for p, a in zip(ps, answers, strict=True)]
         texts = bpe.corpus(prompts, turns, thinking)
         # A trace's look-ups match cells: each "(r, c)" is one token.
         return bpe.build_tokenizer(texts, cfg.tokenizer.vocab_size, coordinates=thinking)
@@ -169,7 +185,8 @@ def prepare(cfg, workdir) -> RunData:
             seen = {io.puzzle_hash(p) for f in exclude for p in io.load_instances(f)}
             drawn, dropped = held_out(drawn, seen)
             log.warning("sft: %d of the drawn puzzles are in sft.exclude; dropped", dropped)
-        return sft_examples(tok, drawn, thinking=thinking, style=style)
+        drawn = plannable(drawn, "sft")
+        return sft_examples(tok, drawn, thinking=thinking, style=style, lookahead=ahead)
 
     parts = (tok_dir.name, cfg.sft.env, cfg.sft.instances, sft_holes, *mode)
     sft_data = cached(

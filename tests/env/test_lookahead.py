@@ -20,12 +20,27 @@ from tests.models.test_bpe import random_problems
 CROSS = Problem(id="cross", grid=("FFF", "HFH"), starts=((0, 0), (1, 1)), goals=((0, 2), (0, 1)))
 
 
-def test_the_hand_example_is_the_docstring_s():
+def _doc_examples() -> list[list[str]]:
+    """The module docstring's two examples: its indented lines without their comments."""
+    code = [re.split(r"\s{3,}", x.strip())[0] for x in lookahead.__doc__.splitlines()]
+    indented = [x.startswith("    ") for x in lookahead.__doc__.splitlines()]
+    blocks, current = [], []
+    for line, inside in zip(code, indented, strict=True):
+        if inside:
+            current.append(line)
+        elif current:
+            blocks.append(current)
+            current = []
+    return blocks
+
+
+def test_the_hand_examples_are_the_docstring_s():
+    search_doc, priority_doc = _doc_examples()
     found = lookahead.search(CROSS)
-    want = [re.split(r"\s{3,}", line.strip())[0] for line in lookahead.__doc__.splitlines()]
-    want = [w for w in want if w.startswith(("P", "meet", "n", "open"))]
-    assert list(found.lines) == want and found.opened == 3
-    assert found.plans == [[4, 4], [0, 1]]  # A0 RIGHT, RIGHT; A1 WAIT, UP
+    assert list(found.lines) == search_doc
+    assert found.opened == 3 and found.plans == [[4, 4], [0, 1]]  # RIGHT RIGHT; WAIT UP
+    quick = lookahead.priority(CROSS)
+    assert list(quick.lines) == priority_doc and quick.plans == found.plans
 
 
 def _bfs_length(grid, start, goal, cons, limit=30):
@@ -101,15 +116,39 @@ def test_the_plan_is_optimal_valid_and_reads_back_through_the_trace(seed):
         assert trace.parse_trace(body, 2) == (found.plans, None)
         assert trace.check_trace(p, response)[1] is None
         assert lookahead.search(p) == found  # deterministic
-    assert outcomes["wait"] and outcomes["none"], outcomes
+        quick = lookahead.priority(p)
+        if quick.plans is None:
+            outcomes["priority: none"] += 1
+            continue
+        r = simulate.simulate(p, quick.plans)
+        assert r["valid"] and r["soc"] >= found_soc(found), (p, quick)  # valid, maybe not optimal
+        response = trace.render_thinking(p, quick.plans, "grid", quick.lines) + "x"
+        assert trace.parse_trace(trace.thinking_text(response), 2) == (quick.plans, None)
+        assert trace.check_trace(p, response)[1] is None
+        outcomes["priority: optimal"] += r["soc"] == found_soc(found)
+    assert outcomes["wait"] and outcomes["none"] and outcomes["priority: optimal"], outcomes
+
+
+def found_soc(found) -> int:
+    return sum(len(a) for a in found.plans)
+
+
+def test_the_priority_form_takes_two_agents():
+    three = Problem("three", ("FFF",) * 3, ((0, 0), (1, 1), (2, 2)), ((2, 2), (0, 0), (1, 1)))
+    with pytest.raises(ValueError, match="'three': 3 agents; the priority look-ahead takes 2"):
+        lookahead.priority(three)
 
 
 def test_sft_data_with_a_lookahead_uses_the_search_s_plan_and_names_a_search_that_gives_up(
     monkeypatch,
 ):
-    turn = data.response(CROSS, None, thinking=True, style="grid", lookahead=True)
+    turn = data.response(CROSS, None, thinking=True, style="grid", lookahead="search")
     found = lookahead.search(CROSS)
     assert "\nopen n2\n" in turn and turn.endswith(text.render_answer(found.plans))
     monkeypatch.setattr(lookahead, "MAX_OPEN", 1)
-    with pytest.raises(ValueError, match=r"'cross': the look-ahead search found no plan within 1"):
-        data.response(CROSS, None, thinking=True, lookahead=True)
+    with pytest.raises(
+        ValueError, match=r"'cross': the search look-ahead found no plan \(1 opened"
+    ):
+        data.response(CROSS, None, thinking=True, lookahead="search")
+    with pytest.raises(ValueError, match=r"lookahead 'cbs': allowed \['priority', 'search'\]"):
+        data.response(CROSS, None, thinking=True, lookahead="cbs")

@@ -93,19 +93,22 @@ def test_with_lookahead_the_trace_writes_the_search_and_the_script_counts_it(
     tok = transformers.AutoTokenizer.from_pretrained(str(tiny_model_dir))
     want = []
     for p in probs:
-        found = lookahead.search(p)
+        found = lookahead.search(p)  # --lookahead=search
         s = trace.render_thinking(p, found.plans, "grid", found.lines)
         want.append(
             len(tok(s + text.render_answer(found.plans), add_special_tokens=False)["input_ids"]) + 1
         )
     out = _run(
-        f"--instances={inst}", f"--tokenizer={tiny_model_dir}", "--budget=100000", "--lookahead"
+        f"--instances={inst}",
+        f"--tokenizer={tiny_model_dir}",
+        "--budget=100000",
+        "--lookahead=search",
     )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
     assert lines[-1] == (
-        "The look-ahead search gave up on 0 of 3 puzzles (after 16 opened nodes); they are "
-        "left out above."
+        "The search look-ahead found no plan for 0 of 3 puzzles (the search gives up after 16 "
+        "opened nodes); they are left out above."
     )
     last = [c.strip() for c in lines[-3].split("|")[1:-1]]
     assert last[:3] == ["all", "", "3"] and int(last[5]) == max(want)

@@ -76,6 +76,8 @@ BAD_RECIPES = [
     ("sft.answer_weight", 5.0, r"other than 1 only with thinking=True"),
     ("dtype", "float7", r"dtype = 'float7'"),
     ("trace_style", "cells", r"trace_style = 'cells'; allowed: one of \('holes', 'rows', 'grid'\)"),
+    ("trace_lookahead", "cbs", r"trace_lookahead = 'cbs'; allowed: '' \(none\), or 'search' or"),
+    ("trace_lookahead", "search", r"'priority' with thinking=True"),  # quick: no thinking
     ("init", "/nonexistent", r"init = '/nonexistent'; allowed: a model directory or ''"),
     ("sft.exclude", ("/nonexistent.jsonl",), r"sft\.exclude = '/nonexistent\.jsonl'; allowed: "),
 ]
@@ -151,3 +153,28 @@ def test_sft_exclude_keeps_a_held_out_file_out_of_the_sft_data(tmp_path):
     assert len(got) == sum(io.puzzle_hash(p) not in gone for p in drawn)
     io.save_instances(held, drawn[:1])
     assert len(recipe.prepare(c, tmp_path / "w").sft) > len(got)
+
+
+def test_a_lookahead_recipe_writes_the_block_and_drops_puzzles_it_cannot_plan(tmp_path):
+    """trace_lookahead: every SFT completion holds the block, its plan is the look-ahead's, and
+    the cache key changes with it."""
+    from mapfjax import configfile
+    from mapfjax.env import lookahead, trace
+    from mapfjax.rl import data, recipe
+
+    c = configfile.get_config("configs/tiny_model.py", "trace_quick")
+    c.sft.instances, c.tokenizer.instances, c.validation.per_size = 32, 32, 2
+    c.trace_lookahead = "priority"
+    recipe.check_recipe(c)
+    run = recipe.prepare(c, tmp_path / "w")
+    drawn = data.generate_problems(c.sft.env, 32, c.seed + 1, 1, tuple(c.sft.hole_ratios))
+    plannable = [p for p in drawn if lookahead.priority(p).plans is not None]
+    assert len(run.sft) == len(plannable)
+    tok = run.tokenizer
+    for e, p in zip(run.sft, plannable, strict=True):
+        turn = tok.decode(e.completion)
+        assert "\nP0 (" in turn and "\nP1 (" in turn
+        plans = trace.parse_trace(trace.thinking_text(turn), 2)[0]
+        assert plans == lookahead.priority(p).plans
+    c.trace_lookahead = ""
+    assert len(recipe.prepare(c, tmp_path / "w").sft) == len(drawn)  # its own cache entry
