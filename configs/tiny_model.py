@@ -20,6 +20,27 @@ def env_config(ratios: dict[int, float], seed: int, hole_ratio=0.2, wait_ratio=0
     return c
 
 
+def continue_from(
+    c, init: str, name: str, seed: int, wait_ratio: float, instances=16384, updates=1000
+):
+    """A trace policy (`init`) continued by SFT on fresh 3x3-6x6 puzzles weighted toward larger
+    maps (hole ratios 0.1-0.4; `wait_ratio` of them need a wait), the gate's puzzles kept out,
+    answer tokens weighing 10, at a quarter of the recipe's peak learning rate, no GRPO; into
+    runs/tiny_<name>."""
+    c.init = init
+    c.workdir = f"runs/tiny_{name}"
+    c.out_dir = f"runs/tiny_{name}/export"
+    c.sft.env = env_config({3: 0.1, 4: 0.2, 5: 0.3, 6: 0.4}, seed=seed, wait_ratio=wait_ratio)
+    c.sft.hole_ratios = (0.1, 0.2, 0.3, 0.4)
+    c.sft.instances = instances
+    c.sft.exclude = ("results/go_no_go/held_out_400.jsonl",)
+    c.sft.answer_weight = 10.0
+    c.sft.stages = (updates,)
+    c.sft.optim.lr = 5e-4
+    c.sft.optim.warmup_steps = 50
+    c.rl.train.steps = 0
+
+
 # The whole legal space the engineer may choose from: every hole ratio in [0, 0.5] (one
 # share each), half of the instances needing a wait; sizes weighted toward small maps.
 BROAD_SIZES = {3: 0.2, 4: 0.2, 5: 0.2, 6: 0.1, 7: 0.1, 8: 0.07, 9: 0.07, 10: 0.06}
@@ -198,55 +219,22 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         # The grid-trace policy (6,000 updates, aw10) continued on puzzles with longer plans:
         # every one of its 23 parse errors on the gate's puzzles writes more than 10 steps and
         # loses count of them, and 1.4 % of its SFT plans are over 10 steps (3.7 % in this mix;
-        # results/go_no_go/parse_errors_6000, trace_long). The gate's puzzles are kept out.
-        c.init = "runs/tiny_trace_grid/export_aw10_6000"
-        c.workdir = "runs/tiny_trace_long"
-        c.out_dir = "runs/tiny_trace_long/export"
-        c.sft.env = env_config({3: 0.1, 4: 0.2, 5: 0.3, 6: 0.4}, seed=31, wait_ratio=0.7)
-        c.sft.hole_ratios = (0.1, 0.2, 0.3, 0.4)
-        c.sft.instances = 16384
-        c.sft.exclude = ("results/go_no_go/held_out_400.jsonl",)
-        c.sft.answer_weight = 10.0
-        c.sft.stages = (1000,)
-        c.sft.optim.lr = 5e-4  # a continuation: a quarter of the recipe's peak
-        c.sft.optim.warmup_steps = 50
-        c.rl.train.steps = 0
+        # results/go_no_go/parse_errors_6000, trace_long).
+        continue_from(c, "runs/tiny_trace_grid/export_aw10_6000", "trace_long", 31, 0.7)
     if arg == "trace_wait":
         # trace_long continued for 1,000 more updates on fresh puzzles, 90 % of them needing a
         # wait: the half of the gate's puzzles where trace_long still fails (61.7 % valid there
         # against 94.6 % on the rest), the failures in its trace's plan (a vertex conflict or a
         # hole), the part of the puzzle its trace's local look-ups do not decide.
-        c.init = "runs/tiny_trace_long/export"
-        c.workdir = "runs/tiny_trace_wait"
-        c.out_dir = "runs/tiny_trace_wait/export"
-        c.sft.env = env_config({3: 0.1, 4: 0.2, 5: 0.3, 6: 0.4}, seed=41, wait_ratio=0.9)
-        c.sft.hole_ratios = (0.1, 0.2, 0.3, 0.4)
-        c.sft.instances = 16384
-        c.sft.exclude = ("results/go_no_go/held_out_400.jsonl",)
-        c.sft.answer_weight = 10.0
-        c.sft.stages = (1000,)
-        c.sft.optim.lr = 5e-4
-        c.sft.optim.warmup_steps = 50
-        c.rl.train.steps = 0
+        continue_from(c, "runs/tiny_trace_long/export", "trace_wait", 41, 0.9)
     if arg == "trace_ahead":
         # trace_wait continued on traces that first write how the plan is found: each agent's
         # path alone, their first conflict, each re-planned around the other's written path,
         # the cheaper (`lookahead.priority`): the waits and detours no move line decides
         # (results/go_no_go, "What the trace's own lines decide") follow from written lines.
         # About 80 more tokens on puzzles that need a wait (results/go_no_go/lookahead).
+        continue_from(c, "runs/tiny_trace_wait/export", "trace_ahead", 51, 0.7, 24576, 1500)
         c.trace_lookahead = "priority"
-        c.init = "runs/tiny_trace_wait/export"
-        c.workdir = "runs/tiny_trace_ahead"
-        c.out_dir = "runs/tiny_trace_ahead/export"
-        c.sft.env = env_config({3: 0.1, 4: 0.2, 5: 0.3, 6: 0.4}, seed=51, wait_ratio=0.7)
-        c.sft.hole_ratios = (0.1, 0.2, 0.3, 0.4)
-        c.sft.instances = 24576
-        c.sft.exclude = ("results/go_no_go/held_out_400.jsonl",)
-        c.sft.answer_weight = 10.0
-        c.sft.stages = (1500,)
-        c.sft.optim.lr = 5e-4
-        c.sft.optim.warmup_steps = 50
-        c.rl.train.steps = 0
     if arg == "trace_quick":
         c.workdir = "/tmp/mapfjax_tiny_trace_quick"
         c.out_dir = "/tmp/mapfjax_tiny_trace_quick/export"

@@ -50,20 +50,30 @@ def _run(*args):
     )  # fmt: skip
 
 
-def test_the_script_counts_the_oracle_trace_and_answer_with_the_end_of_turn(
-    tiny_model_dir, tmp_path
-):
-    import transformers
-
+def _saved(tmp_path):
     probs = _problems()
     inst = tmp_path / "inst.jsonl"
     io.save_instances(inst, probs)
-    tok = transformers.AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    return probs, inst
+
+
+def _tokens(model_dir, think: str, plans) -> int:
+    """Tokens of a think block + the answer block of `plans`, with the end of turn."""
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(str(model_dir))
+    turn = think + text.render_answer(plans)
+    return len(tok(turn, add_special_tokens=False)["input_ids"]) + 1
+
+
+def test_the_script_counts_the_oracle_trace_and_answer_with_the_end_of_turn(
+    tiny_model_dir, tmp_path
+):
+    probs, inst = _saved(tmp_path)
     want = []
     for p in probs:
         a = oracle.answer_actions(oracle.solve(p))
-        s = trace.render_thinking(p, a, "grid") + text.render_answer(a)
-        want.append(len(tok(s, add_special_tokens=False)["input_ids"]) + 1)
+        want.append(_tokens(tiny_model_dir, trace.render_thinking(p, a, "grid"), a))
     out = _run(f"--instances={inst}", f"--tokenizer={tiny_model_dir}", "--budget=100000")
     assert out.returncode == 0, out.stderr
     last = [c.strip() for c in out.stdout.strip().splitlines()[-1].split("|")[1:-1]]
@@ -83,21 +93,14 @@ def test_the_script_counts_the_oracle_trace_and_answer_with_the_end_of_turn(
 def test_with_lookahead_the_trace_writes_the_search_and_the_script_counts_it(
     tiny_model_dir, tmp_path
 ):
-    import transformers
-
     from mapfjax.env import lookahead
 
-    probs = _problems()
-    inst = tmp_path / "inst.jsonl"
-    io.save_instances(inst, probs)
-    tok = transformers.AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    probs, inst = _saved(tmp_path)
     want = []
     for p in probs:
         found = lookahead.search(p)  # --lookahead=search
-        s = trace.render_thinking(p, found.plans, "grid", found.lines)
-        want.append(
-            len(tok(s + text.render_answer(found.plans), add_special_tokens=False)["input_ids"]) + 1
-        )
+        think = trace.render_thinking(p, found.plans, "grid", found.lines)
+        want.append(_tokens(tiny_model_dir, think, found.plans))
     out = _run(
         f"--instances={inst}",
         f"--tokenizer={tiny_model_dir}",
