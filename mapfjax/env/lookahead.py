@@ -268,3 +268,32 @@ def priority(problem: Problem) -> Lookahead:
 
 # The look-ahead forms a trace can write (`rl.data.response`, `launch/trace_lengths.py`).
 LOOKAHEADS = {"search": search, "priority": priority}
+
+
+# Where a written look-ahead block first departs from the true one (`first_wrong`).
+BLOCK_PARTS = ("paths", "conflict", "re-plan")
+
+
+def first_wrong(problem: Problem, response: str, form: str) -> str | None:
+    """The part of a response's look-ahead block (`form`, see LOOKAHEADS) that first differs
+    from the true block: "paths" (the first P lines, each agent alone), "conflict" (the line
+    after them), "re-plan" (anything later), "missing" (no block line written); None when the
+    block is right. A ValueError when the form finds no plan for `problem`."""
+    from mapfjax.env.trace import LOOKAHEAD_LINE, thinking_text
+
+    want = LOOKAHEADS[form](problem)
+    if want.plans is None:
+        raise ValueError(f"problem {problem.id!r}: the {form} look-ahead finds no plan")
+    body = thinking_text(response) or ""
+    got = [x.strip() for x in body.splitlines() if LOOKAHEAD_LINE.match(x.strip())]
+    if not got:
+        return "missing"
+    n = problem.num_agents
+    for part, (a, b) in (
+        ("paths", (0, n)),
+        ("conflict", (n, n + 1)),
+        ("re-plan", (n + 1, max(len(got), len(want.lines)))),
+    ):
+        if got[a:b] != list(want.lines[a:b]):
+            return part
+    return None

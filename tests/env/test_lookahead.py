@@ -5,6 +5,7 @@ through the trace's parser, and a search that gives up is a named error for SFT 
 
 import collections
 import itertools
+import pathlib
 import re
 
 import numpy as np
@@ -152,3 +153,53 @@ def test_sft_data_with_a_lookahead_uses_the_search_s_plan_and_names_a_search_tha
         data.response(CROSS, None, thinking=True, lookahead="search")
     with pytest.raises(ValueError, match=r"lookahead 'cbs': allowed \['priority', 'search'\]"):
         data.response(CROSS, None, thinking=True, lookahead="cbs")
+
+
+def _with_block(problem, lines) -> str:
+    found = lookahead.priority(problem)
+    return trace.render_thinking(problem, found.plans, "grid", lines) + text.render_answer(
+        found.plans
+    )
+
+
+def test_first_wrong_names_the_part_of_the_block_that_departs():
+    right = list(lookahead.priority(CROSS).lines)
+    assert lookahead.first_wrong(CROSS, _with_block(CROSS, right), "priority") is None
+    bad_path = ["P0 (0, 0) (1, 0) (0, 2)", *right[1:]]
+    assert lookahead.first_wrong(CROSS, _with_block(CROSS, bad_path), "priority") == "paths"
+    bad_meet = [*right[:2], "meet none", *right[3:]]
+    assert lookahead.first_wrong(CROSS, _with_block(CROSS, bad_meet), "priority") == "conflict"
+    assert lookahead.first_wrong(CROSS, _with_block(CROSS, right[:-1]), "priority") == "re-plan"
+    assert lookahead.first_wrong(CROSS, _with_block(CROSS, []), "priority") == "missing"
+
+
+def test_the_check_script_counts_where_blocks_go_wrong(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from mapfjax.env import io
+
+    probs = [oracle.label(CROSS)[0], *random_problems(3, 7)]
+    inst = tmp_path / "inst.jsonl"
+    io.save_instances(inst, probs)
+    ev = tmp_path / "eval"
+    ev.mkdir()
+    rows, answers = [], []
+    for i, p in enumerate(probs):
+        found = lookahead.priority(p)
+        lines = list(found.lines) if i % 2 == 0 else []
+        answers.append({"id": p.id, "text": _with_block(p, lines)})
+        rows.append({"id": p.id, "valid": True})
+    (ev / "answers.jsonl").write_text("".join(json.dumps(a) + "\n" for a in answers))
+    (ev / "verdicts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    root = pathlib.Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "launch/lookahead_check.py", f"--instances={inst}", f"--eval={ev}"],
+        cwd=root, capture_output=True, text=True,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    table = [[c.strip() for c in x.split("|")[1:-1]] for x in out.stdout.strip().splitlines()[2:]]
+    right = sum(int(r[2]) for r in table)
+    missing = sum(int(r[6]) for r in table)
+    assert (right, missing) == (2, 2) and sum(int(r[1]) for r in table) == 4

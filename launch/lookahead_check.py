@@ -1,0 +1,53 @@
+r"""How much of the look-ahead block a policy writes right: per half of the puzzles (needs a
+wait or not), of those the form finds a plan for, how many responses write the whole block
+right, and where the others first go wrong (`env.lookahead.first_wrong`: each agent's path
+alone, the first conflict, the re-planning), beside the valid rate.
+
+    python launch/lookahead_check.py --instances results/go_no_go/held_out_400.jsonl \
+        --eval runs/trace_ahead_eval --form priority [--out table.md]
+"""
+
+from absl import app, flags
+
+_INSTANCES = flags.DEFINE_string("instances", None, "instance JSONL")
+_EVAL = flags.DEFINE_string("eval", None, "a launch/evaluate.py --out_dir with answers.jsonl")
+_FORM = flags.DEFINE_enum("form", "priority", ["search", "priority"], "the look-ahead form")
+_OUT = flags.DEFINE_string("out", None, "also write the table here")
+flags.mark_flags_as_required(["instances", "eval"])
+
+
+def main(argv):
+    del argv
+    import pathlib
+
+    from mapfjax import files, stats
+    from mapfjax.env import io, lookahead
+    from mapfjax.eval import evaluate as ev
+
+    def build():
+        problems = {p.id: p for p in io.require_instances(_INSTANCES.value)}
+        verdicts = ev.read_outcomes(_EVAL.value)
+        answers = dict(io.load_answers(pathlib.Path(_EVAL.value) / "answers.jsonl"))
+        if missing := sorted(set(problems) - set(answers)):
+            raise ValueError(
+                f"{_EVAL.value}: no answer for {len(missing)} puzzles, e.g. {missing[0]!r}"
+            )
+        kinds = ("right", *lookahead.BLOCK_PARTS, "missing")
+        rows = []
+        for name, wait in (("no", False), ("yes", True)):
+            found = [p for p in problems.values() if p.needs_wait is wait
+                     and lookahead.LOOKAHEADS[_FORM.value](p).plans is not None]  # fmt: skip
+            where = [lookahead.first_wrong(p, answers[p.id], _FORM.value) or "right" for p in found]
+            valid = stats.proportion([bool(verdicts[p.id]["valid"]) for p in found])
+            rows.append(
+                [name, len(found), *(where.count(k) for k in kinds), stats.interval_text(valid)]
+            )
+        header = ["needs a wait", "puzzles with a plan", "block right",
+                  *(f"first wrong: {k}" for k in kinds[1:]), "valid %"]  # fmt: skip
+        return stats.markdown_table(header, rows)
+
+    return files.report_command(build, _OUT.value)
+
+
+if __name__ == "__main__":
+    app.run(main)
