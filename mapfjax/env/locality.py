@@ -17,7 +17,9 @@ import heapq
 import itertools
 from collections.abc import Sequence
 
+from mapfjax import stats
 from mapfjax.env.joint import INF, GridMap
+from mapfjax.env.simulate import simulate
 from mapfjax.env.trace import taken_cells
 from mapfjax.env.types import ACTION_DELTAS, Problem
 
@@ -202,9 +204,6 @@ def locality_table(problems: Sequence[Problem], plans, valid=None, nodes=None) -
     paired against the first policy. nodes: the search nodes the oracle expanded per problem
     (`Solution.nodes`), reported as median / 90th percentile / max: what writing the search
     into a trace would cost."""
-    from mapfjax import stats
-    from mapfjax.env.simulate import simulate
-
     rows = []
     nodes_of = [None] * len(problems) if nodes is None else list(nodes)
     for p, plan, node_count in zip(problems, plans, nodes_of, strict=True):
@@ -256,8 +255,6 @@ def locality_table(problems: Sequence[Problem], plans, valid=None, nodes=None) -
 def _policy_table(rows: list[dict], valid: dict) -> str:
     """Each policy's valid rate on the puzzles whose oracle plan its lines decide and on the
     rest, paired against the first policy on the same puzzles."""
-    from mapfjax import stats
-
     subsets = [
         (
             f"plan decided (n={sum(r['miss'] == 0 for r in rows)})",

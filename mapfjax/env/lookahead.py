@@ -46,7 +46,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from mapfjax.env.joint import INF, GridMap
-from mapfjax.env.trace import cell
+from mapfjax.env.trace import LOOKAHEAD_LINE, cell, thinking_text
 from mapfjax.env.types import ACTION_DELTAS, Problem
 
 ORDER = (1, 2, 3, 4, 0)  # UP, DOWN, LEFT, RIGHT, WAIT: moves first, in the move lines' order
@@ -279,8 +279,6 @@ def first_wrong(problem: Problem, response: str, form: str) -> str | None:
     from the true block: "paths" (the first P lines, each agent alone), "conflict" (the line
     after them), "re-plan" (anything later), "missing" (no block line written); None when the
     block is right. A ValueError when the form finds no plan for `problem`."""
-    from mapfjax.env.trace import LOOKAHEAD_LINE, thinking_text
-
     want = LOOKAHEADS[form](problem)
     if want.plans is None:
         raise ValueError(f"problem {problem.id!r}: the {form} look-ahead finds no plan")
