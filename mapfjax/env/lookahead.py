@@ -46,6 +46,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from mapfjax.env.joint import INF, GridMap
+from mapfjax.env.oracle import path_actions
 from mapfjax.env.trace import LOOKAHEAD_LINE, cell, thinking_text
 from mapfjax.env.types import ACTION_DELTAS, Problem
 
@@ -166,9 +167,10 @@ def _cells(p) -> str:
     return " ".join(cell(c) for c in p)
 
 
-def _actions(p) -> list[int]:
-    deltas = [tuple(x) for x in ACTION_DELTAS.tolist()]
-    return [deltas.index((b[0] - a[0], b[1] - a[1])) for a, b in zip(p, p[1:], strict=False)]
+def _conflict_line(found: Conflict) -> str:
+    """`meet A0 A1 t1 (0, 1)` (+ ` rest A1` when an agent rests on its goal there) or `swap ...`."""
+    tail = "" if found.rest is None else f" rest A{found.rest}"
+    return f"{found.kind} A{found.i} A{found.j} t{found.t} {_cells(found.cells)}{tail}"
 
 
 def search(problem: Problem, max_open: int | None = None) -> Lookahead:
@@ -193,10 +195,9 @@ def search(problem: Problem, max_open: int | None = None) -> Lookahead:
         found = first_conflict(paths)
         if found is None:
             lines.append("meet none")
-            return Lookahead(tuple(lines), [_actions(p) for p in paths], opened)
+            return Lookahead(tuple(lines), [path_actions(p) for p in paths], opened)
         kind, t, i, j, where, rest = found
-        tail = "" if rest is None else f" rest A{rest}"
-        lines.append(f"{kind} A{i} A{j} t{t} {_cells(where)}{tail}")
+        lines.append(_conflict_line(found))
         for agent in (i, j):
             if kind == "swap":
                 new = Constraint(agent, t, where if agent == i else where[::-1])
@@ -245,9 +246,8 @@ def priority(problem: Problem) -> Lookahead:
     lines = [f"P{i} {_cells(p)}" for i, p in enumerate(alone)]
     found = first_conflict(alone)
     if found is None:
-        return Lookahead((*lines, "meet none"), [_actions(p) for p in alone], 1)
-    tail = "" if found.rest is None else f" rest A{found.rest}"
-    lines.append(f"{found.kind} A0 A1 t{found.t} {_cells(found.cells)}{tail}")
+        return Lookahead((*lines, "meet none"), [path_actions(p) for p in alone], 1)
+    lines.append(_conflict_line(found))
     best = None
     for agent, first in ((1, 0), (0, 1)):
         p = path(m, starts[agent], goals[agent], _around(alone[first], agent))
@@ -263,7 +263,7 @@ def priority(problem: Problem) -> Lookahead:
     if best is None:
         return Lookahead(tuple(lines), None, 2)
     lines.append(f"plan {best[1]}")
-    return Lookahead(tuple(lines), [_actions(p) for p in best[2]], 2)
+    return Lookahead(tuple(lines), [path_actions(p) for p in best[2]], 2)
 
 
 # The look-ahead forms a trace can write (`rl.data.response`, `launch/trace_lengths.py`).

@@ -440,13 +440,17 @@ def solve(problem: Problem, max_nodes: int = 20_000, time_limit: float = 10.0) -
     return done(UNSOLVABLE, None, nodes, "cbs")
 
 
+def path_actions(path) -> list[int]:
+    """The action codes that walk `path` (cells (r, c) at t = 0, 1, ...; a repeated cell is a
+    WAIT)."""
+    return [_DELTA_TO_ACTION[(b[0] - a[0], b[1] - a[1])] for a, b in zip(path, path[1:])]
+
+
 def _finish(m: GridMap, t0: float, status: str, cell_paths, nodes: int, method: str) -> Solution:
     if cell_paths is None:
         return Solution(status, nodes=nodes, seconds=time.perf_counter() - t0, method=method)
     paths = tuple(tuple(m.rc(u) for u in p) for p in cell_paths)
-    actions = tuple(
-        tuple(_DELTA_TO_ACTION[(b[0] - a[0], b[1] - a[1])] for a, b in zip(p, p[1:])) for p in paths
-    )
+    actions = tuple(tuple(path_actions(p)) for p in paths)
     costs = [len(p) - 1 for p in paths]
     return Solution(
         status,

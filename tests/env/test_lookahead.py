@@ -95,7 +95,7 @@ def test_without_constraints_each_step_is_the_first_move_closer_to_the_goal():
         m = GridMap(p.grid)
         walk = lookahead.path(m, p.starts[0], p.goals[0], ())
         solo = Problem("solo", p.grid, p.starts[:1], p.goals[:1])
-        plan = [lookahead._actions(walk)]
+        plan = [oracle.path_actions(walk)]
         assert locality.explained(solo, plan) == [[True] * len(plan[0])]
         assert locality.greedy_plans(solo) == plan  # the rule's first choice, every step
 
