@@ -1,8 +1,9 @@
 r"""How long is the response a policy is trained to write for the oracle's plan, against the
 generation budget? Per map size and whether the puzzle needs a wait: tokens of the oracle's
 reasoning trace + answer (`rl.data.sft_examples`, end of turn included; median, 90th
-percentile, max) and how many exceed the budget; with --lookahead=search|priority the trace
-also writes how its plan is found (`env.lookahead`). With --verdicts (a launch/evaluate.py
+percentile, max) and how many exceed the budget; with --lookahead=search|priority|relay the
+trace also writes how its plan is found (`env.lookahead`; relay: the plan of `env.relay`,
+each agent's in turn). With --verdicts (a launch/evaluate.py
 --out_dir, or a run's validation.json) also the evaluation's parse errors, and how many of
 them the budget would have cut even on the oracle's trace.
 
@@ -23,7 +24,7 @@ _NO_TRACE = flags.DEFINE_bool("answer_only", False, "the answer block alone (no 
 _LOOKAHEAD = flags.DEFINE_enum(
     "lookahead",
     None,
-    ["search", "priority"],
+    ["search", "priority", "relay"],
     "the trace first writes how its plan is found (env.lookahead; that plan, not the oracle's)",
 )
 _BUDGET = flags.DEFINE_integer("budget", 640, "max_new_tokens to compare with", lower_bound=1)
@@ -55,19 +56,23 @@ def main(argv):
                 f"{missing[0]!r}, of {_INSTANCES.value}"
             )
         thinking = not _NO_TRACE.value
-        note = ""
-        if _LOOKAHEAD.value:
-            form = lookahead.LOOKAHEADS[_LOOKAHEAD.value]
-            found = [form(p).plans is not None for p in problems]
-            note = (
-                f"\n\nThe {_LOOKAHEAD.value} look-ahead found no plan for {found.count(False)} of "
-                f"{len(problems)} puzzles (the search gives up after {lookahead.MAX_OPEN} opened "
-                "nodes); they are left out above."
-            )
-            problems = [p for p, ok in zip(problems, found, strict=True) if ok]
         examples = data.sft_examples(
             tok, problems, thinking=thinking, style=_STYLE.value, lookahead=_LOOKAHEAD.value or ""
         )
+        note = ""
+        if _LOOKAHEAD.value:
+            note = (
+                f"\n\nThe {_LOOKAHEAD.value} look-ahead found no plan for "
+                f"{len(problems) - len(examples)} of {len(problems)} puzzles"
+                + (
+                    f" (the search gives up after {lookahead.MAX_OPEN} opened nodes)"
+                    if _LOOKAHEAD.value == "search"
+                    else ""
+                )
+                + "; they are left out above."
+            )
+            kept = {e.problem_id for e in examples}
+            problems = [p for p in problems if p.id in kept]
         lengths = [len(e.completion) for e in examples]
         return ev.response_length_table(problems, lengths, _BUDGET.value, fails) + note
 

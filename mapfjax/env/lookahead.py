@@ -45,6 +45,7 @@ import itertools
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from mapfjax.env import relay
 from mapfjax.env.joint import INF, GridMap
 from mapfjax.env.oracle import path_actions
 from mapfjax.env.trace import LOOKAHEAD_LINE, cell, thinking_text
@@ -87,12 +88,14 @@ class Conflict(NamedTuple):
 @dataclasses.dataclass(frozen=True)
 class Lookahead:
     """The block's `lines` and the plan its last opened node holds (`plans`: per-agent action
-    codes, each list at its agent's cost), `opened` nodes; plans is None when the search gave
-    up after MAX_OPEN nodes or found no plan."""
+    codes, each list at its agent's cost), `opened` nodes (orders tried, for `relay`); plans
+    is None when the search gave up after MAX_OPEN nodes or found no plan. order: the trace
+    writes the plan in the relay layout, the agents in this order (`env.relay`)."""
 
     lines: tuple[str, ...]
     plans: list[list[int]] | None
     opened: int
+    order: tuple[int, ...] | None = None
 
 
 def path(m: GridMap, start, goal, cons: Sequence[Constraint], limit: int = 256):
@@ -266,8 +269,16 @@ def priority(problem: Problem) -> Lookahead:
     return Lookahead(tuple(lines), [path_actions(p) for p in best[2]], 2)
 
 
+def relay_form(problem: Problem) -> Lookahead:
+    """The `relay` form (`env.relay`): no block; the trace writes each agent's plan in turn by
+    the move lines' rule, the first valid order of the agents. plans is None when no order
+    gives a valid plan."""
+    order, plans, tried = relay.relay(problem)
+    return Lookahead((), plans, tried, order)
+
+
 # The look-ahead forms a trace can write (`rl.data.response`, `launch/trace_lengths.py`).
-LOOKAHEADS = {"search": search, "priority": priority}
+LOOKAHEADS = {"search": search, "priority": priority, "relay": relay_form}
 
 
 # Where a written look-ahead block first departs from the true one (`first_wrong`).
@@ -278,7 +289,10 @@ def first_wrong(problem: Problem, response: str, form: str) -> str | None:
     """The part of a response's look-ahead block (`form`, see LOOKAHEADS) that first differs
     from the true block: "paths" (the first P lines, each agent alone), "conflict" (the line
     after them), "re-plan" (anything later), "missing" (no block line written); None when the
-    block is right. A ValueError when the form finds no plan for `problem`."""
+    block is right. A ValueError when the form finds no plan for `problem` or writes no block
+    (`relay`: `trace.check_trace` says where its lines go wrong)."""
+    if form == "relay":
+        raise ValueError("the relay form writes no look-ahead block; trace.check_trace reads it")
     want = LOOKAHEADS[form](problem)
     if want.plans is None:
         raise ValueError(f"problem {problem.id!r}: the {form} look-ahead finds no plan")

@@ -144,24 +144,87 @@ def taken_cells(
     return out
 
 
+def _move_line(
+    problem: Problem, symbols: dict, agent: int, here, taken: set, action: int, head: str = ""
+) -> str:
+    """One move line: `head` (a relay line's step label: with it, the agent's cell is followed
+    by `taken` when an earlier agent comes into it), the agent and its cell, the four cells
+    with what each holds, then `= ACTION (r, c)`."""
+    if not 0 <= action < len(ACTION_NAMES):
+        raise ValueError(f"agent {agent}: action code {action} out of range")
+    parts = [head] if head else []
+    parts += [f"A{agent}", cell(here)] + ([TAKEN] if head and tuple(here) in taken else [])
+    for name in MOVES:
+        dr, dc = ACTION_DELTAS[ACTION_NAMES.index(name)]
+        r, c = here[0] + int(dr), here[1] + int(dc)
+        if not (0 <= r < problem.height and 0 <= c < problem.width):
+            parts += [name, OFF]
+            continue
+        content = TAKEN if (r, c) in taken else symbols.get((r, c), "F")
+        parts += [name, cell((r, c)), content]
+    dr, dc = ACTION_DELTAS[action]
+    parts += ["=", ACTION_NAMES[action], cell((here[0] + int(dr), here[1] + int(dc)))]
+    return " ".join(parts)
+
+
+def cells_by_time(start: Sequence[int], plan: Sequence[int]) -> list[tuple[int, int]]:
+    """An agent's cell at t = 0, 1, ..., len(plan), its moves followed as written."""
+    out = [tuple(int(v) for v in start)]
+    for a in plan:
+        dr, dc = ACTION_DELTAS[int(a)]
+        out.append((out[-1][0] + int(dr), out[-1][1] + int(dc)))
+    return out
+
+
+def relay_taken(earlier: Sequence[Sequence[tuple[int, int]]], k: int, here) -> set:
+    """The cells a relay line at step k (`render_trace` with `order`) marks `taken`: each
+    earlier agent's cell after step k (`earlier`: their `cells_by_time`; one whose plan has
+    ended stays on its last cell), and the cell of one that comes from there into `here`, the
+    writing agent's cell (a swap). `here` itself is in the set when an earlier agent enters it."""
+    out = set()
+    for cells in earlier:
+        now, before = cells[min(k, len(cells) - 1)], cells[min(k - 1, len(cells) - 1)]
+        out.add(now)
+        if now == tuple(here):
+            out.add(before)
+    return out
+
+
 def render_trace(
     problem: Problem,
     plans: Sequence[Sequence[int]],
     style: str = "holes",
     plan_lines: Sequence[str] = (),
+    order: Sequence[int] | None = None,
 ) -> str:
     """The trace of `plans` (per-agent action codes, as `oracle.answer_actions` gives) on
     `problem`, its map transcribed in `style` (see STYLES). Moves are followed as written (an
     illegal plan still gets a trace: its cells are what the moves say, `off` cells included),
     so any plan can be rendered and read back. plan_lines: a look-ahead block written between the
-    header and the first step (`env.lookahead`); the moves do not read it."""
+    header and the first step (`env.lookahead`); the moves do not read it.
+
+    order: the relay layout (`env.relay`) instead of step blocks: each agent's whole plan in
+    turn, in this order, one line per step `tK A<i> (r, c) ...` whose `taken` marks the cells
+    the agents written before it hold after step K (`relay_taken`); agents left out of `order`
+    follow in index order."""
     n = problem.num_agents
     if len(plans) != n:
         raise ValueError(f"{len(plans)} plans for {n} agents")
     symbols = _symbols(problem)
-    h, w = problem.height, problem.width
-    pos = [tuple(int(v) for v in s) for s in problem.starts]
     lines = render_header(problem, style) + list(plan_lines)
+    if order is not None:
+        order = [*order, *(i for i in range(n) if i not in order)]
+        if sorted(order) != list(range(n)):
+            raise ValueError(f"order {order}: not an order of the {n} agents")
+        written: list[list[tuple[int, int]]] = []
+        for i in order:
+            cells = cells_by_time(problem.starts[i], plans[i])
+            for k, a in enumerate(plans[i], 1):
+                taken = relay_taken(written, k, cells[k - 1])
+                lines.append(_move_line(problem, symbols, i, cells[k - 1], taken, int(a), f"t{k}"))
+            written.append(cells)
+        return "\n".join(lines)
+    pos = [tuple(int(v) for v in s) for s in problem.starts]
     for t in range(max((len(p) for p in plans), default=0)):
         lines.append(f"t{t + 1}")
         moved: dict[int, tuple[int, int]] = {}  # agents written earlier this step -> target
@@ -169,22 +232,12 @@ def render_trace(
             if t >= len(plans[i]):
                 continue
             a = int(plans[i][t])
-            if not 0 <= a < len(ACTION_NAMES):
-                raise ValueError(f"agent {i}, step {t + 1}: action code {a} out of range")
-            parts = [f"A{i}", cell(pos[i])]
-            taken = taken_cells(moved, pos, i)
-            for name in MOVES:
-                dr, dc = ACTION_DELTAS[ACTION_NAMES.index(name)]
-                r, c = pos[i][0] + int(dr), pos[i][1] + int(dc)
-                if not (0 <= r < h and 0 <= c < w):
-                    parts += [name, OFF]
-                    continue
-                content = TAKEN if (r, c) in taken else symbols.get((r, c), "F")
-                parts += [name, cell((r, c)), content]
+            try:
+                lines.append(_move_line(problem, symbols, i, pos[i], taken_cells(moved, pos, i), a))
+            except ValueError as e:
+                raise ValueError(f"{e}, step {t + 1}") from None
             dr, dc = ACTION_DELTAS[a]
             moved[i] = (pos[i][0] + int(dr), pos[i][1] + int(dc))
-            parts += ["=", ACTION_NAMES[a], cell(moved[i])]
-            lines.append(" ".join(parts))
         for i, goes in moved.items():
             pos[i] = goes
     return "\n".join(lines)
@@ -195,15 +248,17 @@ def render_thinking(
     plans: Sequence[Sequence[int]],
     style: str = "holes",
     plan_lines: Sequence[str] = (),
+    order: Sequence[int] | None = None,
 ) -> str:
     """The think block of `plans`: '<think>\\n' + trace + '\\n</think>\\n\\n' (the answer follows,
-    as Qwen3 writes it); plan_lines as in `render_trace`."""
-    body = render_trace(problem, plans, style, plan_lines)
+    as Qwen3 writes it); plan_lines and order as in `render_trace`."""
+    body = render_trace(problem, plans, style, plan_lines, order)
     return f"{THINK_OPEN}\n{body}\n{THINK_CLOSE}\n\n"
 
 
 _STEP = re.compile(r"^t(\d{1,4})$")
 _MOVE = re.compile(r"^A(\d{1,2}) .* = ([A-Z]+) \(-?\d+, -?\d+\)$")
+_RELAY = re.compile(r"^t(\d{1,4}) A(\d{1,2}) .* = ([A-Z]+) \(-?\d+, -?\d+\)$")
 _CELL = re.compile(r"\((\d{1,2}), (\d{1,2})\)")
 
 
@@ -234,7 +289,11 @@ def answer_start(response: str) -> int:
 def parse_trace(trace: str, num_agents: int) -> tuple[list[list[int]] | None, str | None]:
     """The plans a trace's move lines choose -> (plans, None), or (None, reason). Reads only
     the step lines and the `= ACTION (r, c)` ending each move line (the header and the cells
-    are checked by `check_trace`); never raises on any text."""
+    are checked by `check_trace`), in either layout (`render_trace`: step blocks, or relay
+    lines, each agent's in one run); never raises on any text."""
+    relay, how = parse_relay(trace, num_agents)
+    if relay is not None or how:
+        return relay, None if relay is not None else how
     plans: list[list[int]] = [[] for _ in range(num_agents)]
     step = 0
     for k, line in enumerate(trace.splitlines(), 1):
@@ -256,6 +315,32 @@ def parse_trace(trace: str, num_agents: int) -> tuple[list[list[int]] | None, st
             return None, f"line {k}: agent {i} has no line at an earlier step, or two at t{step}"
         plans[i].append(ACTION_NAMES.index(name))
     return plans, None
+
+
+def parse_relay(trace: str, num_agents: int):
+    """A relay-layout trace (`render_trace` with `order`) -> (plans, order of the agents'
+    runs); (None, "") when the trace has no relay line (it may be in the step layout); (None,
+    reason) when it is not a readable relay trace."""
+    plans: list[list[int]] = [[] for _ in range(num_agents)]
+    order: list[int] = []
+    for k, line in enumerate(trace.splitlines(), 1):
+        line = line.strip()
+        m = _RELAY.match(line)
+        if m is None:
+            if order and line:
+                return None, f"line {k}: not a relay line: {line[:60]!r}"
+            continue  # header lines
+        step, i, name = int(m.group(1)), int(m.group(2)), m.group(3)
+        if i >= num_agents or name not in ACTION_NAMES:
+            return None, f"line {k}: agent {i} or action {name!r} not allowed"
+        if not order or order[-1] != i:
+            if i in order:
+                return None, f"line {k}: agent {i}'s lines resume after another agent's"
+            order.append(i)
+        if step != len(plans[i]) + 1:
+            return None, f"line {k}: agent {i} step {step} after step {len(plans[i])}"
+        plans[i].append(ACTION_NAMES.index(name))
+    return (plans, order) if order else (None, "")
 
 
 def thinking_text(response: str) -> str | None:
@@ -296,6 +381,8 @@ ERROR_KINDS = ("no_trace", "unreadable", "holes", "agents", "position", "cell", 
 def _field_kind(got: str, want: str) -> str:
     """The kind of the first differing field of a move line (see ERROR_KINDS)."""
     g, w = got.split(" "), want.split(" ")
+    if _RELAY.match(want):  # a relay line: its step label first, then a move line's fields
+        g, w = g[1:], w[1:]
     j = next((j for j, (a, b) in enumerate(zip(g, w, strict=False)) if a != b), None)
     if j is None:
         return "length"
@@ -330,7 +417,8 @@ def check_trace(
     if plans is None:
         return 0, "unreadable"
     style = detect_style(trace) if style is None else style
-    want = render_trace(problem, plans, style).splitlines()
+    order = parse_relay(trace, problem.num_agents)[1] or None
+    want = render_trace(problem, plans, style, order=order).splitlines()
     # a look-ahead block is not checked here: its own lines say where it went wrong
     got = [line.strip() for line in trace.splitlines() if not LOOKAHEAD_LINE.match(line.strip())]
     map_lines = len(_map_lines(problem, style))

@@ -60,19 +60,44 @@ def response(
     lookahead (with thinking): a form of `env.lookahead.LOOKAHEADS`; the trace also writes how
     the plan is found, and the plan is the one found that way, not `actions` (None is accepted
     then); a ValueError names the problem when it finds none."""
-    if thinking and lookahead:
-        if lookahead not in look.LOOKAHEADS:
-            raise ValueError(f"lookahead {lookahead!r}: allowed {sorted(look.LOOKAHEADS)}")
-        found = look.LOOKAHEADS[lookahead](problem)
-        if found.plans is None:
-            raise ValueError(
-                f"problem {problem.id!r}: the {lookahead} look-ahead found no plan "
-                f"({found.opened} opened nodes)"
-            )
-        body = trace.render_thinking(problem, found.plans, style, found.lines)
-        return body + text.render_answer(found.plans)
-    answer = text.render_answer(actions)
-    return trace.render_thinking(problem, actions, style) + answer if thinking else answer
+    turn = responses([problem], [actions], thinking, style, lookahead)[0]
+    if turn is None:  # the form again, to say how far it got
+        opened = look.LOOKAHEADS[lookahead](problem).opened
+        raise ValueError(
+            f"problem {problem.id!r}: the {lookahead} look-ahead found no plan ({opened} opened "
+            "nodes or orders)"
+        )
+    return turn
+
+
+def responses(
+    problems: Sequence[Problem],
+    answers=None,
+    thinking: bool = False,
+    style: str = "holes",
+    lookahead: str = "",
+) -> list[str | None]:
+    """Each problem's `response`; `answers` (per-problem action lists) default to the oracle's,
+    which is not called with a look-ahead: the form runs once per puzzle, and a puzzle it finds
+    no plan for gets None (callers leave it out and count it)."""
+    ahead = lookahead if thinking else ""
+    if ahead and ahead not in look.LOOKAHEADS:
+        raise ValueError(f"lookahead {ahead!r}: allowed {sorted(look.LOOKAHEADS)}")
+    if ahead:
+        out: list[str | None] = []
+        for p in problems:
+            found = look.LOOKAHEADS[ahead](p)
+            if found.plans is None:
+                out.append(None)
+                continue
+            body = trace.render_thinking(p, found.plans, style, found.lines, found.order)
+            out.append(body + text.render_answer(found.plans))
+        return out
+    answers = oracle_answers(problems) if answers is None else answers
+    return [
+        (trace.render_thinking(p, a, style) if thinking else "") + text.render_answer(a)
+        for p, a in zip(problems, answers, strict=True)
+    ]
 
 
 def sft_examples(
@@ -87,14 +112,13 @@ def sft_examples(
     thinking: the prompt opens the assistant turn without the empty think block and the
     completion is the reasoning trace (its map in `style`, `env.trace.STYLES`), then the
     answer (`response`); lookahead: a look-ahead form the trace writes first, whose plan it is
-    (`response`; the oracle is not called)."""
-    if answers is None:
-        answers = [None] * len(problems) if lookahead and thinking else oracle_answers(problems)
+    (`responses`; the oracle is not called): a puzzle it finds no plan for has no example."""
+    turns = responses(problems, answers, thinking, style, lookahead)
     im_end = tok_lib.special_ids(tokenizer).im_end
-    prompts = encode_prompts(tokenizer, problems, enable_thinking=thinking)
+    kept = [(p, t) for p, t in zip(problems, turns, strict=True) if t is not None]
+    prompts = encode_prompts(tokenizer, [p for p, _ in kept], enable_thinking=thinking)
     out = []
-    for p, ids, a in zip(problems, prompts, answers, strict=True):
-        turn = response(p, a, thinking, style, lookahead)
+    for (p, turn), ids in zip(kept, prompts, strict=True):
         ans = tokenizer(turn, add_special_tokens=False)["input_ids"]
         out.append(Example(p.id, tuple(ids), (*ans, im_end), io.puzzle_hash(p)))
     return out

@@ -26,8 +26,7 @@ from mapfjax.rl.data import (
     generate_problems,
     held_out,
     load_examples,
-    oracle_answers,
-    response,
+    responses,
     save_examples,
     sft_examples,
 )
@@ -147,22 +146,17 @@ def prepare(cfg, workdir) -> RunData:
     mode = (("thinking",) + ((style,) if style != "holes" else ())) if thinking else ()
     mode += (f"lookahead-{ahead}",) if ahead else ()
 
-    def plannable(ps: list[Problem], what: str) -> list[Problem]:
-        """With a look-ahead, the puzzles it finds a plan for (the others are dropped)."""
-        if not ahead:
-            return ps
-        kept = [p for p in ps if lookahead.LOOKAHEADS[ahead](p).plans is not None]
-        if len(kept) < len(ps):
+    def unplanned(what: str, asked: int, kept: int) -> None:
+        if kept < asked:
             log.warning("%s: the %s look-ahead finds no plan for %d puzzles; dropped", what,
-                        ahead, len(ps) - len(kept))  # fmt: skip
-        return kept
+                        ahead, asked - kept)  # fmt: skip
 
     def tokenizer():
-        ps = plannable(problems(cfg.sft.env, cfg.tokenizer.instances, 100), "tokenizer")
-        prompts = [text.render_prompt(p) for p in ps]
-        answers = [None] * len(ps) if ahead else oracle_answers(ps)
-        turns = [response(p, a, thinking, style, ahead) for p, a in zip(ps, answers, strict=True)]
-        texts = bpe.corpus(prompts, turns, thinking)
+        ps = problems(cfg.sft.env, cfg.tokenizer.instances, 100)
+        turns = responses(ps, thinking=thinking, style=style, lookahead=ahead)
+        pairs = [(text.render_prompt(p), t) for p, t in zip(ps, turns, strict=True) if t]
+        unplanned("tokenizer", len(ps), len(pairs))
+        texts = bpe.corpus([q for q, _ in pairs], [t for _, t in pairs], thinking)
         # A trace's look-ups match cells: each "(r, c)" is one token.
         return bpe.build_tokenizer(texts, cfg.tokenizer.vocab_size, coordinates=thinking)
 
@@ -185,8 +179,9 @@ def prepare(cfg, workdir) -> RunData:
             seen = {io.puzzle_hash(p) for f in exclude for p in io.load_instances(f)}
             drawn, dropped = held_out(drawn, seen)
             log.warning("sft: %d of the drawn puzzles are in sft.exclude; dropped", dropped)
-        drawn = plannable(drawn, "sft")
-        return sft_examples(tok, drawn, thinking=thinking, style=style, lookahead=ahead)
+        examples = sft_examples(tok, drawn, thinking=thinking, style=style, lookahead=ahead)
+        unplanned("sft", len(drawn), len(examples))
+        return examples
 
     parts = (tok_dir.name, cfg.sft.env, cfg.sft.instances, sft_holes, *mode)
     sft_data = cached(

@@ -1,0 +1,172 @@
+"""env.relay and the trace's relay layout: the docstring's example line for line, every
+action written is the one its own line and the distances decide (read from the text, not from
+the planner), the plan is valid (plain-Python simulator) and reads back through the parser and
+the line checker, and a relay look-ahead leaves out of SFT data the puzzles it has no plan for."""
+
+import re
+
+import pytest
+
+from mapfjax.env import lookahead, relay, simulate, text, trace
+from mapfjax.env.types import ACTION_NAMES, Problem
+from mapfjax.rl import data
+from tests.models.test_bpe import random_problems
+
+DOC = Problem(id="doc", grid=("FFH", "FFF", "FFF"), starts=((1, 2), (0, 1)), goals=((1, 1), (2, 1)))
+_LINE = re.compile(r"^t(\d+) A(\d+) \((\d+), (\d+)\)( taken)? (.*) = ([A-Z]+) \((\d+), (\d+)\)$")
+_CELLS = re.compile(r"(UP|DOWN|LEFT|RIGHT) (off|\((\d+), (\d+)\) (\S+))")
+
+
+def _doc_lines() -> list[str]:
+    return [
+        re.split(r"\s{3,}", x.strip())[0]
+        for x in relay.__doc__.splitlines()
+        if x.startswith("    ") and x.strip()
+    ]
+
+
+def test_the_docstring_example_is_what_the_planner_writes():
+    order, plans, tried = relay.relay(DOC)
+    assert (order, tried) == ((0, 1), 1)
+    assert trace.render_trace(DOC, plans, "holes", order=order).splitlines() == _doc_lines()
+    assert simulate.simulate(DOC, plans)["valid"]
+
+
+def _bfs(problem: Problem, goal, walls) -> dict:
+    """Plain BFS over the grid's free cells to `goal`, `walls` impassable."""
+    free = {(r, c) for r, row in enumerate(problem.grid) for c, ch in enumerate(row) if ch != "H"}
+    d, frontier = {tuple(goal): 0}, [tuple(goal)]
+    while frontier:
+        nxt = []
+        for r, c in frontier:
+            for q in ((r - 1, c), (r + 1, c), (r, c - 1), (r, c + 1)):
+                if q in free and q not in walls and q not in d:
+                    d[q] = d[(r, c)] + 1
+                    nxt.append(q)
+        frontier = nxt
+    return d
+
+
+def _decided(problem: Problem, tr: str) -> list[bool]:
+    """For each relay line of `tr`: is its action the rule's, read from the line's own text
+    (its cells, `taken` marks, the map's holes) and the distances to the agent's goal with the
+    goals of the agents written before it as walls?"""
+    out, seen = [], []
+    for line in tr.splitlines():
+        m = _LINE.match(line)
+        if m is None:
+            continue
+        i = int(m.group(2))
+        if i not in seen:
+            seen.append(i)
+        walls = {tuple(problem.goals[j]) for j in seen[:-1]}
+        d = _bfs(problem, problem.goals[i], walls)
+        plain = _bfs(problem, problem.goals[i], set())
+        inf = float("inf")
+        here = (int(m.group(3)), int(m.group(4)))
+        dh = d.get(here, min((d.get(q, inf) for q in _nbrs(here)), default=inf) + 1)
+        if here in walls:
+            dh = min((d.get(q, inf) for q in _nbrs(here) if q not in walls), default=inf) + 1
+        open_ = []
+        for name, _, r, c, what in _CELLS.findall(m.group(6)):
+            if r and what not in ("H", "taken"):
+                open_.append((name, (int(r), int(c))))
+        closer = [n for n, q in open_ if q not in walls and d.get(q, inf) == dh - 1]
+        if closer:
+            want = closer[0]
+        elif not m.group(5) and dh < inf:
+            want = "WAIT"
+        else:
+            want = min(open_, key=lambda nq: (nq[1] in walls, d.get(nq[1], inf), plain[nq[1]]))[0]
+        out.append(m.group(7) == want)
+    return out
+
+
+def _nbrs(rc):
+    r, c = rc
+    return ((r - 1, c), (r + 1, c), (r, c - 1), (r, c + 1))
+
+
+@pytest.mark.parametrize("agents", [2, 3])
+def test_every_action_is_decided_by_its_own_line_and_the_plan_is_valid(agents):
+    found = 0
+    for p in random_problems(60, seed=5 + agents, sizes=(3, 4, 5, 6)):
+        if agents == 3:  # a third agent on a free cell no other start or goal holds
+            used = {*map(tuple, p.starts), *map(tuple, p.goals)}
+            free = [
+                (r, c)
+                for r, row in enumerate(p.grid)
+                for c, ch in enumerate(row)
+                if ch != "H" and (r, c) not in used
+            ]
+            if len(free) < 2:
+                continue
+            p = Problem(p.id, p.grid, (*p.starts, free[0]), (*p.goals, free[-1]))
+        order, plans, tried = relay.relay(p)
+        if plans is None:
+            assert tried == min(relay.MAX_ORDERS, 6 if agents == 3 else 2)
+            continue
+        found += 1
+        assert simulate.simulate(p, plans)["valid"]
+        tr = trace.render_trace(p, plans, "grid", order=order)
+        assert all(_decided(p, tr)), tr
+        assert trace.parse_trace(tr, agents) == (plans, None)
+        response = trace.render_thinking(p, plans, "grid", order=order)
+        response += text.render_answer(plans)
+        assert trace.check_trace(p, response) == (len(tr.splitlines()), None)
+        assert text.parse_answer(response, agents)[0] == plans
+    assert found >= 40  # most puzzles have a relay plan
+
+
+def test_a_later_agent_s_lines_mark_where_earlier_agents_stand():
+    order, plans, _ = relay.relay(DOC)
+    lines = trace.render_trace(DOC, plans, "holes", order=order).splitlines()
+    # A0 rests on (1, 1) from t1: every later A1 line next to it shows it taken
+    a1 = [x for x in lines if " A1 " in x]
+    assert "DOWN (1, 1) taken" in a1[0] and "RIGHT (1, 1) taken" in a1[2]
+    # in the step layout the same plan shows (1, 1) as A0's goal at t2 and later
+    steps = trace.render_trace(DOC, plans, "holes").splitlines()
+    assert "RIGHT (1, 1) G" in steps[steps.index("t3") + 1]
+    # an earlier agent coming into a later one's cell is written after that cell, and a swap
+    swap = Problem(id="swap", grid=("FFF",), starts=((0, 0), (0, 1)), goals=((0, 2), (0, 0)))
+    tr = trace.render_trace(swap, [[4, 4], [0, 3]], "holes", order=(0, 1))
+    assert "t1 A1 (0, 1) taken UP off DOWN off LEFT (0, 0) taken RIGHT (0, 2) G" in tr
+
+
+def test_check_trace_names_a_wrong_relay_mark():
+    order, plans, _ = relay.relay(DOC)
+    good = trace.render_thinking(DOC, plans, "holes", order=order) + text.render_answer(plans)
+    bad = good.replace("DOWN (1, 1) taken", "DOWN (1, 1) G", 1)
+    assert trace.check_trace(DOC, bad) == (4, "content")
+    moved = good.replace("= LEFT (0, 0)", "= LEFT (0, 1)", 1)
+    assert trace.check_trace(DOC, moved) == (4, "target")
+
+
+@pytest.mark.parametrize(
+    "bad,reason",
+    [
+        ("t1 A0 (0, 0) = UP (0, 0)\nt1 A1 (0, 0) = UP (0, 0)\nt2 A0 (0, 0) = UP (0, 0)", "resume"),
+        ("t1 A0 (0, 0) = UP (0, 0)\nt3 A0 (0, 0) = UP (0, 0)", "step 3 after step 1"),
+        ("t1 A0 (0, 0) = UP (0, 0)\nA1 (0, 0) = UP (0, 0)", "not a relay line"),
+        ("t1 A4 (0, 0) = UP (0, 0)", "agent 4"),
+        ("t1 A0 (0, 0) = JUMP (0, 0)", "'JUMP'"),
+    ],
+)
+def test_parse_relay_reasons(bad, reason):
+    plans, why = trace.parse_trace(bad, 2)
+    assert plans is None and reason in why
+
+
+def test_relay_sft_data_leaves_out_puzzles_without_a_plan():
+    # A1 starts in a dead end behind A0's goal: no order has a relay plan
+    stuck = Problem(id="stuck", grid=("FFF",), starts=((0, 0), (0, 2)), goals=((0, 1), (0, 0)))
+    assert relay.relay(stuck)[1] is None
+    assert lookahead.LOOKAHEADS["relay"](stuck).opened == 2
+    turns = data.responses([DOC, stuck], thinking=True, style="holes", lookahead="relay")
+    assert turns[1] is None and turns[0].endswith(text.render_answer(relay.relay(DOC)[1]))
+    assert "\nt4 A1 (2, 0)" in turns[0] and "\nt1\n" not in turns[0]
+    with pytest.raises(ValueError, match=r"'stuck': the relay look-ahead found no plan \(2 opened"):
+        data.response(stuck, None, thinking=True, lookahead="relay")
+    with pytest.raises(ValueError, match="no look-ahead block"):
+        lookahead.first_wrong(DOC, turns[0], "relay")
+    assert ACTION_NAMES[0] == "WAIT"
