@@ -1,7 +1,10 @@
 r"""How much of the look-ahead block a policy writes right: per half of the puzzles (needs a
 wait or not), of those the form finds a plan for, how many responses write the whole block
 right, and where the others first go wrong (`env.lookahead.first_wrong`: each agent's path
-alone, the first conflict, the re-planning), beside the valid rate.
+alone, the first conflict, the re-planning), beside the valid rate. With --form relay (no
+block; `env.relay.check`): whether each line and each action is right, and where not (the map
+and agents' lines, the first agent's run, a later run, an action not the rule's), and how
+often the policy runs first the agent the rule's first valid order does.
 
     python launch/lookahead_check.py --instances results/go_no_go/held_out_400.jsonl \
         --eval runs/trace_ahead_eval --form priority [--out table.md]
@@ -11,7 +14,7 @@ from absl import app, flags
 
 _INSTANCES = flags.DEFINE_string("instances", None, "instance JSONL")
 _EVAL = flags.DEFINE_string("eval", None, "a launch/evaluate.py --out_dir with answers.jsonl")
-_FORM = flags.DEFINE_enum("form", "priority", ["search", "priority"], "the look-ahead form")
+_FORM = flags.DEFINE_enum("form", "priority", ["search", "priority", "relay"], "the form")
 _OUT = flags.DEFINE_string("out", None, "also write the table here")
 flags.mark_flags_as_required(["instances", "eval"])
 
@@ -21,7 +24,7 @@ def main(argv):
     import pathlib
 
     from mapfjax import files, stats
-    from mapfjax.env import io, lookahead
+    from mapfjax.env import io, lookahead, relay
     from mapfjax.eval import evaluate as ev
 
     def build():
@@ -32,6 +35,8 @@ def main(argv):
             raise ValueError(
                 f"{_EVAL.value}: no answer for {len(missing)} puzzles, e.g. {missing[0]!r}"
             )
+        if _FORM.value == "relay":
+            return relay_table(problems, answers, verdicts)
         kinds = ("right", *lookahead.BLOCK_PARTS, "missing")
         rows = []
         for name, wait in (("no", False), ("yes", True)):
@@ -44,6 +49,24 @@ def main(argv):
             )
         header = ["needs a wait", "puzzles with a plan", "block right",
                   *(f"first wrong: {k}" for k in kinds[1:]), "valid %"]  # fmt: skip
+        return stats.markdown_table(header, rows)
+
+    def relay_table(problems, answers, verdicts):
+        rows = []
+        for name, wait in (("no", False), ("yes", True)):
+            found = []
+            for p in problems.values():
+                order = relay.relay(p)[0]
+                if p.needs_wait is wait and order is not None:
+                    found.append((p, order))
+            where = [relay.check(p, answers[p.id]) for p, _ in found]
+            same = sum(relay.first_agent(answers[p.id]) == o[0] for p, o in found)
+            valid = stats.proportion([bool(verdicts[p.id]["valid"]) for p, _ in found])
+            line = [name, len(found), same, *(where.count(k) for k in relay.CHECKS)]
+            rows.append(line + [stats.interval_text(valid)])
+        header = ["needs a wait", "puzzles with a plan", "first agent as the rule's order",
+                  *(f"trace {k}" if k == "right" else f"first wrong: {k}" for k in relay.CHECKS),
+                  "valid %"]  # fmt: skip
         return stats.markdown_table(header, rows)
 
     return files.report_command(build, _OUT.value)

@@ -36,7 +36,16 @@ from collections.abc import Sequence
 
 from mapfjax.env.joint import INF, GridMap
 from mapfjax.env.simulate import simulate
-from mapfjax.env.trace import cells_by_time, relay_taken
+from mapfjax.env.trace import (
+    RELAY_LINE,
+    cells_by_time,
+    check_trace,
+    detect_style,
+    parse_relay,
+    relay_taken,
+    render_header,
+    thinking_text,
+)
 from mapfjax.env.types import ACTION_DELTAS, Problem
 
 WAIT = 0
@@ -139,3 +148,56 @@ def relay(problem: Problem) -> tuple[tuple[int, ...] | None, list[list[int]] | N
         if plans is not None:
             return order, plans, tried
     return None, None, tried
+
+
+def first_departure(
+    problem: Problem, plans: Sequence[Sequence[int]], order: Sequence[int]
+) -> tuple[int, int] | None:
+    """(agent, step) of the first action of `plans`, written in `order`, that is not the rule's
+    given the runs written before it (an agent's run that stops early or goes on departs where
+    it differs from the rule's, or at its end); None when every run is the rule's."""
+    h, w = problem.height, problem.width
+    for k, i in enumerate(order):
+        earlier = [(j, list(plans[j])) for j in order[:k]]
+        want = agent_plan(problem, i, earlier, 4 * h * w + sum(len(p) for _, p in earlier))
+        got = list(plans[i])
+        if want != got:
+            want = want or []
+            same = next((t for t, (a, b) in enumerate(zip(want, got)) if a != b), None)
+            return i, 1 + (min(len(want), len(got)) if same is None else same)
+    return None
+
+
+def first_agent(response: str) -> int | None:
+    """The agent whose run a response's relay trace writes first (None without a relay line):
+    the one choice of the trace that no line decides."""
+    for line in (thinking_text(response) or "").splitlines():
+        if m := RELAY_LINE.match(line.strip()):
+            return int(m.group(2))
+    return None
+
+
+# Where a response's relay trace first goes wrong (`check`).
+CHECKS = ("right", "header", "first run", "later run", "rule", "unreadable", "missing")
+
+
+def check(problem: Problem, response: str) -> str:
+    """Where a response's relay trace first goes wrong (see CHECKS): "missing" (no think block
+    or no relay line), "unreadable" (`trace.parse_relay` fails), a line that is not the true
+    line of the plan it writes: in the map and agents' lines ("header"), the run of the agent
+    written first ("first run") or a later one ("later run"); "rule" when every line is right
+    but an action is not the rule's (`first_departure`); else "right"."""
+    body = thinking_text(response)
+    if body is None:
+        return "missing"
+    plans, order = parse_relay(body, problem.num_agents)
+    if plans is None:
+        return "unreadable" if order else "missing"
+    k, kind = check_trace(problem, response)
+    if kind is not None:
+        header = len(render_header(problem, detect_style(body)))
+        if k < header:
+            return "header"
+        return "first run" if k - header < len(plans[order[0]]) else "later run"
+    order = [*order, *(i for i in range(problem.num_agents) if i not in order)]
+    return "right" if first_departure(problem, plans, order) is None else "rule"

@@ -258,7 +258,7 @@ def render_thinking(
 
 _STEP = re.compile(r"^t(\d{1,4})$")
 _MOVE = re.compile(r"^A(\d{1,2}) .* = ([A-Z]+) \(-?\d+, -?\d+\)$")
-_RELAY = re.compile(r"^t(\d{1,4}) A(\d{1,2}) .* = ([A-Z]+) \(-?\d+, -?\d+\)$")
+RELAY_LINE = re.compile(r"^t(\d{1,4}) A(\d{1,2}) .* = ([A-Z]+) \(-?\d+, -?\d+\)$")
 _CELL = re.compile(r"\((\d{1,2}), (\d{1,2})\)")
 
 
@@ -325,7 +325,7 @@ def parse_relay(trace: str, num_agents: int):
     order: list[int] = []
     for k, line in enumerate(trace.splitlines(), 1):
         line = line.strip()
-        m = _RELAY.match(line)
+        m = RELAY_LINE.match(line)
         if m is None:
             if order and line:
                 return None, f"line {k}: not a relay line: {line[:60]!r}"
@@ -381,7 +381,7 @@ ERROR_KINDS = ("no_trace", "unreadable", "holes", "agents", "position", "cell", 
 def _field_kind(got: str, want: str) -> str:
     """The kind of the first differing field of a move line (see ERROR_KINDS)."""
     g, w = got.split(" "), want.split(" ")
-    if _RELAY.match(want):  # a relay line: its step label first, then a move line's fields
+    if RELAY_LINE.match(want):  # a relay line: its step label first, then a move line's fields
         g, w = g[1:], w[1:]
     j = next((j for j, (a, b) in enumerate(zip(g, w, strict=False)) if a != b), None)
     if j is None:

@@ -170,3 +170,60 @@ def test_relay_sft_data_leaves_out_puzzles_without_a_plan():
     with pytest.raises(ValueError, match="no look-ahead block"):
         lookahead.first_wrong(DOC, turns[0], "relay")
     assert ACTION_NAMES[0] == "WAIT"
+
+
+def test_check_says_where_a_relay_trace_goes_wrong():
+    order, plans, _ = relay.relay(DOC)
+    good = trace.render_thinking(DOC, plans, "holes", order=order) + text.render_answer(plans)
+    assert relay.check(DOC, good) == "right" and relay.first_agent(good) == 0
+    assert relay.first_departure(DOC, plans, order) is None
+    assert relay.check(DOC, good.replace("H: (0, 2)", "H: (0, 1)")) == "header"
+    assert relay.check(DOC, good.replace("LEFT (1, 1) G", "LEFT (1, 1) F")) == "first run"
+    assert relay.check(DOC, good.replace("DOWN (1, 1) taken", "DOWN (1, 1) G")) == "later run"
+    # lines true to the plan they write, but A1 waits at t1 where the rule moves it
+    slow = [plans[0], [0, *plans[1]]]
+    assert relay.first_departure(DOC, slow, order) == (1, 1)
+    lazy = trace.render_thinking(DOC, slow, "holes", order=order) + text.render_answer(slow)
+    assert relay.check(DOC, lazy) == "rule"
+    # A1 first: its run is the rule's alone, A0's then departs where it meets A1's
+    swapped = trace.render_thinking(DOC, plans, "holes", order=(1, 0)) + text.render_answer(plans)
+    assert relay.first_agent(swapped) == 1 and relay.check(DOC, swapped) == "rule"
+    assert relay.check(DOC, text.render_answer(plans)) == "missing"
+    assert relay.check(DOC, "<think>\nH: (0, 2)\n</think>") == "missing"
+    resumed = "t1 A0 (1, 2) = LEFT (1, 1)\nt1 A1 (0, 1) = LEFT (0, 0)\nt2 A0 (1, 1) = UP (0, 1)"
+    assert relay.check(DOC, f"<think>\n{resumed}\n</think>") == "unreadable"
+    assert relay.first_agent("no think") is None
+
+
+def test_the_check_script_reads_relay_traces(tmp_path):
+    import json
+    import pathlib
+    import subprocess
+    import sys
+
+    from mapfjax.env import io, oracle
+
+    probs = [oracle.label(DOC)[0], *(p for p in random_problems(12, 3) if relay.relay(p)[1])][:5]
+    io.save_instances(tmp_path / "inst.jsonl", probs)
+    ev = tmp_path / "eval"
+    ev.mkdir()
+    answers, rows = [], []
+    for i, p in enumerate(probs):
+        order, plans, _ = relay.relay(p)
+        turn = trace.render_thinking(p, plans, "grid", order=order) + text.render_answer(plans)
+        answers.append({"id": p.id, "text": turn if i % 2 == 0 else text.render_answer(plans)})
+        rows.append({"id": p.id, "valid": True})
+    (ev / "answers.jsonl").write_text("".join(json.dumps(a) + "\n" for a in answers))
+    (ev / "verdicts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = subprocess.run(
+        [sys.executable, "launch/lookahead_check.py", f"--instances={tmp_path / 'inst.jsonl'}",
+         f"--eval={ev}", "--form=relay"],
+        cwd=pathlib.Path(__file__).resolve().parents[2], capture_output=True, text=True,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    table = [[c.strip() for c in x.split("|")[1:-1]] for x in out.stdout.strip().splitlines()[2:]]
+    col = {name: j for j, name in enumerate(out.stdout.splitlines()[0].split("|")[1:-1])}
+    counts = [(k.strip(), j) for k, j in col.items() if 0 < j < len(col) - 1]
+    total = {k: sum(int(r[j]) for r in table) for k, j in counts}
+    assert total["puzzles with a plan"] == 5 and total["trace right"] == 3
+    assert total["first agent as the rule's order"] == 3 and total["first wrong: missing"] == 2
