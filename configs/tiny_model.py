@@ -51,7 +51,8 @@ BROAD_HOLES = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)
 TRACE_SIZES = {3: 0.25, 4: 0.25, 5: 0.25, 6: 0.25}
 VARIANTS = (
     *("", "quick", "broad", "trace", "trace_quick"),
-    *("trace_long", "trace_wait", "trace_ahead", "trace_relay"),
+    *("trace_long", "trace_wait", "trace_ahead", "trace_relay", "trace_relay_where"),
+    "trace_where_scratch",
 )
 
 
@@ -64,7 +65,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     run); "trace_long" continues it on puzzles with longer plans; "trace_wait" continues that on
     puzzles most of which need a wait; "trace_ahead" continues that with a look-ahead block
     (prioritised planning) written before the moves; "trace_relay" continues trace_wait on
-    traces that plan the agents one after another (`mapfjax.env.relay`)."""
+    traces that plan the agents one after another (`mapfjax.env.relay`); "trace_relay_where"
+    continues trace_relay with each later agent's lines also writing where the earlier ones
+    stand; "trace_where_scratch" trains that layout from scratch with the trace recipe."""
     if arg not in VARIANTS:
         raise ValueError(f"configs/tiny_model.py: unknown variant {arg!r}; known: {VARIANTS}")
     c = ml_collections.ConfigDict()
@@ -76,7 +79,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.trace_style = "holes"
     # With thinking: how the plan is found, written before the moves (`mapfjax.env.lookahead`:
     # "search" or "priority"; "relay": each agent's plan in turn by the move lines' rule, no
-    # block; the plan is the one found that way; "" = the oracle's, no block).
+    # block, "relay_where" the same with where earlier agents stand written on later agents'
+    # lines; the plan is the one found that way; "" = the oracle's, no block).
     c.trace_lookahead = ""
     c.init = ""  # a checkpoint directory to continue from (its tokenizer too); "" = from scratch
     c.workdir = "/tmp/mapfjax_tiny"  # tokenizer, data cache, checkpoints, logs
@@ -249,6 +253,22 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         # are left out of the SFT data); traces as long as today's (results/go_no_go/relay).
         continue_from(c, "runs/tiny_trace_wait/export", "trace_relay", 61, 0.7, 24576, 2000)
         c.trace_lookahead = "relay"
+    if arg == "trace_relay_where":
+        # trace_relay continued with a later agent's lines also writing each earlier agent's
+        # cell at that step (copied from that agent's line for the step), so that its `taken`
+        # marks compare cells on the same line instead of a line up to 15 lines above.
+        continue_from(c, "runs/tiny_trace_relay/export", "trace_relay_where", 71, 0.7, 16384, 1000)
+        c.trace_lookahead = "relay_where"
+    if arg == "trace_where_scratch":
+        # The relay layout with where the earlier agents stand, from scratch: the trace recipe
+        # (6 layers, 6,000 updates of 16 in three resumable stages), answer tokens weighing 10,
+        # the gate's puzzles kept out. About 2.5 hours on 2 cores.
+        c.trace_lookahead = "relay_where"
+        c.workdir = "runs/tiny_trace_where_scratch"
+        c.out_dir = "runs/tiny_trace_where_scratch/export"
+        c.sft.answer_weight = 10.0
+        c.sft.exclude = ("results/go_no_go/held_out_400.jsonl",)
+        c.rl.train.steps = 0
     if arg == "trace_quick":
         c.workdir = "/tmp/mapfjax_tiny_trace_quick"
         c.out_dir = "/tmp/mapfjax_tiny_trace_quick/export"

@@ -14,7 +14,9 @@ from absl import app, flags
 
 _INSTANCES = flags.DEFINE_string("instances", None, "instance JSONL")
 _EVAL = flags.DEFINE_string("eval", None, "a launch/evaluate.py --out_dir with answers.jsonl")
-_FORM = flags.DEFINE_enum("form", "priority", ["search", "priority", "relay"], "the form")
+_FORM = flags.DEFINE_enum(
+    "form", "priority", ["search", "priority", "relay", "relay_where"], "the form"
+)
 _OUT = flags.DEFINE_string("out", None, "also write the table here")
 flags.mark_flags_as_required(["instances", "eval"])
 
@@ -35,7 +37,7 @@ def main(argv):
             raise ValueError(
                 f"{_EVAL.value}: no answer for {len(missing)} puzzles, e.g. {missing[0]!r}"
             )
-        if _FORM.value == "relay":
+        if _FORM.value.startswith("relay"):
             return relay_table(problems, answers, verdicts)
         kinds = ("right", *lookahead.BLOCK_PARTS, "missing")
         rows = []

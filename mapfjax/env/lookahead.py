@@ -90,12 +90,14 @@ class Lookahead:
     """The block's `lines` and the plan its last opened node holds (`plans`: per-agent action
     codes, each list at its agent's cost), `opened` nodes (orders tried, for `relay`); plans
     is None when the search gave up after MAX_OPEN nodes or found no plan. order: the trace
-    writes the plan in the relay layout, the agents in this order (`env.relay`)."""
+    writes the plan in the relay layout, the agents in this order (`env.relay`); where: a
+    later agent's lines also write where the earlier ones stand (`trace.render_trace`)."""
 
     lines: tuple[str, ...]
     plans: list[list[int]] | None
     opened: int
     order: tuple[int, ...] | None = None
+    where: bool = False
 
 
 def path(m: GridMap, start, goal, cons: Sequence[Constraint], limit: int = 256):
@@ -277,8 +279,19 @@ def relay_form(problem: Problem) -> Lookahead:
     return Lookahead((), plans, tried, order)
 
 
+def relay_where_form(problem: Problem) -> Lookahead:
+    """`relay_form`, a later agent's lines also writing each earlier agent's cell at that step,
+    so that its `taken` marks compare cells on the same line."""
+    return dataclasses.replace(relay_form(problem), where=True)
+
+
 # The look-ahead forms a trace can write (`rl.data.response`, `launch/trace_lengths.py`).
-LOOKAHEADS = {"search": search, "priority": priority, "relay": relay_form}
+LOOKAHEADS = {
+    "search": search,
+    "priority": priority,
+    "relay": relay_form,
+    "relay_where": relay_where_form,
+}
 
 
 # Where a written look-ahead block first departs from the true one (`first_wrong`).
@@ -291,7 +304,7 @@ def first_wrong(problem: Problem, response: str, form: str) -> str | None:
     after them), "re-plan" (anything later), "missing" (no block line written); None when the
     block is right. A ValueError when the form finds no plan for `problem` or writes no block
     (`relay`: `trace.check_trace` says where its lines go wrong)."""
-    if form == "relay":
+    if form.startswith("relay"):
         raise ValueError("the relay form writes no look-ahead block; trace.check_trace reads it")
     want = LOOKAHEADS[form](problem)
     if want.plans is None:

@@ -145,15 +145,24 @@ def taken_cells(
 
 
 def _move_line(
-    problem: Problem, symbols: dict, agent: int, here, taken: set, action: int, head: str = ""
+    problem: Problem,
+    symbols: dict,
+    agent: int,
+    here,
+    taken: set,
+    action: int,
+    head: str = "",
+    where: Sequence[str] = (),
 ) -> str:
     """One move line: `head` (a relay line's step label: with it, the agent's cell is followed
-    by `taken` when an earlier agent comes into it), the agent and its cell, the four cells
-    with what each holds, then `= ACTION (r, c)`."""
+    by `where`, the earlier agents' cells after this step, then `taken` when one of them comes
+    into it), the agent and its cell, the four cells with what each holds, then
+    `= ACTION (r, c)`."""
     if not 0 <= action < len(ACTION_NAMES):
         raise ValueError(f"agent {agent}: action code {action} out of range")
     parts = [head] if head else []
-    parts += [f"A{agent}", cell(here)] + ([TAKEN] if head and tuple(here) in taken else [])
+    parts += [f"A{agent}", cell(here), *where]
+    parts += [TAKEN] if head and tuple(here) in taken else []
     for name in MOVES:
         dr, dc = ACTION_DELTAS[ACTION_NAMES.index(name)]
         r, c = here[0] + int(dr), here[1] + int(dc)
@@ -196,6 +205,7 @@ def render_trace(
     style: str = "holes",
     plan_lines: Sequence[str] = (),
     order: Sequence[int] | None = None,
+    where: bool = False,
 ) -> str:
     """The trace of `plans` (per-agent action codes, as `oracle.answer_actions` gives) on
     `problem`, its map transcribed in `style` (see STYLES). Moves are followed as written (an
@@ -206,7 +216,9 @@ def render_trace(
     order: the relay layout (`env.relay`) instead of step blocks: each agent's whole plan in
     turn, in this order, one line per step `tK A<i> (r, c) ...` whose `taken` marks the cells
     the agents written before it hold after step K (`relay_taken`); agents left out of `order`
-    follow in index order."""
+    follow in index order. where (with order): a later agent's line also writes, after its
+    cell, each earlier agent and its cell after step K (`A0 (1, 2)`), copied from that agent's
+    line for step K, so that every `taken` compares cells on its own line or the one above."""
     n = problem.num_agents
     if len(plans) != n:
         raise ValueError(f"{len(plans)} plans for {n} agents")
@@ -217,11 +229,14 @@ def render_trace(
         if sorted(order) != list(range(n)):
             raise ValueError(f"order {order}: not an order of the {n} agents")
         written: list[list[tuple[int, int]]] = []
-        for i in order:
+        for n_before, i in enumerate(order):
             cells = cells_by_time(problem.starts[i], plans[i])
             for k, a in enumerate(plans[i], 1):
                 taken = relay_taken(written, k, cells[k - 1])
-                lines.append(_move_line(problem, symbols, i, cells[k - 1], taken, int(a), f"t{k}"))
+                at = [c[min(k, len(c) - 1)] for c in written]
+                who = [f"A{j} {cell(rc)}" for j, rc in zip(order[:n_before], at)] if where else []
+                line = _move_line(problem, symbols, i, cells[k - 1], taken, int(a), f"t{k}", who)
+                lines.append(line)
             written.append(cells)
         return "\n".join(lines)
     pos = [tuple(int(v) for v in s) for s in problem.starts]
@@ -249,15 +264,17 @@ def render_thinking(
     style: str = "holes",
     plan_lines: Sequence[str] = (),
     order: Sequence[int] | None = None,
+    where: bool = False,
 ) -> str:
     """The think block of `plans`: '<think>\\n' + trace + '\\n</think>\\n\\n' (the answer follows,
-    as Qwen3 writes it); plan_lines and order as in `render_trace`."""
-    body = render_trace(problem, plans, style, plan_lines, order)
+    as Qwen3 writes it); plan_lines, order and where as in `render_trace`."""
+    body = render_trace(problem, plans, style, plan_lines, order, where)
     return f"{THINK_OPEN}\n{body}\n{THINK_CLOSE}\n\n"
 
 
 _STEP = re.compile(r"^t(\d{1,4})$")
 _MOVE = re.compile(r"^A(\d{1,2}) .* = ([A-Z]+) \(-?\d+, -?\d+\)$")
+_WHERE = re.compile(r"^t\d{1,4} A\d{1,2} \(\d{1,2}, \d{1,2}\) A\d{1,2} \(", re.MULTILINE)
 RELAY_LINE = re.compile(r"^t(\d{1,4}) A(\d{1,2}) .* = ([A-Z]+) \(-?\d+, -?\d+\)$")
 _CELL = re.compile(r"\((\d{1,2}), (\d{1,2})\)")
 
@@ -418,7 +435,8 @@ def check_trace(
         return 0, "unreadable"
     style = detect_style(trace) if style is None else style
     order = parse_relay(trace, problem.num_agents)[1] or None
-    want = render_trace(problem, plans, style, order=order).splitlines()
+    where = order is not None and bool(_WHERE.search(trace))
+    want = render_trace(problem, plans, style, order=order, where=where).splitlines()
     # a look-ahead block is not checked here: its own lines say where it went wrong
     got = [line.strip() for line in trace.splitlines() if not LOOKAHEAD_LINE.match(line.strip())]
     map_lines = len(_map_lines(problem, style))

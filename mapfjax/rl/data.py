@@ -90,7 +90,9 @@ def responses(
             if found.plans is None:
                 out.append(None)
                 continue
-            body = trace.render_thinking(p, found.plans, style, found.lines, found.order)
+            body = trace.render_thinking(
+                p, found.plans, style, found.lines, found.order, found.where
+            )
             out.append(body + text.render_answer(found.plans))
         return out
     answers = oracle_answers(problems) if answers is None else answers

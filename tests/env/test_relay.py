@@ -13,7 +13,11 @@ from mapfjax.rl import data
 from tests.models.test_bpe import random_problems
 
 DOC = Problem(id="doc", grid=("FFH", "FFF", "FFF"), starts=((1, 2), (0, 1)), goals=((1, 1), (2, 1)))
-_LINE = re.compile(r"^t(\d+) A(\d+) \((\d+), (\d+)\)( taken)? (.*) = ([A-Z]+) \((\d+), (\d+)\)$")
+_LINE = re.compile(
+    r"^t(\d+) A(\d+) \((\d+), (\d+)\)((?: A\d+ \(\d+, \d+\))*)( taken)? "
+    r"(.*) = ([A-Z]+) \((\d+), (\d+)\)$"
+)
+_WHO = re.compile(r" A(\d+) \((\d+), (\d+)\)")
 _CELLS = re.compile(r"(UP|DOWN|LEFT|RIGHT) (off|\((\d+), (\d+)\) (\S+))")
 
 
@@ -68,17 +72,17 @@ def _decided(problem: Problem, tr: str) -> list[bool]:
         if here in walls:
             dh = min((d.get(q, inf) for q in _nbrs(here) if q not in walls), default=inf) + 1
         open_ = []
-        for name, _, r, c, what in _CELLS.findall(m.group(6)):
+        for name, _, r, c, what in _CELLS.findall(m.group(7)):
             if r and what not in ("H", "taken"):
                 open_.append((name, (int(r), int(c))))
         closer = [n for n, q in open_ if q not in walls and d.get(q, inf) == dh - 1]
         if closer:
             want = closer[0]
-        elif not m.group(5) and dh < inf:
+        elif not m.group(6) and dh < inf:
             want = "WAIT"
         else:
             want = min(open_, key=lambda nq: (nq[1] in walls, d.get(nq[1], inf), plain[nq[1]]))[0]
-        out.append(m.group(7) == want)
+        out.append(m.group(8) == want)
     return out
 
 
@@ -108,13 +112,25 @@ def test_every_action_is_decided_by_its_own_line_and_the_plan_is_valid(agents):
             continue
         found += 1
         assert simulate.simulate(p, plans)["valid"]
-        tr = trace.render_trace(p, plans, "grid", order=order)
-        assert all(_decided(p, tr)), tr
-        assert trace.parse_trace(tr, agents) == (plans, None)
-        response = trace.render_thinking(p, plans, "grid", order=order)
-        response += text.render_answer(plans)
-        assert trace.check_trace(p, response) == (len(tr.splitlines()), None)
-        assert text.parse_answer(response, agents)[0] == plans
+        for where in (False, True):
+            tr = trace.render_trace(p, plans, "grid", order=order, where=where)
+            assert all(_decided(p, tr)), tr
+            assert trace.parse_trace(tr, agents) == (plans, None)
+            response = trace.render_thinking(p, plans, "grid", order=order, where=where)
+            response += text.render_answer(plans)
+            assert trace.check_trace(p, response) == (len(tr.splitlines()), None)
+            assert text.parse_answer(response, agents)[0] == plans
+            assert relay.check(p, response) == "right"
+            # the where layout writes, on a later agent's line, each earlier agent's cell then
+            for line in tr.splitlines():
+                if (m := _LINE.match(line)) is None:
+                    continue
+                k, i = int(m.group(1)), int(m.group(2))
+                earlier = list(order[: order.index(i)]) if where else []
+                at = [trace.cells_by_time(p.starts[j], plans[j]) for j in earlier]
+                want = [(j, c[min(k, len(c) - 1)]) for j, c in zip(earlier, at, strict=True)]
+                got = [(int(j), (int(r), int(c))) for j, r, c in _WHO.findall(m.group(5))]
+                assert got == want, line
     assert found >= 40  # most puzzles have a relay plan
 
 
