@@ -83,40 +83,55 @@ def _distances(problem: Problem, goal, walls: set) -> dict:
     return out
 
 
+def _rule(problem: Problem, agent: int, earlier: Sequence[tuple[int, Sequence[int]]]):
+    """The rule for one agent after the runs of `earlier` ((index, plan) pairs): a function of
+    (its cell, step k) -> the actions the rule allows, preferred first ([] when cornered; None
+    when the run ends there: the agent is on its goal and no earlier agent comes there later).
+    Ties: every move one step closer is allowed, the first preferred; stepping aside allows
+    every cell as good as the best."""
+    goal = tuple(int(v) for v in problem.goals[agent])
+    walls = {tuple(int(v) for v in problem.goals[j]) for j, _ in earlier}
+    d, plain = _distances(problem, goal, walls), _distances(problem, goal, set())
+    cells = [cells_by_time(problem.starts[j], p) for j, p in earlier]
+    last = max((len(c) for c in cells), default=1)
+
+    def aside(q):  # where to step aside: not a wall if possible, then the closest
+        return q in walls, d[q], plain[q]
+
+    def allowed(here, k: int) -> list[int] | None:
+        later = (c[min(t, len(c) - 1)] for c in cells for t in range(k, last))
+        if here == goal and goal not in later:
+            return None
+        taken = relay_taken(cells, k, here)
+        free = [a for a in MOVES if _step(here, a) in d and _step(here, a) not in taken]
+        dh = d.get(here, INF)
+        closer = [a for a in free if _step(here, a) not in walls and d[_step(here, a)] == dh - 1]
+        if closer:
+            return closer
+        if here not in taken and dh < INF:
+            return [WAIT]
+        best = min((aside(_step(here, a)) for a in free), default=None)
+        return [a for a in free if aside(_step(here, a)) == best]
+
+    return allowed
+
+
 def agent_plan(
     problem: Problem, agent: int, earlier: Sequence[tuple[int, Sequence[int]]], horizon: int
 ) -> list[int] | None:
     """One agent's actions by the rule (module docstring), the agents of `earlier` ((index,
     plan) pairs) already written; None when it is cornered (its cell is taken and no free
     cell is left) or has not settled on its goal within `horizon` steps."""
-    goal = tuple(int(v) for v in problem.goals[agent])
-    walls = {tuple(int(v) for v in problem.goals[j]) for j, _ in earlier}
-    d, plain = _distances(problem, goal, walls), _distances(problem, goal, set())
-    cells = [cells_by_time(problem.starts[j], p) for j, p in earlier]
-    last = max((len(c) for c in cells), default=1)
+    allowed = _rule(problem, agent, earlier)
     here, out = tuple(int(v) for v in problem.starts[agent]), []
-
-    def aside(q):  # where to step aside: not a wall if possible, then the closest
-        return q in walls, d[q], plain[q]
-
     for k in range(1, horizon + 1):
-        later = (c[min(t, len(c) - 1)] for c in cells for t in range(k, last))
-        if here == goal and goal not in later:
+        choices = allowed(here, k)
+        if choices is None:
             return out
-        taken = relay_taken(cells, k, here)
-        free = [a for a in MOVES if _step(here, a) in d and _step(here, a) not in taken]
-        dh = d.get(here, INF)
-        closer = [a for a in free if _step(here, a) not in walls and d[_step(here, a)] == dh - 1]
-        if closer:
-            action = closer[0]
-        elif here not in taken and dh < INF:
-            action = WAIT
-        elif free:
-            action = min(free, key=lambda a: aside(_step(here, a)))
-        else:
+        if not choices:
             return None
-        out.append(action)
-        here = _step(here, action)
+        out.append(choices[0])
+        here = _step(here, choices[0])
     return None
 
 
@@ -153,18 +168,22 @@ def relay(problem: Problem) -> tuple[tuple[int, ...] | None, list[list[int]] | N
 def first_departure(
     problem: Problem, plans: Sequence[Sequence[int]], order: Sequence[int]
 ) -> tuple[int, int] | None:
-    """(agent, step) of the first action of `plans`, written in `order`, that is not the rule's
-    given the runs written before it (an agent's run that stops early or goes on departs where
-    it differs from the rule's, or at its end); None when every run is the rule's."""
-    h, w = problem.height, problem.width
-    for k, i in enumerate(order):
-        earlier = [(j, list(plans[j])) for j in order[:k]]
-        want = agent_plan(problem, i, earlier, 4 * h * w + sum(len(p) for _, p in earlier))
-        got = list(plans[i])
-        if want != got:
-            want = want or []
-            same = next((t for t, (a, b) in enumerate(zip(want, got)) if a != b), None)
-            return i, 1 + (min(len(want), len(got)) if same is None else same)
+    """(agent, step) of the first action of `plans`, written in `order`, that the rule does not
+    allow given the runs written before it (any move one step closer counts, not only the
+    first); a run that stops where the rule goes on, or goes on where it ends, departs at its
+    end. None when every run keeps the rule."""
+    for n_before, i in enumerate(order):
+        allowed = _rule(problem, i, [(j, list(plans[j])) for j in order[:n_before]])
+        here = tuple(int(v) for v in problem.starts[i])
+        for k, a in enumerate([*plans[i], None], 1):
+            choices = allowed(here, k)
+            if a is None:
+                if choices is not None:
+                    return i, k
+                break
+            if choices is None or int(a) not in choices:
+                return i, k
+            here = _step(here, int(a))
     return None
 
 

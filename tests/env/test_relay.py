@@ -243,3 +243,12 @@ def test_the_check_script_reads_relay_traces(tmp_path):
     total = {k: sum(int(r[j]) for r in table) for k, j in counts}
     assert total["puzzles with a plan"] == 5 and total["trace right"] == 3
     assert total["first agent as the rule's order"] == 3 and total["first wrong: missing"] == 2
+
+
+def test_a_second_move_closer_to_the_goal_keeps_the_rule():
+    open_ = Problem(id="open", grid=("FFF",) * 3, starts=((0, 0), (2, 0)), goals=((2, 2), (0, 2)))
+    right_first = [4, 4, 2, 2]  # the rule prefers DOWN; RIGHT is as close
+    assert relay.agent_plan(open_, 0, [], 30) == [2, 2, 4, 4]
+    second = relay.agent_plan(open_, 1, [(0, right_first)], 30)
+    assert relay.first_departure(open_, [right_first, second], (0, 1)) is None
+    assert relay.first_departure(open_, [[4, 0, 4, 2, 2], second], (0, 1)) == (0, 2)
