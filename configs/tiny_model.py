@@ -52,7 +52,7 @@ TRACE_SIZES = {3: 0.25, 4: 0.25, 5: 0.25, 6: 0.25}
 VARIANTS = (
     *("", "quick", "broad", "trace", "trace_quick"),
     *("trace_long", "trace_wait", "trace_ahead", "trace_relay", "trace_relay_where"),
-    "trace_where_scratch",
+    "trace_relay_scratch",
 )
 
 
@@ -67,7 +67,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     (prioritised planning) written before the moves; "trace_relay" continues trace_wait on
     traces that plan the agents one after another (`mapfjax.env.relay`); "trace_relay_where"
     continues trace_relay with each later agent's lines also writing where the earlier ones
-    stand; "trace_where_scratch" trains that layout from scratch with the trace recipe."""
+    stand; "trace_relay_scratch" trains the relay layout from scratch with the trace recipe."""
     if arg not in VARIANTS:
         raise ValueError(f"configs/tiny_model.py: unknown variant {arg!r}; known: {VARIANTS}")
     c = ml_collections.ConfigDict()
@@ -259,13 +259,13 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         # marks compare cells on the same line instead of a line up to 15 lines above.
         continue_from(c, "runs/tiny_trace_relay/export", "trace_relay_where", 71, 0.7, 16384, 1000)
         c.trace_lookahead = "relay_where"
-    if arg == "trace_where_scratch":
-        # The relay layout with where the earlier agents stand, from scratch: the trace recipe
-        # (6 layers, 6,000 updates of 16 in three resumable stages), answer tokens weighing 10,
-        # the gate's puzzles kept out. About 2.5 hours on 2 cores.
-        c.trace_lookahead = "relay_where"
-        c.workdir = "runs/tiny_trace_where_scratch"
-        c.out_dir = "runs/tiny_trace_where_scratch/export"
+    if arg == "trace_relay_scratch":
+        # The relay layout from scratch: the trace recipe (6 layers, 6,000 updates of 16 in three
+        # resumable stages), answer tokens weighing 10, the gate's puzzles kept out; about 2.5
+        # hours on 2 cores. Continuing a step-layout policy on it lost 9.5 points (trace_relay).
+        c.trace_lookahead = "relay"
+        c.workdir = "runs/tiny_trace_relay_scratch"
+        c.out_dir = "runs/tiny_trace_relay_scratch/export"
         c.sft.answer_weight = 10.0
         c.sft.exclude = ("results/go_no_go/held_out_400.jsonl",)
         c.rl.train.steps = 0

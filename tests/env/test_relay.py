@@ -158,21 +158,6 @@ def test_check_trace_names_a_wrong_relay_mark():
     assert trace.check_trace(DOC, moved) == (4, "target")
 
 
-@pytest.mark.parametrize(
-    "bad,reason",
-    [
-        ("t1 A0 (0, 0) = UP (0, 0)\nt1 A1 (0, 0) = UP (0, 0)\nt2 A0 (0, 0) = UP (0, 0)", "resume"),
-        ("t1 A0 (0, 0) = UP (0, 0)\nt3 A0 (0, 0) = UP (0, 0)", "step 3 after step 1"),
-        ("t1 A0 (0, 0) = UP (0, 0)\nA1 (0, 0) = UP (0, 0)", "not a relay line"),
-        ("t1 A4 (0, 0) = UP (0, 0)", "agent 4"),
-        ("t1 A0 (0, 0) = JUMP (0, 0)", "'JUMP'"),
-    ],
-)
-def test_parse_relay_reasons(bad, reason):
-    plans, why = trace.parse_trace(bad, 2)
-    assert plans is None and reason in why
-
-
 def test_relay_sft_data_leaves_out_puzzles_without_a_plan():
     # A1 starts in a dead end behind A0's goal: no order has a relay plan
     stuck = Problem(id="stuck", grid=("FFF",), starts=((0, 0), (0, 2)), goals=((0, 1), (0, 0)))

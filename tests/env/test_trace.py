@@ -138,6 +138,12 @@ def test_check_trace_names_the_first_wrong_lookup():
         ("t1\nA7 (0, 0) = UP (0, 0)", "agent 7"),
         ("t1\nA0 x = UP (0, 0)\nA0 x = UP (0, 0)", "two at t1"),
         ("t1\nnonsense", "not a move line"),
+        # the relay layout (`render_trace` with order): each agent's lines in one run
+        ("t1 A0 (0, 0) = UP (0, 0)\nt1 A1 (0, 0) = UP (0, 0)\nt2 A0 (0, 0) = UP (0, 0)", "resume"),
+        ("t1 A0 (0, 0) = UP (0, 0)\nt3 A0 (0, 0) = UP (0, 0)", "step 3 after step 1"),
+        ("t1 A0 (0, 0) = UP (0, 0)\nA1 (0, 0) = UP (0, 0)", "not a relay line"),
+        ("t1 A4 (0, 0) = UP (0, 0)", "agent 4"),
+        ("t1 A0 (0, 0) = JUMP (0, 0)", "'JUMP'"),
     ],
 )
 def test_parse_trace_reasons(bad, reason):
