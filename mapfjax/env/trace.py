@@ -21,7 +21,8 @@ goes there, or stands there and comes to this agent's cell: a vertex or an edge 
 the grid's symbol: F, H, or a start/goal letter), then `= ACTION (r, c)` with the cell the
 agent will be in (the next line of this agent starts there; a later agent's `taken` matches
 it). The answer block that follows (`text.render_answer`) is what the reward reads; the trace
-is never scored.
+is never scored. The relay layout (`render_trace` with `order`, `env.relay`) writes the same
+move lines agent by agent instead of step by step, each prefixed with its step.
 """
 
 from __future__ import annotations
