@@ -55,12 +55,10 @@ def main(argv):
 
     def relay_table(problems, answers, verdicts):
         rows = []
+        orders = {i: relay.relay(p)[0] for i, p in problems.items()}
         for name, wait in (("no", False), ("yes", True)):
-            found = []
-            for p in problems.values():
-                order = relay.relay(p)[0]
-                if p.needs_wait is wait and order is not None:
-                    found.append((p, order))
+            found = [(p, orders[i]) for i, p in problems.items()
+                     if p.needs_wait is wait and orders[i] is not None]  # fmt: skip
             where = [relay.check(p, answers[p.id]) for p, _ in found]
             same = sum(relay.first_agent(answers[p.id]) == o[0] for p, o in found)
             valid = stats.proportion([bool(verdicts[p.id]["valid"]) for p, _ in found])

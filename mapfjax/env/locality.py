@@ -20,19 +20,14 @@ from collections.abc import Sequence
 from mapfjax import stats
 from mapfjax.env.joint import INF, GridMap
 from mapfjax.env.simulate import simulate
-from mapfjax.env.trace import taken_cells
-from mapfjax.env.types import ACTION_DELTAS, Problem
+from mapfjax.env.trace import step, taken_cells
+from mapfjax.env.types import Problem
 
 WAIT = 0
 MOVE_CODES = (1, 2, 3, 4)  # UP, DOWN, LEFT, RIGHT: the move line's order
 # Most agents `most_explained_optimal` searches jointly (5^n action combinations a state).
 MAX_AGENTS = 3
 MAX_STATES = 400_000
-
-
-def _step(rc: tuple[int, int], action: int) -> tuple[int, int]:
-    dr, dc = ACTION_DELTAS[action].tolist()
-    return rc[0] + dr, rc[1] + dc
 
 
 class _Board:
@@ -56,7 +51,7 @@ class _Board:
         here = self.d(agent, rc)
         out = []
         for a in MOVE_CODES:
-            q = _step(rc, a)
+            q = step(rc, a)
             if self.free(q) and q not in taken and here < INF and self.d(agent, q) == here - 1:
                 out.append(a)
         return out
@@ -80,7 +75,7 @@ def explained(problem: Problem, plans: Sequence[Sequence[int]]) -> list[list[boo
                 continue
             a = int(plan[t])
             out[i].append(b.is_explained(i, pos[i], taken_cells(moved, pos, i), a))
-            moved[i] = _step(pos[i], a)
+            moved[i] = step(pos[i], a)
         for i, q in moved.items():
             pos[i] = q
     return out
@@ -109,7 +104,7 @@ def greedy_plans(problem: Problem, horizon: int = 64) -> list[list[int]]:
             moves = b.progress(i, pos[i], taken_cells(moved, pos, i))
             a = moves[0] if moves else WAIT
             plans[i].append(a)
-            moved[i] = _step(pos[i], a)
+            moved[i] = step(pos[i], a)
         for i, q in moved.items():
             pos[i] = q
             done[i] = q == b.goals[i]
@@ -158,7 +153,7 @@ def most_explained_optimal(
             act = dict(zip(acting, combo, strict=True))
             new = list(pos)
             for i, a in act.items():
-                new[i] = _step(pos[i], a)
+                new[i] = step(pos[i], a)
             if not all(b.free(new[i]) for i in acting) or len(set(new)) < n:
                 continue
             if any(new[i] == pos[j] and new[j] == pos[i] for i in acting for j in acting if i < j):

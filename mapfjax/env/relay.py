@@ -35,6 +35,7 @@ import itertools
 from collections.abc import Sequence
 
 from mapfjax.env.joint import INF, GridMap
+from mapfjax.env.locality import MOVE_CODES, WAIT
 from mapfjax.env.simulate import simulate
 from mapfjax.env.trace import (
     RELAY_LINE,
@@ -44,18 +45,12 @@ from mapfjax.env.trace import (
     parse_relay,
     relay_taken,
     render_header,
+    step,
     thinking_text,
 )
-from mapfjax.env.types import ACTION_DELTAS, Problem
+from mapfjax.env.types import HOLE_CELL, Problem
 
-WAIT = 0
-MOVES = (1, 2, 3, 4)  # UP, DOWN, LEFT, RIGHT: the order of the cells on a move line
 MAX_ORDERS = 24  # orders `relay` tries (every order of up to 4 agents)
-
-
-def _step(rc, a: int) -> tuple[int, int]:
-    dr, dc = ACTION_DELTAS[a].tolist()
-    return rc[0] + dr, rc[1] + dc
 
 
 def _distances(problem: Problem, goal, walls: set) -> dict:
@@ -63,23 +58,16 @@ def _distances(problem: Problem, goal, walls: set) -> dict:
     a wall cell gets one more than its nearest reachable neighbour (an agent may start on one,
     or step aside into one, and leaves it; no move into a wall counts as progress)."""
     m = GridMap(problem.grid)
-    blocked = {m.cell(w) for w in walls}
-    d = [INF] * m.n
-    d[m.cell(goal)] = 0
-    frontier = [m.cell(goal)]
-    while frontier:
-        nxt = []
-        for u in frontier:
-            for v in m.nbrs[u][1:]:
-                if d[v] == INF and v not in blocked:
-                    d[v] = d[u] + 1
-                    nxt.append(v)
-        frontier = nxt
+    rows = [list(row) for row in problem.grid]
+    for r, c in walls:
+        rows[r][c] = HOLE_CELL
+    walled = GridMap(["".join(row) for row in rows])
+    d = walled.dist(walled.cell(goal))
     out = {m.rc(u): d[u] for u in range(m.n) if m.nbrs[u]}
     for w in walls:
-        near = [d[v] for v in m.nbrs[m.cell(w)][1:] if v not in blocked]
-        if m.nbrs[m.cell(w)] and near and min(near) < INF:
-            out[tuple(w)] = min(near) + 1
+        near = min((d[v] for v in m.nbrs[m.cell(w)][1:]), default=INF)
+        if near < INF:
+            out[tuple(w)] = near + 1
     return out
 
 
@@ -103,15 +91,15 @@ def _rule(problem: Problem, agent: int, earlier: Sequence[tuple[int, Sequence[in
         if here == goal and goal not in later:
             return None
         taken = relay_taken(cells, k, here)
-        free = [a for a in MOVES if _step(here, a) in d and _step(here, a) not in taken]
+        free = [a for a in MOVE_CODES if step(here, a) in d and step(here, a) not in taken]
         dh = d.get(here, INF)
-        closer = [a for a in free if _step(here, a) not in walls and d[_step(here, a)] == dh - 1]
+        closer = [a for a in free if step(here, a) not in walls and d[step(here, a)] == dh - 1]
         if closer:
             return closer
         if here not in taken and dh < INF:
             return [WAIT]
-        best = min((aside(_step(here, a)) for a in free), default=None)
-        return [a for a in free if aside(_step(here, a)) == best]
+        best = min((aside(step(here, a)) for a in free), default=None)
+        return [a for a in free if aside(step(here, a)) == best]
 
     return allowed
 
@@ -131,7 +119,7 @@ def agent_plan(
         if not choices:
             return None
         out.append(choices[0])
-        here = _step(here, choices[0])
+        here = step(here, choices[0])
     return None
 
 
@@ -183,7 +171,7 @@ def first_departure(
                 break
             if choices is None or int(a) not in choices:
                 return i, k
-            here = _step(here, int(a))
+            here = step(here, int(a))
     return None
 
 

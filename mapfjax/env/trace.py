@@ -177,12 +177,17 @@ def _move_line(
     return " ".join(parts)
 
 
+def step(rc: Sequence[int], action: int) -> tuple[int, int]:
+    """The cell `action` (a code of ACTION_NAMES) moves to from `rc` (off the map included)."""
+    dr, dc = ACTION_DELTAS[int(action)]
+    return int(rc[0]) + int(dr), int(rc[1]) + int(dc)
+
+
 def cells_by_time(start: Sequence[int], plan: Sequence[int]) -> list[tuple[int, int]]:
     """An agent's cell at t = 0, 1, ..., len(plan), its moves followed as written."""
     out = [tuple(int(v) for v in start)]
     for a in plan:
-        dr, dc = ACTION_DELTAS[int(a)]
-        out.append((out[-1][0] + int(dr), out[-1][1] + int(dc)))
+        out.append(step(out[-1], a))
     return out
 
 
