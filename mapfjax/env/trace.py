@@ -178,7 +178,10 @@ def _move_line(
 
 
 def step(rc: Sequence[int], action: int) -> tuple[int, int]:
-    """The cell `action` (a code of ACTION_NAMES) moves to from `rc` (off the map included)."""
+    """The cell `action` (a code of ACTION_NAMES) moves to from `rc` (off the map included); a
+    ValueError for a code out of range."""
+    if not 0 <= int(action) < len(ACTION_NAMES):
+        raise ValueError(f"action code {action} out of range")
     dr, dc = ACTION_DELTAS[int(action)]
     return int(rc[0]) + int(dr), int(rc[1]) + int(dc)
 
@@ -236,7 +239,10 @@ def render_trace(
             raise ValueError(f"order {order}: not an order of the {n} agents")
         written: list[list[tuple[int, int]]] = []
         for n_before, i in enumerate(order):
-            cells = cells_by_time(problem.starts[i], plans[i])
+            try:
+                cells = cells_by_time(problem.starts[i], plans[i])
+            except ValueError as e:
+                raise ValueError(f"agent {i}: {e}") from None
             for k, a in enumerate(plans[i], 1):
                 taken = relay_taken(written, k, cells[k - 1])
                 at = [c[min(k, len(c) - 1)] for c in written]

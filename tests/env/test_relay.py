@@ -237,3 +237,13 @@ def test_a_second_move_closer_to_the_goal_keeps_the_rule():
     second = relay.agent_plan(open_, 1, [(0, right_first)], 30)
     assert relay.first_departure(open_, [right_first, second], (0, 1)) is None
     assert relay.first_departure(open_, [[4, 0, 4, 2, 2], second], (0, 1)) == (0, 2)
+
+
+def test_a_bad_relay_order_or_action_is_a_named_error():
+    with pytest.raises(ValueError, match=r"order \[0, 0, 1\]: not an order of the 2 agents"):
+        trace.render_trace(DOC, [[3], []], order=(0, 0))
+    with pytest.raises(ValueError, match="agent 1: action code 9 out of range"):
+        trace.render_trace(DOC, [[3], [9]], order=(0, 1))
+    # any text, relay-like or not, is a verdict of `check`, never an exception
+    for junk in ("<think>\nt1 A0 (9, 9) = UP (9, 9)\n</think>", "<think>\nt1 A0\n", "</think>"):
+        assert relay.check(DOC, junk) in relay.CHECKS
