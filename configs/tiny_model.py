@@ -52,7 +52,7 @@ TRACE_SIZES = {3: 0.25, 4: 0.25, 5: 0.25, 6: 0.25}
 VARIANTS = (
     *("", "quick", "broad", "trace", "trace_quick"),
     *("trace_long", "trace_wait", "trace_ahead", "trace_relay", "trace_relay_where"),
-    "trace_relay_scratch",
+    *("trace_relay_scratch", "trace_relay_next_scratch"),
 )
 
 
@@ -67,7 +67,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     (prioritised planning) written before the moves; "trace_relay" continues trace_wait on
     traces that plan the agents one after another (`mapfjax.env.relay`); "trace_relay_where"
     continues trace_relay with each later agent's lines also writing where the earlier ones
-    stand; "trace_relay_scratch" trains the relay layout from scratch with the trace recipe."""
+    stand; "trace_relay_scratch" trains the relay layout from scratch with the trace recipe,
+    "trace_relay_next_scratch" the same with the earlier agents' cells written after their key."""
     if arg not in VARIANTS:
         raise ValueError(f"configs/tiny_model.py: unknown variant {arg!r}; known: {VARIANTS}")
     c = ml_collections.ConfigDict()
@@ -79,8 +80,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.trace_style = "holes"
     # With thinking: how the plan is found, written before the moves (`mapfjax.env.lookahead`:
     # "search" or "priority"; "relay": each agent's plan in turn by the move lines' rule, no
-    # block, "relay_where" the same with where earlier agents stand written on later agents'
-    # lines; the plan is the one found that way; "" = the oracle's, no block).
+    # block, "relay_where" / "relay_next" the same with where earlier agents stand written on
+    # later agents' lines; the plan is the one found that way; "" = the oracle's, no block).
     c.trace_lookahead = ""
     c.init = ""  # a checkpoint directory to continue from (its tokenizer too); "" = from scratch
     c.workdir = "/tmp/mapfjax_tiny"  # tokenizer, data cache, checkpoints, logs
@@ -259,7 +260,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         # marks compare cells on the same line instead of a line up to 15 lines above.
         continue_from(c, "runs/tiny_trace_relay/export", "trace_relay_where", 71, 0.7, 16384, 1000)
         c.trace_lookahead = "relay_where"
-    if arg == "trace_relay_scratch":
+    if arg in ("trace_relay_scratch", "trace_relay_next_scratch"):
         # The relay layout from scratch: the trace recipe (6 layers, 6,000 updates of 16 in three
         # resumable stages), answer tokens weighing 10, the gate's puzzles kept out; about 2.5
         # hours on 2 cores. Continuing a step-layout policy on it lost 9.5 points (trace_relay).
@@ -269,6 +270,14 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.sft.answer_weight = 10.0
         c.sft.exclude = ("results/go_no_go/held_out_400.jsonl",)
         c.rl.train.steps = 0
+    if arg == "trace_relay_next_scratch":
+        # The same from scratch, a later agent's step-K line also writing `t<K+1> A<j> (r, c)`:
+        # where each earlier agent starts step K+1, the cell that follows the same key at the
+        # start of that agent's own line. `relay_where` wrote that cell without the key and the
+        # policy copied the cell before the step (184 of its 233 field errors).
+        c.trace_lookahead = "relay_next"
+        c.workdir = "runs/tiny_trace_relay_next_scratch"
+        c.out_dir = "runs/tiny_trace_relay_next_scratch/export"
     if arg == "trace_quick":
         c.workdir = "/tmp/mapfjax_tiny_trace_quick"
         c.out_dir = "/tmp/mapfjax_tiny_trace_quick/export"

@@ -15,7 +15,7 @@ from absl import app, flags
 _INSTANCES = flags.DEFINE_string("instances", None, "instance JSONL")
 _EVAL = flags.DEFINE_string("eval", None, "a launch/evaluate.py --out_dir with answers.jsonl")
 _FORM = flags.DEFINE_enum(
-    "form", "priority", ["search", "priority", "relay", "relay_where"], "the form"
+    "form", "priority", ["search", "priority", "relay", "relay_where", "relay_next"], "the form"
 )
 _OUT = flags.DEFINE_string("out", None, "also write the table here")
 flags.mark_flags_as_required(["instances", "eval"])

@@ -24,7 +24,7 @@ _NO_TRACE = flags.DEFINE_bool("answer_only", False, "the answer block alone (no 
 _LOOKAHEAD = flags.DEFINE_enum(
     "lookahead",
     None,
-    ["search", "priority", "relay", "relay_where"],
+    ["search", "priority", "relay", "relay_where", "relay_next"],
     "the trace first writes how its plan is found (env.lookahead; that plan, not the oracle's)",
 )
 _BUDGET = flags.DEFINE_integer("budget", 640, "max_new_tokens to compare with", lower_bound=1)

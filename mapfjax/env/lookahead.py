@@ -90,14 +90,14 @@ class Lookahead:
     """The block's `lines` and the plan its last opened node holds (`plans`: per-agent action
     codes, each list at its agent's cost), `opened` nodes (orders tried, for `relay`); plans
     is None when the search gave up after MAX_OPEN nodes or found no plan. order: the trace
-    writes the plan in the relay layout, the agents in this order (`env.relay`); where: a
-    later agent's lines also write where the earlier ones stand (`trace.render_trace`)."""
+    writes the plan in the relay layout, the agents in this order (`env.relay`); where: what a
+    later agent's lines write of where the earlier ones stand (`trace.WHERE_FIELDS`)."""
 
     lines: tuple[str, ...]
     plans: list[list[int]] | None
     opened: int
     order: tuple[int, ...] | None = None
-    where: bool = False
+    where: str = ""
 
 
 def path(m: GridMap, start, goal, cons: Sequence[Constraint], limit: int = 256):
@@ -281,8 +281,16 @@ def relay_form(problem: Problem) -> Lookahead:
 
 def relay_where_form(problem: Problem) -> Lookahead:
     """`relay_form`, a later agent's lines also writing each earlier agent's cell at that step,
-    so that its `taken` marks compare cells on the same line."""
-    return dataclasses.replace(relay_form(problem), where=True)
+    so that its `taken` marks compare cells on the same line: `A0 (r, c)`, copied from the
+    end of that agent's line for the step."""
+    return dataclasses.replace(relay_form(problem), where="after")
+
+
+def relay_next_form(problem: Problem) -> Lookahead:
+    """`relay_where_form` with the cell written after its key: `t5 A0 (r, c)` on a step-4
+    line, copied from the start of that agent's `t5` line (the same cell), where the copy
+    stands next to the words just written."""
+    return dataclasses.replace(relay_form(problem), where="next")
 
 
 # The look-ahead forms a trace can write (`rl.data.response`, `launch/trace_lengths.py`).
@@ -291,6 +299,7 @@ LOOKAHEADS = {
     "priority": priority,
     "relay": relay_form,
     "relay_where": relay_where_form,
+    "relay_next": relay_next_form,
 }
 
 

@@ -37,6 +37,8 @@ from mapfjax.env.types import ACTION_DELTAS, ACTION_NAMES, HOLE_CELL, Problem
 
 MOVES = ("UP", "DOWN", "LEFT", "RIGHT")  # the order of the four cells on a move line
 OFF, TAKEN, NONE = "off", "taken", "none"
+# What a relay trace's later lines write of the earlier agents (`render_trace`'s where).
+WHERE_FIELDS = ("", "after", "next")
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
@@ -214,7 +216,7 @@ def render_trace(
     style: str = "holes",
     plan_lines: Sequence[str] = (),
     order: Sequence[int] | None = None,
-    where: bool = False,
+    where: str = "",
 ) -> str:
     """The trace of `plans` (per-agent action codes, as `oracle.answer_actions` gives) on
     `problem`, its map transcribed in `style` (see STYLES). Moves are followed as written (an
@@ -225,12 +227,16 @@ def render_trace(
     order: the relay layout (`env.relay`) instead of step blocks: each agent's whole plan in
     turn, in this order, one line per step `tK A<i> (r, c) ...` whose `taken` marks the cells
     the agents written before it hold after step K (`relay_taken`); agents left out of `order`
-    follow in index order. where (with order): a later agent's line also writes, after its
-    cell, each earlier agent and its cell after step K (`A0 (1, 2)`), copied from that agent's
-    line for step K, so that every `taken` compares cells on its own line or the one above."""
+    follow in index order. where (with order; WHERE_FIELDS): a later agent's line also writes,
+    after its cell, each earlier agent's cell after step K, so that every `taken` compares
+    cells on its own line: "after" as `A0 (1, 2)` (the end of that agent's `tK` line), "next"
+    as `t5 A0 (1, 2)` at K = 4 (the start of that agent's `t5` line, after the key the line
+    writes; an agent whose run has ended stays on its last cell)."""
     n = problem.num_agents
     if len(plans) != n:
         raise ValueError(f"{len(plans)} plans for {n} agents")
+    if where not in WHERE_FIELDS or (where and order is None):
+        raise ValueError(f"where = {where!r}: allowed {WHERE_FIELDS}, a field only with order")
     symbols = _symbols(problem)
     lines = render_header(problem, style) + list(plan_lines)
     if order is not None:
@@ -246,7 +252,9 @@ def render_trace(
             for k, a in enumerate(plans[i], 1):
                 taken = relay_taken(written, k, cells[k - 1])
                 at = [c[min(k, len(c) - 1)] for c in written]
-                who = [f"A{j} {cell(rc)}" for j, rc in zip(order[:n_before], at)] if where else []
+                key = f"t{k + 1} " if where == "next" else ""
+                who = [f"{key}A{j} {cell(rc)}" for j, rc in zip(order[:n_before], at)]
+                who = who if where else []
                 line = _move_line(problem, symbols, i, cells[k - 1], taken, int(a), f"t{k}", who)
                 lines.append(line)
             written.append(cells)
@@ -276,7 +284,7 @@ def render_thinking(
     style: str = "holes",
     plan_lines: Sequence[str] = (),
     order: Sequence[int] | None = None,
-    where: bool = False,
+    where: str = "",
 ) -> str:
     """The think block of `plans`: '<think>\\n' + trace + '\\n</think>\\n\\n' (the answer follows,
     as Qwen3 writes it); plan_lines, order and where as in `render_trace`."""
@@ -286,7 +294,8 @@ def render_thinking(
 
 _STEP = re.compile(r"^t(\d{1,4})$")
 _MOVE = re.compile(r"^A(\d{1,2}) .* = ([A-Z]+) \(-?\d+, -?\d+\)$")
-_WHERE = re.compile(r"^t\d{1,4} A\d{1,2} \(\d{1,2}, \d{1,2}\) A\d{1,2} \(", re.MULTILINE)
+# A relay line with a `where` field after its cell: "after" (`A0 (r, c)`), "next" (`t5 A0 ...`).
+_WHERE = re.compile(r"^t\d{1,4} A\d{1,2} \(\d{1,2}, \d{1,2}\) (t\d{1,4} )?A\d{1,2} \(", re.M)
 RELAY_LINE = re.compile(r"^t(\d{1,4}) A(\d{1,2}) .* = ([A-Z]+) \(-?\d+, -?\d+\)$")
 _CELL = re.compile(r"\((\d{1,2}), (\d{1,2})\)")
 
@@ -447,7 +456,8 @@ def check_trace(
         return 0, "unreadable"
     style = detect_style(trace) if style is None else style
     order = parse_relay(trace, problem.num_agents)[1] or None
-    where = order is not None and bool(_WHERE.search(trace))
+    field = _WHERE.search(trace) if order is not None else None
+    where = "" if field is None else "next" if field.group(1) else "after"
     want = render_trace(problem, plans, style, order=order, where=where).splitlines()
     # a look-ahead block is not checked here: its own lines say where it went wrong
     got = [line.strip() for line in trace.splitlines() if not LOOKAHEAD_LINE.match(line.strip())]

@@ -14,10 +14,10 @@ from tests.models.test_bpe import random_problems
 
 DOC = Problem(id="doc", grid=("FFH", "FFF", "FFF"), starts=((1, 2), (0, 1)), goals=((1, 1), (2, 1)))
 _LINE = re.compile(
-    r"^t(\d+) A(\d+) \((\d+), (\d+)\)((?: A\d+ \(\d+, \d+\))*)( taken)? "
+    r"^t(\d+) A(\d+) \((\d+), (\d+)\)((?: (?:t\d+ )?A\d+ \(\d+, \d+\))*)( taken)? "
     r"(.*) = ([A-Z]+) \((\d+), (\d+)\)$"
 )
-_WHO = re.compile(r" A(\d+) \((\d+), (\d+)\)")
+_WHO = re.compile(r" (t\d+ )?A(\d+) \((\d+), (\d+)\)")
 _CELLS = re.compile(r"(UP|DOWN|LEFT|RIGHT) (off|\((\d+), (\d+)\) (\S+))")
 
 
@@ -112,7 +112,7 @@ def test_every_action_is_decided_by_its_own_line_and_the_plan_is_valid(agents):
             continue
         found += 1
         assert simulate.simulate(p, plans)["valid"]
-        for where in (False, True):
+        for where in trace.WHERE_FIELDS:
             tr = trace.render_trace(p, plans, "grid", order=order, where=where)
             assert all(_decided(p, tr)), tr
             assert trace.parse_trace(tr, agents) == (plans, None)
@@ -121,15 +121,17 @@ def test_every_action_is_decided_by_its_own_line_and_the_plan_is_valid(agents):
             assert trace.check_trace(p, response) == (len(tr.splitlines()), None)
             assert text.parse_answer(response, agents)[0] == plans
             assert relay.check(p, response) == "right"
-            # the where layout writes, on a later agent's line, each earlier agent's cell then
+            # a where field writes, on a later agent's line, each earlier agent's cell then
+            # (after its key t<K+1> in the next layout, as that agent's own next line starts)
             for line in tr.splitlines():
                 if (m := _LINE.match(line)) is None:
                     continue
                 k, i = int(m.group(1)), int(m.group(2))
                 earlier = list(order[: order.index(i)]) if where else []
                 at = [trace.cells_by_time(p.starts[j], plans[j]) for j in earlier]
-                want = [(j, c[min(k, len(c) - 1)]) for j, c in zip(earlier, at, strict=True)]
-                got = [(int(j), (int(r), int(c))) for j, r, c in _WHO.findall(m.group(5))]
+                key = f"t{k + 1} " if where == "next" else ""
+                want = [(key, j, c[min(k, len(c) - 1)]) for j, c in zip(earlier, at, strict=True)]
+                got = [(t, int(j), (int(r), int(c))) for t, j, r, c in _WHO.findall(m.group(5))]
                 assert got == want, line
     assert found >= 40  # most puzzles have a relay plan
 
@@ -147,6 +149,44 @@ def test_a_later_agent_s_lines_mark_where_earlier_agents_stand():
     swap = Problem(id="swap", grid=("FFF",), starts=((0, 0), (0, 1)), goals=((0, 2), (0, 0)))
     tr = trace.render_trace(swap, [[4, 4], [0, 3]], "holes", order=(0, 1))
     assert "t1 A1 (0, 1) taken UP off DOWN off LEFT (0, 0) taken RIGHT (0, 2) G" in tr
+
+
+def test_the_next_field_is_copied_from_after_its_key():
+    # Where the earlier agent still has a line for step K+1, the later line's `t<K+1> A<j>`
+    # is followed by the very cell that agent's own `t<K+1> A<j>` line starts with; where its
+    # run has ended, by the cell it ended on.
+    copies = ended = 0
+    for p in random_problems(40, seed=17, sizes=(3, 4, 5, 6)):
+        order, plans, _ = relay.relay(p)
+        if plans is None:
+            continue
+        lines = trace.render_trace(p, plans, "grid", order=order, where="next").splitlines()
+        starts = {" ".join(x.split(" ")[:2]): x.split(" A", 1)[1].split(" ", 1)[1] for x in lines
+                  if _LINE.match(x)}  # fmt: skip
+        first = order[0]
+        for x in lines:
+            if (m := _LINE.match(x)) is None or int(m.group(2)) == first:
+                continue
+            for key, j, r, c in _WHO.findall(m.group(5)):
+                assert key, x
+                own = starts.get(f"{key.strip()} A{j}")
+                if own is None:
+                    ended += 1
+                    last = trace.cells_by_time(p.starts[int(j)], plans[int(j)])[-1]
+                    assert (int(r), int(c)) == last, x
+                else:
+                    copies += 1
+                    assert own.startswith(f"({r}, {c})"), (x, own)
+    assert copies > 20 and ended > 20
+    # the same plan with and without the field reads back the same; bad fields are named
+    order, plans, _ = relay.relay(DOC)
+    tr = trace.render_trace(DOC, plans, "holes", order=order, where="next")
+    assert "\nt1 A1 (0, 1) t2 A0 (1, 1) UP off DOWN (1, 1) taken" in tr  # A0 ended at t1
+    assert trace.parse_relay(tr, 2) == (plans, [0, 1])
+    with pytest.raises(ValueError, match=r"where = 'before': allowed \('', 'after', 'next'\)"):
+        trace.render_trace(DOC, plans, "holes", order=order, where="before")
+    with pytest.raises(ValueError, match="a field only with order"):
+        trace.render_trace(DOC, plans, "holes", where="next")
 
 
 def test_check_trace_names_a_wrong_relay_mark():
