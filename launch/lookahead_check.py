@@ -4,7 +4,8 @@ right, and where the others first go wrong (`env.lookahead.first_wrong`: each ag
 alone, the first conflict, the re-planning), beside the valid rate. With --form relay (no
 block; `env.relay.check`): whether each line and each action is right, and where not (the map
 and agents' lines, the first agent's run, a later run, an action not the rule's), and how
-often the policy runs first the agent the rule's first valid order does.
+often the policy runs first the agent the rule's first valid order does; then, over all the
+puzzles, which field of the first wrong line in a run is wrong (`env.relay.line_error`).
 
     python launch/lookahead_check.py --instances results/go_no_go/held_out_400.jsonl \
         --eval runs/trace_ahead_eval --form priority [--out table.md]
@@ -67,7 +68,12 @@ def main(argv):
         header = ["needs a wait", "puzzles with a plan", "first agent as the rule's order",
                   *(f"trace {k}" if k == "right" else f"first wrong: {k}" for k in relay.CHECKS),
                   "valid %"]  # fmt: skip
-        return stats.markdown_table(header, rows)
+        # the field of the first wrong line, over every puzzle whose trace has one in a run
+        fields = [relay.line_error(p, answers[p.id]) for p in problems.values()]
+        by_run = [[run, *(fields.count((run, f)) for f in relay.LINE_FIELDS)]
+                  for run in ("first run", "later run")]  # fmt: skip
+        wrong = ["first wrong line in", *relay.LINE_FIELDS]
+        return stats.markdown_table(header, rows) + "\n\n" + stats.markdown_table(wrong, by_run)
 
     return files.report_command(build, _OUT.value)
 

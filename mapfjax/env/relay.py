@@ -39,14 +39,15 @@ from mapfjax.env.locality import MOVE_CODES, WAIT
 from mapfjax.env.simulate import simulate
 from mapfjax.env.trace import (
     RELAY_LINE,
+    TAKEN,
     cells_by_time,
-    check_trace,
     detect_style,
     parse_relay,
     relay_taken,
     render_header,
     step,
     thinking_text,
+    true_lines,
 )
 from mapfjax.env.types import HOLE_CELL, Problem
 
@@ -186,6 +187,34 @@ def first_agent(response: str) -> int | None:
 
 # Where a response's relay trace first goes wrong (`check`).
 CHECKS = ("right", "header", "first run", "later run", "rule", "unreadable", "missing")
+# What the first wrong line of a relay run gets wrong (`line_error`): the agent's cell (or the
+# step label), a `where` field, the `taken` mark after its own cell, a neighbour's `taken`
+# mark left out or written where the cell is free, what a neighbour holds otherwise, the
+# action's target, or a line missing, left over or cut short.
+LINE_FIELDS = ("cell", "where", "own mark", "mark missed", "mark added", "content", "target",
+               "length")  # fmt: skip
+
+
+def _first_wrong_line(problem: Problem, response: str):
+    """(verdict, got, want) for a response's relay trace: verdict one of CHECKS; got and want
+    are the first line that differs from the true line and that true line in "header", "first
+    run" and "later run", else ""."""
+    body = thinking_text(response)
+    if body is None:
+        return "missing", "", ""
+    plans, order = parse_relay(body, problem.num_agents)
+    if plans is None:
+        return ("unreadable" if order else "missing"), "", ""
+    got, want = true_lines(problem, body)
+    header = len(render_header(problem, detect_style(body)))
+    for k, (a, b) in enumerate(zip([*got, ""], [*want, ""], strict=False)):
+        if a != b:
+            if k < header:
+                return "header", a, b
+            run = "first run" if k - header < len(plans[order[0]]) else "later run"
+            return run, a, b
+    order = [*order, *(i for i in range(problem.num_agents) if i not in order)]
+    return ("right" if first_departure(problem, plans, order) is None else "rule"), "", ""
 
 
 def check(problem: Problem, response: str) -> str:
@@ -194,17 +223,32 @@ def check(problem: Problem, response: str) -> str:
     line of the plan it writes: in the map and agents' lines ("header"), the run of the agent
     written first ("first run") or a later one ("later run"); "rule" when every line is right
     but an action is not the rule's (`first_departure`); else "right"."""
-    body = thinking_text(response)
-    if body is None:
-        return "missing"
-    plans, order = parse_relay(body, problem.num_agents)
-    if plans is None:
-        return "unreadable" if order else "missing"
-    k, kind = check_trace(problem, response)
-    if kind is not None:
-        header = len(render_header(problem, detect_style(body)))
-        if k < header:
-            return "header"
-        return "first run" if k - header < len(plans[order[0]]) else "later run"
-    order = [*order, *(i for i in range(problem.num_agents) if i not in order)]
-    return "right" if first_departure(problem, plans, order) is None else "rule"
+    return _first_wrong_line(problem, response)[0]
+
+
+def line_error(problem: Problem, response: str) -> tuple[str, str] | None:
+    """(run, field) where a relay trace's first wrong line is in a run ("first run" or "later
+    run", as `check` says) and the first field of it that differs from the true line (see
+    LINE_FIELDS); None when `check` finds no wrong line in a run."""
+    run, got, want = _first_wrong_line(problem, response)
+    if run not in ("first run", "later run"):
+        return None
+    g, w = got.split(" "), want.split(" ")
+    j = next((j for j, (a, b) in enumerate(zip(g, w, strict=False)) if a != b), None)
+    if j is None or not got or not want:  # a line missing or left over (a blank one counts)
+        return run, "length"
+    # the own cell's mark stands just before the first move (UP, or = when none is written)
+    mark = next((k for k, x in enumerate(w) if x in ("UP", "=")), len(w))
+    mark -= w[mark - 1] == TAKEN
+    taken = TAKEN in (g[j], w[j])
+    if j < 4:  # tK A<i> (r, c)
+        field = "cell"
+    elif j < mark:
+        field = "where"
+    elif j == mark and taken:
+        field = "own mark"
+    elif taken:
+        field = "mark missed" if w[j] == TAKEN else "mark added"
+    else:
+        field = "target" if "=" in w[:j] else "content"
+    return run, field

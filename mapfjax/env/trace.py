@@ -438,6 +438,26 @@ def _field_kind(got: str, want: str) -> str:
     )
 
 
+def true_lines(
+    problem: Problem, trace: str, style: str | None = None
+) -> tuple[list[str], list[str]] | None:
+    """(the trace's lines, stripped, a look-ahead block's left out; the true lines of the plan
+    its move lines choose, in its layout: step blocks or relay runs in its order, with its
+    `where` field), or None when no plan can be read from it. style: the trace's (STYLES);
+    None reads it from the trace's first line."""
+    plans, _ = parse_trace(trace, problem.num_agents)
+    if plans is None:
+        return None
+    style = detect_style(trace) if style is None else style
+    order = parse_relay(trace, problem.num_agents)[1] or None
+    field = _WHERE.search(trace) if order is not None else None
+    where = "" if field is None else "next" if field.group(1) else "after"
+    want = render_trace(problem, plans, style, order=order, where=where).splitlines()
+    # a look-ahead block is not checked here: its own lines say where it went wrong
+    got = [line.strip() for line in trace.splitlines() if not LOOKAHEAD_LINE.match(line.strip())]
+    return got, want
+
+
 def check_trace(
     problem: Problem, response: str, style: str | None = None
 ) -> tuple[int, str | None]:
@@ -451,16 +471,11 @@ def check_trace(
     trace = thinking_text(response)
     if trace is None:
         return 0, "no_trace"
-    plans, _ = parse_trace(trace, problem.num_agents)
-    if plans is None:
-        return 0, "unreadable"
     style = detect_style(trace) if style is None else style
-    order = parse_relay(trace, problem.num_agents)[1] or None
-    field = _WHERE.search(trace) if order is not None else None
-    where = "" if field is None else "next" if field.group(1) else "after"
-    want = render_trace(problem, plans, style, order=order, where=where).splitlines()
-    # a look-ahead block is not checked here: its own lines say where it went wrong
-    got = [line.strip() for line in trace.splitlines() if not LOOKAHEAD_LINE.match(line.strip())]
+    lines = true_lines(problem, trace, style)
+    if lines is None:
+        return 0, "unreadable"
+    got, want = lines
     map_lines = len(_map_lines(problem, style))
     header = map_lines + problem.num_agents
     for k, (a, b) in enumerate(zip(got, want, strict=False)):

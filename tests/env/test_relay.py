@@ -236,6 +236,37 @@ def test_check_says_where_a_relay_trace_goes_wrong():
     assert relay.first_agent("no think") is None
 
 
+def test_line_error_names_the_field_of_the_first_wrong_line():
+    order, plans, _ = relay.relay(DOC)
+    good = trace.render_thinking(DOC, plans, "holes", order=order) + text.render_answer(plans)
+    assert relay.line_error(DOC, good) is None
+    cases = {
+        ("DOWN (1, 1) taken", "DOWN (1, 1) G"): ("later run", "mark missed"),
+        ("DOWN (1, 0) F", "DOWN (1, 0) taken"): ("later run", "mark added"),
+        ("t2 A1 (0, 0) UP", "t2 A1 (0, 0) taken UP"): ("later run", "own mark"),
+        ("t2 A1 (0, 0)", "t2 A1 (0, 1)"): ("later run", "cell"),
+        ("LEFT (0, 0) F", "LEFT (0, 0) H"): ("later run", "content"),
+        ("= DOWN (2, 0)", "= DOWN (2, 1)"): ("later run", "target"),
+        ("LEFT (1, 1) G", "LEFT (1, 1) F"): ("first run", "content"),
+        ("H: (0, 2)", "H: (0, 1)"): None,  # the header is no run
+    }
+    for (old, new), want in cases.items():
+        assert old in good, old
+        assert relay.line_error(DOC, good.replace(old, new, 1)) == want, (old, new)
+    # a where field: the earlier agent's cell copied wrong, in both layouts
+    for where in ("after", "next"):
+        tr = trace.render_thinking(DOC, plans, "holes", order=order, where=where)
+        bad = tr.replace("A0 (1, 1) UP off", "A0 (1, 2) UP off", 1) + text.render_answer(plans)
+        assert relay.line_error(DOC, bad) == ("later run", "where"), where
+    # a blank line inside a run: a line left over; a run that stops early is the rule's error
+    blank = good.replace("\nt3 A1", "\n\nt3 A1", 1)
+    assert relay.check(DOC, blank) == "later run"
+    assert relay.line_error(DOC, blank) == ("later run", "length")
+    last = "\nt4 A1 (2, 0) UP (1, 0) F DOWN off LEFT off RIGHT (2, 1) g = RIGHT (2, 1)"
+    short = good.replace(last, "")
+    assert relay.check(DOC, short) == "rule" and relay.line_error(DOC, short) is None
+
+
 def test_the_check_script_reads_relay_traces(tmp_path):
     import json
     import pathlib
@@ -262,12 +293,16 @@ def test_the_check_script_reads_relay_traces(tmp_path):
         cwd=pathlib.Path(__file__).resolve().parents[2], capture_output=True, text=True,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
-    table = [[c.strip() for c in x.split("|")[1:-1]] for x in out.stdout.strip().splitlines()[2:]]
-    col = {name: j for j, name in enumerate(out.stdout.splitlines()[0].split("|")[1:-1])}
+    first, fields = out.stdout.strip().split("\n\n")
+    table = [[c.strip() for c in x.split("|")[1:-1]] for x in first.splitlines()[2:]]
+    col = {name: j for j, name in enumerate(first.splitlines()[0].split("|")[1:-1])}
     counts = [(k.strip(), j) for k, j in col.items() if 0 < j < len(col) - 1]
     total = {k: sum(int(r[j]) for r in table) for k, j in counts}
     assert total["puzzles with a plan"] == 5 and total["trace right"] == 3
     assert total["first agent as the rule's order"] == 3 and total["first wrong: missing"] == 2
+    # every trace is right: no first wrong line in either run
+    assert fields.splitlines()[2:] == [f"| {run} |" + " 0 |" * len(relay.LINE_FIELDS)
+                                       for run in ("first run", "later run")]  # fmt: skip
 
 
 def test_a_second_move_closer_to_the_goal_keeps_the_rule():
