@@ -53,7 +53,7 @@ def test_batches_mask_answer_and_end_of_turn(tok, problems):
     batch = next(data.sft_batches(examples, 8, tok_lib.special_ids(tok).pad, seed=0))
     b, length = batch.tokens.shape
     P, T = batch.prompt_len, batch.completion_len
-    assert b == 8 and length == P + T and P % 64 == 0 and T % 16 == 0
+    assert b == 8 and length == P + T and P % 64 == 0 and T % 64 == 0
     by_prompt = {e.prompt: e for e in examples}
     for i in range(b):
         row, mask = batch.tokens[i], batch.attention_mask[i]
