@@ -38,6 +38,12 @@ _WAIT = flags.DEFINE_float(
     "wait_ratio", 0.3, "share of the training puzzles that need a wait (held-out set unchanged)"
 )
 _KL = flags.DEFINE_float("kl_coef", 0.0, "k3 KL weight to the starting policy (0: none)")
+_TEMPERATURE = flags.DEFINE_float(
+    "temperature",
+    1.0,
+    "sampling temperature of the training rollouts (held-out validation stays greedy); below 1 "
+    "the samples' mistakes are nearer the greedy answer's",
+)
 _OBJECTIVE = flags.DEFINE_enum(
     "objective",
     "grpo",
@@ -60,6 +66,9 @@ flags.register_multi_flags_validator(
 flags.register_validator(
     "wait_ratio", lambda v: 0 <= v <= 1, "--wait_ratio: a share of the puzzles, in [0, 1]"
 )
+flags.register_validator(
+    "temperature", lambda v: 0 < v <= 2, "--temperature: a sampling temperature, in (0, 2]"
+)
 
 
 def arm_config(sizes):
@@ -73,6 +82,7 @@ def arm_config(sizes):
     c.train.instances = _UPDATES.value * c.train.problems_per_step
     c.optim.lr = _LR.value
     c.grpo.kl_coef = _KL.value
+    c.train.temperature = _TEMPERATURE.value
     c.train.objective = _OBJECTIVE.value
     c.train.trace_loss = _TRACE_LOSS.value
     c.validation.per_size = _PER_SIZE.value

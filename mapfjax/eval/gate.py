@@ -148,6 +148,8 @@ def _settings(config: dict) -> str:
     parts = ["RFT"] if train.get("objective") == "rft" else []
     parts += [f"lr {lr:.0e}".replace("e-0", "e-") if isinstance(lr, (int, float)) else "lr ?"]
     parts += [f"KL {grpo['kl_coef']:g}"] if grpo.get("kl_coef") else []
+    temperature = train.get("temperature", 1.0)
+    parts += [f"temperature {temperature:g}"] if temperature != 1.0 else []
     parts += [f"trains {train.get('trace_loss', 'all')}"]
     parts += [f"wait ratio {'/'.join(f'{w:g}' for w in waits)}"] if waits else []
     ns = sorted(int(k[1:]) for k in used)

@@ -20,31 +20,41 @@ c = m.arm_config((3,))
 print(json.dumps([c.validation.samples, c.train.max_new_tokens, c.validation.max_new_tokens,
                   c.train.enable_thinking, c.optim.lr, c.grpo.kl_coef, c.train.trace_loss,
                   [s.wait_ratio for s in c.env.sizes.values()], c.rounds, c.train.instances,
-                  c.train.objective]))
+                  c.train.objective, c.train.temperature]))
 """
 
 
 @pytest.mark.parametrize(
     "args, want",
     [
-        ([], [4, 64, 64, False, 1e-4, 0.0, "all", [0.3], 1, 1200, "grpo"]),
-        (["--thinking"], [4, 640, 640, True, 1e-4, 0.0, "all", [0.3], 1, 1200, "grpo"]),
+        ([], [4, 64, 64, False, 1e-4, 0.0, "all", [0.3], 1, 1200, "grpo", 1.0]),
+        (["--thinking"], [4, 640, 640, True, 1e-4, 0.0, "all", [0.3], 1, 1200, "grpo", 1.0]),
         (
             ["--thinking", "--samples=0", "--lr=1e-5"],
-            [0, 640, 640, True, 1e-5, 0.0, "all", [0.3], 1, 1200, "grpo"],
+            [0, 640, 640, True, 1e-5, 0.0, "all", [0.3], 1, 1200, "grpo", 1.0],
         ),
-        (["--max_new_tokens=100"], [4, 100, 100, False, 1e-4, 0.0, "all", [0.3], 1, 1200, "grpo"]),
+        (
+            ["--max_new_tokens=100"],
+            [4, 100, 100, False, 1e-4, 0.0, "all", [0.3], 1, 1200, "grpo", 1.0],
+        ),
         (
             ["--kl_coef=0.05", "--trace_loss=moves"],
-            [4, 64, 64, False, 1e-4, 0.05, "moves", [0.3], 1, 1200, "grpo"],
+            [4, 64, 64, False, 1e-4, 0.05, "moves", [0.3], 1, 1200, "grpo", 1.0],
         ),
-        (["--wait_ratio=1"], [4, 64, 64, False, 1e-4, 0.0, "all", [1.0], 1, 1200, "grpo"]),
-        (["--trace_loss=answer"], [4, 64, 64, False, 1e-4, 0.0, "answer", [0.3], 1, 1200, "grpo"]),
+        (["--wait_ratio=1"], [4, 64, 64, False, 1e-4, 0.0, "all", [1.0], 1, 1200, "grpo", 1.0]),
+        (
+            ["--trace_loss=answer"],
+            [4, 64, 64, False, 1e-4, 0.0, "answer", [0.3], 1, 1200, "grpo", 1.0],
+        ),
         (
             ["--updates=40", "--rounds=5"],
-            [4, 64, 64, False, 1e-4, 0.0, "all", [0.3], 5, 320, "grpo"],
+            [4, 64, 64, False, 1e-4, 0.0, "all", [0.3], 5, 320, "grpo", 1.0],
         ),
-        (["--objective=rft"], [4, 64, 64, False, 1e-4, 0.0, "all", [0.3], 1, 1200, "rft"]),
+        (["--objective=rft"], [4, 64, 64, False, 1e-4, 0.0, "all", [0.3], 1, 1200, "rft", 1.0]),
+        (
+            ["--temperature=0.7"],
+            [4, 64, 64, False, 1e-4, 0.0, "all", [0.3], 1, 1200, "grpo", 0.7],
+        ),
     ],
 )
 def test_flags_reach_the_arm_config(args, want):
@@ -60,6 +70,7 @@ def test_flags_reach_the_arm_config(args, want):
     [
         (["--wait_ratio=1.5"], ["--wait_ratio=1.5", "in [0, 1]"]),
         (["--rounds=0"], ["--rounds=0", "not a positive integer"]),
+        (["--temperature=0"], ["--temperature=0", "in (0, 2]"]),
         (
             ["--objective=rft", "--kl_coef=0.1"],
             ["kl_coef=0.1, objective=rft", "--objective rft takes none"],
