@@ -4,7 +4,8 @@ right, and where the others first go wrong (`env.lookahead.first_wrong`: each ag
 alone, the first conflict, the re-planning), beside the valid rate. With --form relay (no
 block; `env.relay.check`): whether each line and each action is right, and where not (the map
 and agents' lines, the first agent's run, a later run, an action not the rule's), and how
-often the policy runs first the agent the rule's first valid order does; then, over all the
+often the policy runs first the agent the rule's first valid order does, and how often it
+runs first an agent no order starting with which has a valid plan; then, over all the
 puzzles, which field of the first wrong line in a run is wrong (`env.relay.line_error`).
 
     python launch/lookahead_check.py --instances results/go_no_go/held_out_400.jsonl \
@@ -61,11 +62,16 @@ def main(argv):
             found = [(p, orders[i]) for i, p in problems.items()
                      if p.needs_wait is wait and orders[i] is not None]  # fmt: skip
             where = [relay.check(p, answers[p.id]) for p, _ in found]
-            same = sum(relay.first_agent(answers[p.id]) == o[0] for p, o in found)
+            firsts = [relay.first_agent(answers[p.id]) for p, _ in found]
+            same = sum(f == o[0] for f, (_, o) in zip(firsts, found, strict=True))
+            # a first agent that no order starting with it gives a valid plan: a lost puzzle
+            dead = sum(f is not None and relay.plan_from(p, f) is None
+                       for f, (p, _) in zip(firsts, found, strict=True))  # fmt: skip
             valid = stats.proportion([bool(verdicts[p.id]["valid"]) for p, _ in found])
-            line = [name, len(found), same, *(where.count(k) for k in relay.CHECKS)]
+            line = [name, len(found), same, dead, *(where.count(k) for k in relay.CHECKS)]
             rows.append(line + [stats.interval_text(valid)])
         header = ["needs a wait", "puzzles with a plan", "first agent as the rule's order",
+                  "first agent with no plan",
                   *(f"trace {k}" if k == "right" else f"first wrong: {k}" for k in relay.CHECKS),
                   "valid %"]  # fmt: skip
         # the field of the first wrong line, over every puzzle whose trace has one in a run

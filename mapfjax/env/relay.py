@@ -154,6 +154,17 @@ def relay(problem: Problem) -> tuple[tuple[int, ...] | None, list[list[int]] | N
     return None, None, tried
 
 
+def plan_from(problem: Problem, agent: int) -> list[list[int]] | None:
+    """The first valid relay plan (as `relay`) among the orders that run `agent` first; None
+    when no order starting with it has one (a trace that starts with it cannot be right)."""
+    others = [i for i in range(problem.num_agents) if i != agent]
+    orders = ((agent, *rest) for rest in itertools.permutations(others))
+    for order in itertools.islice(orders, MAX_ORDERS):
+        if (plans := plan_in_order(problem, order)) is not None:
+            return plans
+    return None
+
+
 def first_departure(
     problem: Problem, plans: Sequence[Sequence[int]], order: Sequence[int]
 ) -> tuple[int, int] | None:

@@ -202,6 +202,11 @@ def test_relay_sft_data_leaves_out_puzzles_without_a_plan():
     # A1 starts in a dead end behind A0's goal: no order has a relay plan
     stuck = Problem(id="stuck", grid=("FFF",), starts=((0, 0), (0, 2)), goals=((0, 1), (0, 0)))
     assert relay.relay(stuck)[1] is None
+    assert relay.plan_from(stuck, 0) is None and relay.plan_from(stuck, 1) is None
+    # DOC: either agent may run first (A1 first, A0 waits a step), each order's own plan
+    assert relay.plan_from(DOC, 0) == relay.relay(DOC)[1]
+    later = relay.plan_from(DOC, 1)
+    assert later == relay.plan_in_order(DOC, (1, 0)) and simulate.simulate(DOC, later)["valid"]
     assert lookahead.LOOKAHEADS["relay"](stuck).opened == 2
     turns = data.responses([DOC, stuck], thinking=True, style="holes", lookahead="relay")
     assert turns[1] is None and turns[0].endswith(text.render_answer(relay.relay(DOC)[1]))
@@ -300,6 +305,7 @@ def test_the_check_script_reads_relay_traces(tmp_path):
     total = {k: sum(int(r[j]) for r in table) for k, j in counts}
     assert total["puzzles with a plan"] == 5 and total["trace right"] == 3
     assert total["first agent as the rule's order"] == 3 and total["first wrong: missing"] == 2
+    assert total["first agent with no plan"] == 0
     # every trace is right: no first wrong line in either run
     assert fields.splitlines()[2:] == [f"| {run} |" + " 0 |" * len(relay.LINE_FIELDS)
                                        for run in ("first run", "later run")]  # fmt: skip
