@@ -14,11 +14,11 @@ puzzles, which field of the first wrong line in a run is wrong (`env.relay.line_
 
 from absl import app, flags
 
+from mapfjax.env.lookahead import LOOKAHEADS
+
 _INSTANCES = flags.DEFINE_string("instances", None, "instance JSONL")
 _EVAL = flags.DEFINE_string("eval", None, "a launch/evaluate.py --out_dir with answers.jsonl")
-_FORM = flags.DEFINE_enum(
-    "form", "priority", ["search", "priority", "relay", "relay_where", "relay_next"], "the form"
-)
+_FORM = flags.DEFINE_enum("form", "priority", list(LOOKAHEADS), "the form")
 _OUT = flags.DEFINE_string("out", None, "also write the table here")
 flags.mark_flags_as_required(["instances", "eval"])
 
@@ -65,8 +65,9 @@ def main(argv):
             firsts = [relay.first_agent(answers[p.id]) for p, _ in found]
             same = sum(f == o[0] for f, (_, o) in zip(firsts, found, strict=True))
             # a first agent that no order starting with it gives a valid plan: a lost puzzle
-            dead = sum(f is not None and relay.plan_from(p, f) is None
-                       for f, (p, _) in zip(firsts, found, strict=True))  # fmt: skip
+            # (the rule's own first agent has one: its order is the plan found above)
+            dead = sum(f not in (None, o[0]) and relay.plan_from(p, f) is None
+                       for f, (p, o) in zip(firsts, found, strict=True))  # fmt: skip
             valid = stats.proportion([bool(verdicts[p.id]["valid"]) for p, _ in found])
             line = [name, len(found), same, dead, *(where.count(k) for k in relay.CHECKS)]
             rows.append(line + [stats.interval_text(valid)])

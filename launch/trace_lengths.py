@@ -15,6 +15,7 @@ them the budget would have cut even on the oracle's trace.
 from absl import app, flags
 from absl import logging as absl_logging
 
+from mapfjax.env.lookahead import LOOKAHEADS
 from mapfjax.env.trace import STYLES
 
 _INSTANCES = flags.DEFINE_string("instances", None, "instance JSONL")
@@ -24,7 +25,7 @@ _NO_TRACE = flags.DEFINE_bool("answer_only", False, "the answer block alone (no 
 _LOOKAHEAD = flags.DEFINE_enum(
     "lookahead",
     None,
-    ["search", "priority", "relay", "relay_where", "relay_next"],
+    list(LOOKAHEADS),
     "the trace first writes how its plan is found (env.lookahead; that plan, not the oracle's)",
 )
 _BUDGET = flags.DEFINE_integer("budget", 640, "max_new_tokens to compare with", lower_bound=1)

@@ -252,9 +252,8 @@ def render_trace(
             for k, a in enumerate(plans[i], 1):
                 taken = relay_taken(written, k, cells[k - 1])
                 at = [c[min(k, len(c) - 1)] for c in written]
-                key = f"t{k + 1} " if where == "next" else ""
-                who = [f"{key}A{j} {cell(rc)}" for j, rc in zip(order[:n_before], at)]
-                who = who if where else []
+                key = f"t{k + 1} " if where == "next" else ""  # "after": none; "": no field
+                who = [f"{key}A{j} {cell(rc)}" for j, rc in zip(order[:n_before], at) if where]
                 line = _move_line(problem, symbols, i, cells[k - 1], taken, int(a), f"t{k}", who)
                 lines.append(line)
             written.append(cells)
