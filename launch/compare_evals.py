@@ -4,10 +4,13 @@ whose directory holds an answers.jsonl with reasoning traces (--answers_out DIR/
 also how often the answer copies the plan its trace chose and how valid those plans are.
 Directories joined by "+" are one evaluation sampled several times (the same checkpoint at
 temperature 1 with different --seed): each puzzle then counts its share of valid samples
-(mean@k) and the paired change is the mean per-puzzle difference.
+(mean@k) and the paired change is the mean per-puzzle difference; with --solved_by=any a puzzle
+counts as solved when any of its samples is valid (pass@k, paired against a greedy evaluation).
 
     python launch/compare_evals.py --instances held_out.jsonl --evals eval_a,eval_b \
         [--labels "model A,model B"] [--sizes 3-5 --sizes 3-10] [--out table.md]
+    python launch/compare_evals.py --instances held_out.jsonl --solved_by any \
+        --evals greedy,s0+s1+s2+s3+s4+s5+s6+s7 --labels "greedy,pass@8"
 """
 
 import pathlib
@@ -27,6 +30,13 @@ _SIZES = flags.DEFINE_multi_string("sizes", ["3-10"], "groups of map sizes, e.g.
 _OUT = flags.DEFINE_string("out", None, "also write the table here")
 _SPLIT_WAIT = flags.DEFINE_bool(
     "split_wait", False, "also each size group's puzzles that need a wait and those that do not"
+)
+_SOLVED_BY = flags.DEFINE_enum(
+    "solved_by",
+    "mean",
+    ["mean", "any"],
+    "a puzzle of a joined evaluation: its share of valid samples (mean@k), or solved when any "
+    "sample is valid (pass@k: what sharpening towards sampled answers could reach)",
 )
 flags.mark_flags_as_required(["instances", "evals"])
 
@@ -48,7 +58,9 @@ def main(argv):
     def build():
         problems = io.load_instances(_INSTANCES.value)
         groups = [parse_sizes(s) for s in _SIZES.value]
-        table = ev.compare_evaluations(_EVALS.value, labels, problems, groups, _SPLIT_WAIT.value)
+        table = ev.compare_evaluations(
+            _EVALS.value, labels, problems, groups, _SPLIT_WAIT.value, _SOLVED_BY.value
+        )
         answers = [pathlib.Path(d) / "answers.jsonl" for d in _EVALS.value]
         traced = [(f, lab) for f, lab in zip(answers, labels, strict=True) if _has_traces(f)]
         if traced:

@@ -48,8 +48,9 @@ _OBJECTIVE = flags.DEFINE_enum(
     "objective",
     "grpo",
     list(OBJECTIVES),
-    "what the arms optimise on their rollouts: grpo, or rft (cross-entropy on the policy's own "
-    "valid samples)",
+    "what the arms optimise on their rollouts: grpo; rft (cross-entropy on the policy's own "
+    "valid samples); placebo (GRPO with each group's advantages shuffled: a control with "
+    "GRPO's update size and noise but no reward information)",
 )
 _TRACE_LOSS = flags.DEFINE_enum(
     "trace_loss", "all", list(TRACE_LOSSES), "what of a thinking response GRPO trains"
@@ -60,7 +61,7 @@ _REFERENCE = flags.DEFINE_string("reference", None, "a run whose start is the re
 flags.mark_flags_as_required(["policy", "out"])
 flags.register_multi_flags_validator(
     ["kl_coef", "objective"],
-    lambda v: v["kl_coef"] == 0 or v["objective"] == "grpo",
+    lambda v: v["kl_coef"] == 0 or v["objective"] != "rft",
     "--kl_coef: a KL term is part of the GRPO loss; --objective rft takes none",
 )
 flags.register_validator(

@@ -521,12 +521,18 @@ def read_outcomes(path) -> dict[str, dict]:
     return {r["id"]: r for r in report.read_validation(path)}
 
 
+# How a joined evaluation (seeds "+"-joined) scores a puzzle: its share of valid samples
+# (mean@k) or whether any sample is valid (pass@k).
+SOLVED_BY = ("mean", "any")
+
+
 def compare_evaluations(
     out_dirs: Sequence,
     labels: Sequence[str],
     problems: Sequence[Problem],
     groups,
     split_wait: bool = False,
+    solved_by: str = "mean",
 ) -> str:
     """Markdown: for each evaluation (all of the same `problems`) and each group of map sizes,
     valid % [95 %] and the paired change against the first evaluation on the same puzzles
@@ -539,9 +545,14 @@ def compare_evaluations(
     mean per-puzzle difference with its t interval (`stats.paired_difference`); single
     directories keep the Wilson and paired-proportion intervals. split_wait: each size group
     also as its puzzles that need a wait and those that need none (`Problem.needs_wait`; a
-    ValueError when an instance has no such label)."""
+    ValueError when an instance has no such label). solved_by (SOLVED_BY) "any": a puzzle of a
+    joined evaluation counts as solved when any of its samples is valid (pass@k, with the
+    Wilson and paired-proportion intervals): how much a policy could reach by sharpening
+    towards answers it already samples."""
     if len(labels) != len(out_dirs):
         raise ValueError(f"{len(out_dirs)} evaluations but {len(labels)} labels")
+    if solved_by not in SOLVED_BY:
+        raise ValueError(f"solved_by = {solved_by!r}: allowed {', '.join(SOLVED_BY)}")
     ids = {p.id for p in problems}
     verdicts, joined = [], False
     for spec in out_dirs:
@@ -558,8 +569,13 @@ def compare_evaluations(
                 )
             for i in ids:
                 sums[i] += bool(rows[i]["valid"])
-        verdicts.append({i: v / len(parts) for i, v in sums.items()})
+        if solved_by == "any":
+            verdicts.append({i: float(v > 0) for i, v in sums.items()})
+        else:
+            verdicts.append({i: v / len(parts) for i, v in sums.items()})
     what = "mean valid %" if joined else "valid %"
+    if solved_by == "any":  # pass@k: proportions, whatever the number of samples
+        what, joined = ("pass@k valid %" if joined else what), False
     wait = {p.id: p.needs_wait for p in problems}
     header, cols = ["model"], []
     for group in groups:

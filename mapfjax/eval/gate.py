@@ -145,7 +145,7 @@ def _settings(config: dict) -> str:
     used = {k: v for k, v in sizes.items() if v.get("data_ratio", 1.0) > 0}
     waits = sorted({v.get("wait_ratio") for v in used.values()})
     lr = config.get("optim", {}).get("lr")
-    parts = ["RFT"] if train.get("objective") == "rft" else []
+    parts = {"rft": ["RFT"], "placebo": ["placebo"]}.get(train.get("objective"), [])
     parts += [f"lr {lr:.0e}".replace("e-0", "e-") if isinstance(lr, (int, float)) else "lr ?"]
     parts += [f"KL {grpo['kl_coef']:g}"] if grpo.get("kl_coef") else []
     temperature = train.get("temperature", 1.0)

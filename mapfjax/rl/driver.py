@@ -6,7 +6,8 @@ loop (`engineer/loop.py`, one phase per round) and the tiny-model recipe
     c.train:  steps (or instances x epochs / problems_per_step), problems_per_step, group_size,
               num_iterations, max_new_tokens, temperature, top_p, enable_thinking,
               checkpoint_every, oversample (dynamic sampling; 1 = off),
-              objective ("grpo", or "rft": rejection-sampling fine-tuning on the same rollouts)
+              objective ("grpo"; "rft": rejection-sampling fine-tuning on the same rollouts;
+              "placebo": GRPO with each group's advantages shuffled, a control)
     c.grpo:   clip_low, clip_high, kl_coef, aggregation, scale_by_std
     c.optim:  `OptimConfig` fields (lr, warmup_steps, schedule, cycle_steps, ...)
     c.reward: `RewardConfig` fields
@@ -35,9 +36,11 @@ from mapfjax.rl.sft import SFTConfig
 
 log = logging.getLogger(__name__)
 
-# What a phase optimises on its rollouts: "grpo" (group-relative policy gradient) or "rft"
-# (rejection-sampling fine-tuning: cross-entropy on the policy's own valid samples).
-OBJECTIVES = ("grpo", "rft")
+# What a phase optimises on its rollouts: "grpo" (group-relative policy gradient), "rft"
+# (rejection-sampling fine-tuning: cross-entropy on the policy's own valid samples) or
+# "placebo" (GRPO with each group's advantages shuffled among its samples: updates of GRPO's
+# size and noise that carry no information on which sample was valid; a control arm).
+OBJECTIVES = ("grpo", "rft", "placebo")
 # Training puzzles per round at most: generating more takes hours before the first update
 # (the paper: 4,000).
 MAX_INSTANCES = 1_000_000
@@ -50,7 +53,8 @@ class GRPOSettings:
     rewards first (DAPO's dynamic sampling); the rest of the batch is masked out of the loss,
     so shapes stay fixed. 1.0 trains on every sampled group. objective "rft" replaces the
     GRPO update by rejection-sampling fine-tuning on the same rollouts: cross-entropy on the
-    valid samples, groups with at least one valid sample kept first (logged as kept_mixed)."""
+    valid samples, groups with at least one valid sample kept first (logged as kept_mixed);
+    "placebo" is GRPO on advantages shuffled within each group (`shuffle_advantages`)."""
 
     steps: int
     problems_per_step: int
@@ -210,6 +214,17 @@ def imitate_valid(batch, valid: np.ndarray, order: np.ndarray, g: int):
     return batch.replace(loss_mask=np.asarray(batch.loss_mask) & keep[..., None])
 
 
+def shuffle_advantages(batch, rng: np.random.Generator, g: int):
+    """`batch` with each group's advantages permuted among its `g` samples (one permutation per
+    group from `rng`): the placebo objective. Each group keeps its set of advantages (zero
+    mean, the same spread), so the update has GRPO's size and noise, but which sample gets
+    which advantage no longer depends on its reward."""
+    adv = np.asarray(batch.advantages, np.float32)
+    groups = adv.reshape(-1, g)
+    shuffled = np.stack([row[rng.permutation(g)] for row in groups])
+    return batch.replace(advantages=shuffled.reshape(adv.shape))
+
+
 def select_groups(batch, useful: np.ndarray, keep: int, g: int):
     """(batch of `keep` groups, indices kept, number of useful groups kept): the `useful`
     groups (bool [groups], see `useful_groups`) come first, in sampled order; any remaining
@@ -300,6 +315,8 @@ def run_phase(
         batch, kept, n_useful = select_groups(batch, useful, s.problems_per_step, g)
         if s.objective == "rft":
             batch = imitate_valid(batch, rs.valid, kept, g)
+        elif s.objective == "placebo":
+            batch = shuffle_advantages(batch, np.random.default_rng([*seed, step, 2]), g)
         groups = [
             metrics.GroupOutcome(
                 size=max(p.height, p.width),

@@ -143,3 +143,28 @@ def test_split_by_waits_adds_both_halves_of_each_size_group(case):
     assert cells[5] == stats.interval_text(even, signed=True)
     assert cells[8] == stats.interval_text(odd, signed=True)
     assert cells[1] == stats.interval_text(stats.proportion(b))
+
+
+def test_pass_at_k_counts_a_puzzle_solved_when_any_sample_is_valid(case, tmp_path):
+    """solved_by="any": a joined evaluation scores 1 on a puzzle any of its samples solves,
+    with proportion intervals, paired against a greedy evaluation on the same puzzles."""
+    problems, dirs, a, b = case
+    ids = [p.id for p in problems]
+    b2 = _eval_dir(tmp_path / "b2", dict(zip(ids, a, strict=True)))  # B's second sample = A
+    table = ev.compare_evaluations(
+        [dirs[0], f"{dirs[1]}+{b2}"], ["greedy", "pass@2"], problems, [(3, 7)], solved_by="any"
+    )
+    header, _, row_a, row_b = table.splitlines()
+    assert "3x3-7x7 pass@k valid % (n=10)" in header
+    solved = [x or y for x, y in zip(a, b, strict=True)]
+    assert sum(solved) == 8
+    change = stats.paired_proportion_difference(solved, a)
+    assert row_b == (
+        f"| pass@2 | {stats.interval_text(stats.proportion(solved))} | "
+        f"{stats.interval_text(change, signed=True)} | 4 |"
+    )
+    # the same joined evaluation read as mean@2 differs: it is the default
+    mean = ev.compare_evaluations([dirs[0], f"{dirs[1]}+{b2}"], ["g", "m"], problems, [(3, 7)])
+    assert "mean valid %" in mean.splitlines()[0] and mean != table
+    with pytest.raises(ValueError, match="solved_by = 'all': allowed mean, any"):
+        ev.compare_evaluations(dirs, ["A", "B"], problems, [(3,)], solved_by="all")

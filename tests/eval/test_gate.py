@@ -113,12 +113,14 @@ def test_arms_summarise_every_finished_arm(tmp_path):
     _arm(tmp_path, "b_kl", start, gain, lr=3e-5, kl=0.1, trace_loss="moves", temperature=0.7)
     _arm(tmp_path, "a_plain", start, start)
     _arm(tmp_path, "c_rft", start, start, objective="rft")
+    _arm(tmp_path, "e_placebo", start, start, kl=0.1, objective="placebo")
     # An arm stopped before its first round finished is left out.
     _write(tmp_path / "d_stopped" / "matched", "start", start)
     (tmp_path / "d_stopped" / "matched" / "run_config.json").write_text("{}")
-    a, b, c = gate.arms(tmp_path)
+    a, b, c, e = gate.arms(tmp_path)
     assert [a.name, b.name, c.name] == ["a_plain/matched", "b_kl/matched", "c_rft/matched"]
     assert c.settings == "RFT, lr 1e-4, trains all, wait ratio 0.3, 3x3 only"
+    assert e.settings == "placebo, lr 1e-4, KL 0.1, trains all, wait ratio 0.3, 3x3 only"
     assert a.settings == "lr 1e-4, trains all, wait ratio 0.3, 3x3 only"
     assert b.settings == "lr 3e-5, KL 0.1, temperature 0.7, trains moves, wait ratio 0.3, 3x3 only"
     assert (a.policy, a.updates, a.minutes) == ("a_plain_policy", 2, pytest.approx(70 / 60))

@@ -52,6 +52,10 @@ print(json.dumps([c.validation.samples, c.train.max_new_tokens, c.validation.max
         ),
         (["--objective=rft"], [4, 64, 64, False, 1e-4, 0.0, "all", [0.3], 1, 1200, "rft", 1.0]),
         (
+            ["--objective=placebo", "--kl_coef=0.1"],
+            [4, 64, 64, False, 1e-4, 0.1, "all", [0.3], 1, 1200, "placebo", 1.0],
+        ),
+        (
             ["--temperature=0.7"],
             [4, 64, 64, False, 1e-4, 0.0, "all", [0.3], 1, 1200, "grpo", 0.7],
         ),

@@ -66,6 +66,25 @@ def test_rft_keeps_groups_with_a_valid_sample_and_imitates_only_valid_samples(la
     assert mask.any(-1).tolist() == valid[order].tolist()
 
 
+@pytest.mark.parametrize("layout", ["groups", "rows"])
+def test_placebo_shuffles_advantages_within_each_group_only(layout):
+    """The placebo objective's batch: every group keeps its own advantages (so its mean and
+    spread), in another order drawn from the rng; nothing else of the batch changes."""
+    g, drawn = 4, 6
+    batch = _batch(drawn, g, layout)
+    before = np.asarray(batch.advantages).reshape(drawn, g)
+    out = driver.shuffle_advantages(batch, np.random.default_rng(3), g)
+    after = np.asarray(out.advantages).reshape(drawn, g)
+    assert np.asarray(out.advantages).shape == np.asarray(batch.advantages).shape
+    np.testing.assert_array_equal(np.sort(after, axis=1), np.sort(before, axis=1))
+    assert not np.array_equal(after, before)  # 6 groups of 4 distinct normals: some moved
+    np.testing.assert_array_equal(out.tokens, batch.tokens)
+    np.testing.assert_array_equal(out.loss_mask, batch.loss_mask)
+    again = driver.shuffle_advantages(batch, np.random.default_rng(3), g)
+    np.testing.assert_array_equal(again.advantages, out.advantages)  # seeded: resumable
+    assert "placebo" in driver.OBJECTIVES
+
+
 def test_problem_stream_is_deterministic_and_covers_each_epoch():
     problems = list(range(10))
     first = [driver.step_problems(problems, 4, s, [0, 1]) for s in range(5)]
