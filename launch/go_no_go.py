@@ -20,7 +20,14 @@ from mapfjax.rl.rollout import TRACE_LOSSES
 
 _POLICY = flags.DEFINE_string("policy", None, "model directory (HF files) to start from")
 _THINKING = flags.DEFINE_bool("thinking", False, "the policy writes a reasoning trace first")
-_UPDATES = flags.DEFINE_integer("updates", 150, "GRPO updates per round (8 groups x 8 each)")
+_UPDATES = flags.DEFINE_integer("updates", 150, "GRPO updates per round (--groups x 8 each)")
+_GROUPS = flags.DEFINE_integer(
+    "groups",
+    8,
+    "puzzle groups (of 8 samples) per GRPO update; twice as many are sampled and the mixed "
+    "ones trained first (more groups: a gradient with less noise, each update slower)",
+    lower_bound=1,
+)
 _ROUNDS = flags.DEFINE_integer(
     "rounds",
     1,
@@ -80,6 +87,7 @@ def arm_config(sizes):
     c.model.path = str(pathlib.Path(_POLICY.value).resolve())
     c.env = default_config(num_agents=2, sizes=sizes, hole_ratio=0.2, wait_ratio=_WAIT.value)
     c.rounds = _ROUNDS.value
+    c.train.problems_per_step = _GROUPS.value
     c.train.instances = _UPDATES.value * c.train.problems_per_step
     c.optim.lr = _LR.value
     c.grpo.kl_coef = _KL.value

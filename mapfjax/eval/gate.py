@@ -150,6 +150,8 @@ def _settings(config: dict) -> str:
     parts += [f"KL {grpo['kl_coef']:g}"] if grpo.get("kl_coef") else []
     temperature = train.get("temperature", 1.0)
     parts += [f"temperature {temperature:g}"] if temperature != 1.0 else []
+    groups = train.get("problems_per_step", 8)
+    parts += [f"{groups} groups per update"] if groups != 8 else []
     parts += [f"trains {train.get('trace_loss', 'all')}"]
     parts += [f"wait ratio {'/'.join(f'{w:g}' for w in waits)}"] if waits else []
     ns = sorted(int(k[1:]) for k in used)

@@ -69,6 +69,21 @@ def test_flags_reach_the_arm_config(args, want):
     assert json.loads(out.stdout.strip().splitlines()[-1]) == want
 
 
+def test_groups_set_the_update_batch_and_the_round_budget():
+    probe = _PROBE.replace("c.train.objective, c.train.temperature]", "c.train.problems_per_step]")
+    args = ["--groups=32", "--updates=10"]
+    out = subprocess.run(
+        [sys.executable, "-c", probe, *args], cwd=ROOT, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got[-2:] == [320, 32]  # 10 updates of 32 groups: 320 training puzzles per round
+    bad = subprocess.run(
+        [sys.executable, "-c", _PROBE, "--groups=0"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert bad.returncode != 0 and "--groups" in bad.stderr
+
+
 @pytest.mark.parametrize(
     "args, wants",
     [
