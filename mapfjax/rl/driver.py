@@ -225,6 +225,19 @@ def shuffle_advantages(batch, rng: np.random.Generator, g: int):
     return batch.replace(advantages=shuffled.reshape(adv.shape))
 
 
+def objective_batch(objective: str, batch, valid: np.ndarray, order: np.ndarray, g: int, seed):
+    """The batch an update of `objective` trains on, from the groups `select_groups` kept
+    (`order`): unchanged for "grpo", only the valid samples in the loss for "rft"
+    (`imitate_valid`), advantages shuffled within each group for "placebo"
+    (`shuffle_advantages`, drawn from `seed`: the same step shuffles the same way on a
+    resume)."""
+    if objective == "rft":
+        return imitate_valid(batch, valid, order, g)
+    if objective == "placebo":
+        return shuffle_advantages(batch, np.random.default_rng([*seed, 2]), g)
+    return batch
+
+
 def select_groups(batch, useful: np.ndarray, keep: int, g: int):
     """(batch of `keep` groups, indices kept, number of useful groups kept): the `useful`
     groups (bool [groups], see `useful_groups`) come first, in sampled order; any remaining
@@ -313,10 +326,7 @@ def run_phase(
         g = s.group_size
         useful = useful_groups(s.objective, rs.valid, rs.rewards, g)
         batch, kept, n_useful = select_groups(batch, useful, s.problems_per_step, g)
-        if s.objective == "rft":
-            batch = imitate_valid(batch, rs.valid, kept, g)
-        elif s.objective == "placebo":
-            batch = shuffle_advantages(batch, np.random.default_rng([*seed, step, 2]), g)
+        batch = objective_batch(s.objective, batch, rs.valid, kept, g, [*seed, step])
         groups = [
             metrics.GroupOutcome(
                 size=max(p.height, p.width),

@@ -83,6 +83,15 @@ def test_placebo_shuffles_advantages_within_each_group_only(layout):
     again = driver.shuffle_advantages(batch, np.random.default_rng(3), g)
     np.testing.assert_array_equal(again.advantages, out.advantages)  # seeded: resumable
     assert "placebo" in driver.OBJECTIVES
+    # what an update of each objective trains on, as run_phase builds it
+    valid = np.ones(drawn * g, bool)
+    order = np.arange(drawn)
+    placebo = driver.objective_batch("placebo", batch, valid, order, g, [5, 7])
+    want = driver.shuffle_advantages(batch, np.random.default_rng([5, 7, 2]), g)
+    np.testing.assert_array_equal(placebo.advantages, want.advantages)
+    assert driver.objective_batch("grpo", batch, valid, order, g, [5, 7]) is batch
+    rft = driver.objective_batch("rft", batch, ~valid, order, g, [5, 7])
+    assert not np.asarray(rft.loss_mask).any()  # no valid sample: nothing to imitate
 
 
 def test_problem_stream_is_deterministic_and_covers_each_epoch():
@@ -127,6 +136,8 @@ def test_settings_and_schedule_from_the_shared_schema():
     rft = c.copy_and_resolve_references()
     rft.train.objective = "rft"
     assert driver.GRPOSettings.from_config(rft).trainer_loss()[0] == "sft"
+    rft.train.objective = "placebo"  # the GRPO loss, on shuffled advantages
+    assert driver.GRPOSettings.from_config(rft).trainer_loss() == ("grpo", s.loss)
     rft.train.objective = "ppo"
     with pytest.raises(ValueError, match="train.objective = 'ppo'; allowed: grpo, rft"):
         driver.GRPOSettings.from_config(rft)
