@@ -123,7 +123,7 @@ class Arm:
 
     name: str  # e.g. "trace_grid6000_kl0.1/matched"
     policy: str  # the starting policy's directory name
-    settings: str  # what differs between arms: lr, KL, trace_loss, training wait ratio
+    settings: str  # what differs between arms: lr, KL, reward, trace_loss, training wait ratio
     updates: int  # GRPO updates logged
     minutes: float  # their wall time
     start: stats.Estimate  # greedy valid of the starting policy
@@ -152,6 +152,8 @@ def _settings(config: dict) -> str:
     parts += [f"temperature {temperature:g}"] if temperature != 1.0 else []
     groups = train.get("problems_per_step", 8)
     parts += [f"{groups} groups per update"] if groups != 8 else []
+    bonus = config.get("reward", {}).get("optimal_bonus", 0.5)
+    parts += [f"optimal bonus {bonus:g}"] if bonus != 0.5 else []
     parts += [f"trains {train.get('trace_loss', 'all')}"]
     parts += [f"wait ratio {'/'.join(f'{w:g}' for w in waits)}"] if waits else []
     ns = sorted(int(k[1:]) for k in used)

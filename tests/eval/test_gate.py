@@ -90,7 +90,7 @@ def test_runs_must_share_start_and_puzzles(tmp_path):
 
 
 def _arm(results, name, start, end, lr=1e-4, kl=0.0, trace_loss="all", seconds=(30.0, 40.0),
-         objective="grpo", temperature=1.0, groups=8):  # fmt: skip
+         objective="grpo", temperature=1.0, groups=8, bonus=None):  # fmt: skip
     run = results / name / "matched"
     _write(run, "start", start, {0: gate.PARSE_ERROR})
     _write(run, "round_0", end)
@@ -108,6 +108,8 @@ def _arm(results, name, start, end, lr=1e-4, kl=0.0, trace_loss="all", seconds=(
         },
         "env": {"sizes": {"s3": {"wait_ratio": 0.3}, "s4": {"wait_ratio": 1.0, "data_ratio": 0}}},
     }
+    if bonus is not None:  # older records have no reward block: the default bonus, 0.5
+        config["reward"] = {"optimal_bonus": bonus, "valid_reward": 1.0}
     (run / "run_config.json").write_text(json.dumps(config))
     return run
 
@@ -117,18 +119,20 @@ def test_arms_summarise_every_finished_arm(tmp_path):
     gain = start | _draw(0.15, seed=2)
     _arm(tmp_path, "b_kl", start, gain, lr=3e-5, kl=0.1, trace_loss="moves", temperature=0.7)
     _arm(tmp_path, "a_plain", start, start)
-    _arm(tmp_path, "c_rft", start, start, objective="rft")
+    _arm(tmp_path, "c_rft", start, start, objective="rft", bonus=0.5)
     _arm(tmp_path, "e_placebo", start, start, kl=0.1, objective="placebo", groups=32)
     # An arm stopped before its first round finished is left out.
     _write(tmp_path / "d_stopped" / "matched", "start", start)
     (tmp_path / "d_stopped" / "matched" / "run_config.json").write_text("{}")
-    a, b, c, e = gate.arms(tmp_path)
+    _arm(tmp_path, "f_valid_only", start, start, kl=0.1, bonus=0.0)
+    a, b, c, e, f = gate.arms(tmp_path)
     assert [a.name, b.name, c.name] == ["a_plain/matched", "b_kl/matched", "c_rft/matched"]
     assert c.settings == "RFT, lr 1e-4, trains all, wait ratio 0.3, 3x3 only"
     assert e.settings == (
         "placebo, lr 1e-4, KL 0.1, 32 groups per update, trains all, wait ratio 0.3, 3x3 only"
     )
     assert a.settings == "lr 1e-4, trains all, wait ratio 0.3, 3x3 only"
+    assert f.settings == "lr 1e-4, KL 0.1, optimal bonus 0, trains all, wait ratio 0.3, 3x3 only"
     assert b.settings == "lr 3e-5, KL 0.1, temperature 0.7, trains moves, wait ratio 0.3, 3x3 only"
     assert (a.policy, a.updates, a.minutes) == ("a_plain_policy", 2, pytest.approx(70 / 60))
     assert a.change.value == 0 and a.parses.value == pytest.approx(399 / 400)

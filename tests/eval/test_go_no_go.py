@@ -84,12 +84,25 @@ def test_groups_set_the_update_batch_and_the_round_budget():
     assert bad.returncode != 0 and "--groups" in bad.stderr
 
 
+def test_optimal_bonus_sets_the_reward():
+    probe = _PROBE.replace(
+        "c.train.objective, c.train.temperature]", "c.reward.optimal_bonus, c.reward.valid_reward]"
+    )
+    for args, want in [([], [0.5, 1.0]), (["--optimal_bonus=0"], [0.0, 1.0])]:
+        out = subprocess.run(
+            [sys.executable, "-c", probe, *args], cwd=ROOT, capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout.strip().splitlines()[-1])[-2:] == want, args
+
+
 @pytest.mark.parametrize(
     "args, wants",
     [
         (["--wait_ratio=1.5"], ["--wait_ratio=1.5", "in [0, 1]"]),
         (["--rounds=0"], ["--rounds=0", "not a positive integer"]),
         (["--temperature=0"], ["--temperature=0", "in (0, 2]"]),
+        (["--optimal_bonus=-1"], ["--optimal_bonus=-1", "not a non-negative number"]),
         (
             ["--objective=rft", "--kl_coef=0.1"],
             ["kl_coef=0.1, objective=rft", "--objective rft takes none"],
