@@ -38,6 +38,12 @@ _SOLVED_BY = flags.DEFINE_enum(
     "a puzzle of a joined evaluation: its share of valid samples (mean@k), or solved when any "
     "sample is valid (pass@k: what sharpening towards sampled answers could reach)",
 )
+_METRIC = flags.DEFINE_enum(
+    "metric",
+    "valid",
+    ["valid", "optimal"],
+    "what a puzzle's answer scores: a valid plan, or a valid plan of the oracle's optimal cost",
+)
 flags.mark_flags_as_required(["instances", "evals"])
 
 
@@ -59,7 +65,13 @@ def main(argv):
         problems = io.load_instances(_INSTANCES.value)
         groups = [parse_sizes(s) for s in _SIZES.value]
         table = ev.compare_evaluations(
-            _EVALS.value, labels, problems, groups, _SPLIT_WAIT.value, _SOLVED_BY.value
+            _EVALS.value,
+            labels,
+            problems,
+            groups,
+            _SPLIT_WAIT.value,
+            _SOLVED_BY.value,
+            _METRIC.value,
         )
         answers = [pathlib.Path(d) / "answers.jsonl" for d in _EVALS.value]
         traced = [(f, lab) for f, lab in zip(answers, labels, strict=True) if _has_traces(f)]

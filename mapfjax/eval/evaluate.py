@@ -524,6 +524,8 @@ def read_outcomes(path) -> dict[str, dict]:
 # How a joined evaluation (seeds "+"-joined) scores a puzzle: its share of valid samples
 # (mean@k) or whether any sample is valid (pass@k).
 SOLVED_BY = ("mean", "any")
+# What a puzzle's answer is scored on: a valid plan, or a valid plan of optimal cost.
+METRICS = ("valid", "optimal")
 
 
 def compare_evaluations(
@@ -533,6 +535,7 @@ def compare_evaluations(
     groups,
     split_wait: bool = False,
     solved_by: str = "mean",
+    metric: str = "valid",
 ) -> str:
     """Markdown: for each evaluation (all of the same `problems`) and each group of map sizes,
     valid % [95 %] and the paired change against the first evaluation on the same puzzles
@@ -548,7 +551,10 @@ def compare_evaluations(
     ValueError when an instance has no such label). solved_by (SOLVED_BY) "any": a puzzle of a
     joined evaluation counts as solved when any of its samples is valid (pass@k, with the
     Wilson and paired-proportion intervals): how much a policy could reach by sharpening
-    towards answers it already samples."""
+    towards answers it already samples. metric (METRICS) "optimal": every rate counts optimal
+    plans instead of valid ones (a valid plan longer than the oracle's counts 0)."""
+    if metric not in METRICS:
+        raise ValueError(f"metric = {metric!r}: allowed {', '.join(METRICS)}")
     if len(labels) != len(out_dirs):
         raise ValueError(f"{len(out_dirs)} evaluations but {len(labels)} labels")
     if solved_by not in SOLVED_BY:
@@ -568,14 +574,14 @@ def compare_evaluations(
                     f"the same instance file"
                 )
             for i in ids:
-                sums[i] += bool(rows[i]["valid"])
+                sums[i] += bool(rows[i]["valid"]) and bool(rows[i].get(metric))
         if solved_by == "any":
             verdicts.append({i: float(v > 0) for i, v in sums.items()})
         else:
             verdicts.append({i: v / len(parts) for i, v in sums.items()})
-    what = "mean valid %" if joined else "valid %"
+    what = f"mean {metric} %" if joined else f"{metric} %"
     if solved_by == "any":  # pass@k: proportions, whatever the number of samples
-        what, joined = ("pass@k valid %" if joined else what), False
+        what, joined = (f"pass@k {metric} %" if joined else what), False
     wait = {p.id: p.needs_wait for p in problems}
     header, cols = ["model"], []
     for group in groups:

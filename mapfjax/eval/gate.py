@@ -22,6 +22,7 @@ import json
 import pathlib
 
 from mapfjax import stats
+from mapfjax.rl import metrics
 from mapfjax.eval.report import paired_change, training_curves, valid_by_id, validation_rows
 
 PARSE_ERROR = "parse_error"
@@ -130,6 +131,9 @@ class Arm:
     end: stats.Estimate  # after the last round
     change: stats.Estimate  # end - start, paired
     parses: stats.Estimate  # share of the start's answers that parse
+    # of the sampled groups whose rewards differ, the share with every sample valid (only the
+    # optimal bonus sets them apart; `report.reward_signal`); None when no group was logged
+    bonus_only: float | None = None
 
 
 def _policy_name(path: str) -> str:
@@ -185,6 +189,9 @@ def arms(results) -> list[Arm]:
         except ValueError as e:
             raise ValueError(f"{config_path}: not readable as JSON ({e})") from None
         curve = training_curves(workdir)
+        g = config.get("train", {}).get("group_size", 8)
+        mixed = [o for _, r in curve for o in metrics.group_outcomes(r) if o.mixed]
+        bonus_only = sum(o.valid == g for o in mixed) / len(mixed) if mixed else None
         out.append(
             Arm(
                 name=f"{workdir.parent.name}/{workdir.name}",
@@ -196,6 +203,7 @@ def arms(results) -> list[Arm]:
                 end=stats.proportion(list(end.values())),
                 change=paired_change(end, start),
                 parses=_parse_rate(start_rows),
+                bonus_only=bonus_only,
             )
         )
     if not out:
@@ -204,20 +212,23 @@ def arms(results) -> list[Arm]:
 
 
 def arms_markdown(found: list[Arm], min_gain: float = 0.05) -> str:
-    """The arms as one table: start, settings, start and end rates, the paired change."""
+    """The arms as one table: start, settings, start and end rates, the paired change, and the
+    share of the gradient's groups that every sample solved (told apart by the bonus alone)."""
     rows = [
         [
             a.name, a.policy, a.settings, f"{a.updates} ({a.minutes:.1f} min)",
             stats.interval_text(a.parses),
             stats.interval_text(a.start), stats.interval_text(a.end),
             stats.interval_text(a.change, signed=True),
+            "-" if a.bonus_only is None else f"{100 * a.bonus_only:.0f}",
             "yes" if a.change.value >= min_gain and a.change.low > 0 else "no",
         ]
         for a in found
     ]  # fmt: skip
     header = ["arm", "start", "settings", "updates", "start parses %", "start valid %"]
     header += ["end valid %"]
-    header += ["change (points, paired)", f"gain >= {100 * min_gain:g}, interval > 0"]
+    header += ["change (points, paired)", "groups apart only by the optimal bonus %"]
+    header += [f"gain >= {100 * min_gain:g}, interval > 0"]
     n = found[0].start.n if found else 0
     return f"Greedy valid on the same {n} held-out puzzles, 95 % intervals.\n\n" + (
         stats.markdown_table(header, rows) + "\n"

@@ -192,6 +192,27 @@ def rollout_trend(curve: list[tuple[int, dict]], group_size: int, window: int = 
     )
 
 
+def reward_signal(curve: list[tuple[int, dict]], group_size: int) -> str:
+    """Markdown: of the sampled groups whose rewards differ (those that carry a gradient), how
+    many differ by validity and how many have every sample valid, so that only the optimal
+    bonus tells them apart (or none valid: only the format penalty), with the rollouts' valid
+    and optimal shares (`valid_rate`, `optimal_rate`, averaged over updates)."""
+    groups = [o for _, r in curve for o in metrics.group_outcomes(r)]
+    mixed = [o for o in groups if o.mixed]
+    if not mixed:
+        return "No sampled group had rewards that differ (or none was logged)."
+    every = sum(o.valid == group_size for o in mixed)
+    none = sum(o.valid == 0 for o in mixed)
+    rate = lambda k: np.mean([r[k] for _, r in curve if k in r]) if curve else float("nan")
+    share = lambda n: f"{n} ({100 * n / len(mixed):.0f} %)"
+    return stats.markdown_table(
+        ["sampled groups", "rewards differ", "by validity", "every sample valid (optimal bonus)",
+         "none valid (format penalty)", "rollouts valid %", "rollouts optimal %"],
+        [[len(groups), len(mixed), share(len(mixed) - every - none), share(every), share(none),
+          f"{100 * rate('valid_rate'):.1f}", f"{100 * rate('optimal_rate'):.1f}"]],
+    )  # fmt: skip
+
+
 CURVES = (
     ("reward_mean", "reward"),
     ("valid_rate", "valid rate (samples)"),
@@ -412,6 +433,11 @@ def write_report(workdir) -> pathlib.Path:
                 "## Training rollouts: first vs last updates",
                 "",
                 rollout_trend(training_curves(workdir), group_size),
+                "",
+                "Which reward differences the gradient came from (groups whose samples' rewards "
+                "all equal carry none):",
+                "",
+                reward_signal(training_curves(workdir), group_size),
                 "",
             ]
         parts += [

@@ -168,3 +168,36 @@ def test_pass_at_k_counts_a_puzzle_solved_when_any_sample_is_valid(case, tmp_pat
     assert "mean valid %" in mean.splitlines()[0] and mean != table
     with pytest.raises(ValueError, match="solved_by = 'all': allowed mean, any"):
         ev.compare_evaluations(dirs, ["A", "B"], problems, [(3,)], solved_by="all")
+
+
+def test_the_optimal_metric_counts_only_valid_plans_of_optimal_cost(tmp_path):
+    """metric="optimal": a valid but longer plan counts 0 (a row's optimal flag is only read
+    when its plan is valid); the header names the metric."""
+    problems = [_problem(i, 3) for i in range(4)]
+    rows = {
+        "a": [(True, True), (True, True), (True, False), (False, False)],
+        "b": [(True, True), (True, False), (True, False), (True, True)],
+    }
+    dirs = []
+    for name, flags_ in rows.items():
+        d = tmp_path / name
+        d.mkdir()
+        lines = [
+            json.dumps({"id": p.id, "valid": v, "optimal": o})
+            for p, (v, o) in zip(problems, flags_, strict=True)
+        ]
+        (d / "verdicts.jsonl").write_text("\n".join(lines) + "\n")
+        dirs.append(d)
+    table = ev.compare_evaluations(dirs, ["A", "B"], problems, [(3,)], metric="optimal")
+    header, _, row_a, row_b = table.splitlines()
+    assert "3x3-3x3 optimal % (n=4)" in header
+    assert row_a.startswith("| A | 50.0 ")  # 2 of 4 optimal, though 3 are valid
+    change = stats.paired_proportion_difference([1, 0, 0, 1], [1, 1, 0, 0])
+    assert row_b == (
+        f"| B | {stats.interval_text(stats.proportion([1, 0, 0, 1]))} | "
+        f"{stats.interval_text(change, signed=True)} | 2 |"
+    )
+    valid = ev.compare_evaluations(dirs, ["A", "B"], problems, [(3,)])
+    assert "valid % (n=4)" in valid.splitlines()[0] and "| A | 75.0 " in valid
+    with pytest.raises(ValueError, match="metric = 'cost': allowed valid, optimal"):
+        ev.compare_evaluations(dirs, ["A", "B"], problems, [(3,)], metric="cost")

@@ -90,11 +90,13 @@ def test_runs_must_share_start_and_puzzles(tmp_path):
 
 
 def _arm(results, name, start, end, lr=1e-4, kl=0.0, trace_loss="all", seconds=(30.0, 40.0),
-         objective="grpo", temperature=1.0, groups=8, bonus=None):  # fmt: skip
+         objective="grpo", temperature=1.0, groups=8, bonus=None, logged=()):  # fmt: skip
     run = results / name / "matched"
     _write(run, "start", start, {0: gate.PARSE_ERROR})
     _write(run, "round_0", end)
     metrics = [{"step": i + 1, "seconds": s} for i, s in enumerate(seconds)]
+    if logged:  # the sampled groups of the first update: [size, valid, sum |A|, mixed]
+        metrics[0]["groups"] = [list(x) for x in logged]
     (run / "round_0" / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
     config = {
         "model": {"path": f"/somewhere/{name}_policy"},
@@ -124,7 +126,8 @@ def test_arms_summarise_every_finished_arm(tmp_path):
     # An arm stopped before its first round finished is left out.
     _write(tmp_path / "d_stopped" / "matched", "start", start)
     (tmp_path / "d_stopped" / "matched" / "run_config.json").write_text("{}")
-    _arm(tmp_path, "f_valid_only", start, start, kl=0.1, bonus=0.0)
+    logged = [(3, 8, 4.0, True), (3, 4, 6.0, True), (3, 8, 0.0, False), (4, 2, 5.0, True)]
+    _arm(tmp_path, "f_valid_only", start, start, kl=0.1, bonus=0.0, logged=logged)
     a, b, c, e, f = gate.arms(tmp_path)
     assert [a.name, b.name, c.name] == ["a_plain/matched", "b_kl/matched", "c_rft/matched"]
     assert c.settings == "RFT, lr 1e-4, trains all, wait ratio 0.3, 3x3 only"
@@ -136,12 +139,15 @@ def test_arms_summarise_every_finished_arm(tmp_path):
     assert b.settings == "lr 3e-5, KL 0.1, temperature 0.7, trains moves, wait ratio 0.3, 3x3 only"
     assert (a.policy, a.updates, a.minutes) == ("a_plain_policy", 2, pytest.approx(70 / 60))
     assert a.change.value == 0 and a.parses.value == pytest.approx(399 / 400)
+    # 3 groups carry a gradient, 1 of them with every sample valid: told apart by the bonus only
+    assert f.bonus_only == pytest.approx(1 / 3) and a.bonus_only is None
+    assert gate.arms_markdown([f]).rstrip().endswith("| 0.0 [0, 0] | 33 | no |")
     want = stats.paired_proportion_difference(list(gain), list(start))
     assert b.change.value == pytest.approx(want.value) and b.end.value == pytest.approx(gain.mean())
     table = gate.arms_markdown([a, b])
     assert table.startswith("Greedy valid on the same 400 held-out puzzles")
     lines = table.strip().splitlines()
-    assert lines[-1].endswith("| yes |") and lines[-2].endswith("| no |")  # b gains ~10 points
+    assert lines[-1].endswith("| - | yes |") and lines[-2].endswith("| - | no |")  # b gains ~10
     gate.plot_arms([a, b], tmp_path / "arms.png")
     assert (tmp_path / "arms.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

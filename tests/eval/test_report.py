@@ -166,3 +166,20 @@ def test_read_validation_names_the_file_and_what_is_wrong(tmp_path):
             path.write_text(text)
         with pytest.raises(ValueError, match=f"{path}: "):
             report.read_validation(path)
+
+
+def test_reward_signal_counts_what_sets_each_mixed_group_apart():
+    """Mixed groups split by what differs: validity (0 < valid < G), the optimal bonus alone
+    (every sample valid) or the format penalty alone (none valid); unmixed groups count only
+    as sampled. Rollout rates are means over updates."""
+    curve = [
+        (1, {"valid_rate": 0.5, "optimal_rate": 0.25,
+             "groups": [[3, 8, 4.0, True], [3, 8, 0.0, False], [4, 3, 6.0, True]]}),
+        (2, {"valid_rate": 0.7, "optimal_rate": 0.35,
+             "groups": [{"size": 5, "valid": 0, "abs_advantage": 2.0, "mixed": True},
+                        {"size": 5, "valid": 5, "abs_advantage": 7.0, "mixed": True}]}),
+    ]  # fmt: skip
+    text = report.reward_signal(curve, 8)
+    assert text.splitlines()[2] == "| 5 | 4 | 2 (50 %) | 1 (25 %) | 1 (25 %) | 60.0 | 30.0 |"
+    assert "none was logged" in report.reward_signal([(1, {"groups": [[3, 8, 0.0, False]]})], 8)
+    assert "none was logged" in report.reward_signal([], 8)
