@@ -22,8 +22,8 @@ import json
 import pathlib
 
 from mapfjax import stats
-from mapfjax.rl import metrics
 from mapfjax.eval.report import paired_change, training_curves, valid_by_id, validation_rows
+from mapfjax.rl import metrics
 
 PARSE_ERROR = "parse_error"
 
