@@ -22,8 +22,14 @@ import json
 import pathlib
 
 from mapfjax import stats
-from mapfjax.eval.report import paired_change, training_curves, valid_by_id, validation_rows
-from mapfjax.rl import metrics
+from mapfjax.env.score import DEFAULT_REWARD
+from mapfjax.eval.report import (
+    mixed_groups,
+    paired_change,
+    training_curves,
+    valid_by_id,
+    validation_rows,
+)
 
 PARSE_ERROR = "parse_error"
 
@@ -156,8 +162,9 @@ def _settings(config: dict) -> str:
     parts += [f"temperature {temperature:g}"] if temperature != 1.0 else []
     groups = train.get("problems_per_step", 8)
     parts += [f"{groups} groups per update"] if groups != 8 else []
-    bonus = config.get("reward", {}).get("optimal_bonus", 0.5)
-    parts += [f"optimal bonus {bonus:g}"] if bonus != 0.5 else []
+    default = DEFAULT_REWARD.optimal_bonus  # older records have no reward block
+    bonus = config.get("reward", {}).get("optimal_bonus", default)
+    parts += [f"optimal bonus {bonus:g}"] if bonus != default else []
     parts += [f"trains {train.get('trace_loss', 'all')}"]
     parts += [f"wait ratio {'/'.join(f'{w:g}' for w in waits)}"] if waits else []
     ns = sorted(int(k[1:]) for k in used)
@@ -189,9 +196,7 @@ def arms(results) -> list[Arm]:
         except ValueError as e:
             raise ValueError(f"{config_path}: not readable as JSON ({e})") from None
         curve = training_curves(workdir)
-        g = config.get("train", {}).get("group_size", 8)
-        mixed = [o for _, r in curve for o in metrics.group_outcomes(r) if o.mixed]
-        bonus_only = sum(o.valid == g for o in mixed) / len(mixed) if mixed else None
+        _, mixed, every, _ = mixed_groups(curve, config.get("train", {}).get("group_size", 8))
         out.append(
             Arm(
                 name=f"{workdir.parent.name}/{workdir.name}",
@@ -203,7 +208,7 @@ def arms(results) -> list[Arm]:
                 end=stats.proportion(list(end.values())),
                 change=paired_change(end, start),
                 parses=_parse_rate(start_rows),
-                bonus_only=bonus_only,
+                bonus_only=every / mixed if mixed else None,
             )
         )
     if not out:

@@ -192,23 +192,30 @@ def rollout_trend(curve: list[tuple[int, dict]], group_size: int, window: int = 
     )
 
 
+def mixed_groups(curve: list[tuple[int, dict]], group_size: int) -> tuple[int, int, int, int]:
+    """(sampled groups, those whose rewards differ, of these the ones with every sample valid
+    (only the optimal bonus sets them apart), and the ones with none valid (only the format
+    penalty)) over a run's logged updates."""
+    groups = [o for _, r in curve for o in metrics.group_outcomes(r)]
+    mixed = [o for o in groups if o.mixed]
+    every = sum(o.valid == group_size for o in mixed)
+    return len(groups), len(mixed), every, sum(o.valid == 0 for o in mixed)
+
+
 def reward_signal(curve: list[tuple[int, dict]], group_size: int) -> str:
     """Markdown: of the sampled groups whose rewards differ (those that carry a gradient), how
     many differ by validity and how many have every sample valid, so that only the optimal
     bonus tells them apart (or none valid: only the format penalty), with the rollouts' valid
     and optimal shares (`valid_rate`, `optimal_rate`, averaged over updates)."""
-    groups = [o for _, r in curve for o in metrics.group_outcomes(r)]
-    mixed = [o for o in groups if o.mixed]
+    groups, mixed, every, none = mixed_groups(curve, group_size)
     if not mixed:
         return "No sampled group had rewards that differ (or none was logged)."
-    every = sum(o.valid == group_size for o in mixed)
-    none = sum(o.valid == 0 for o in mixed)
-    rate = lambda k: np.mean([r[k] for _, r in curve if k in r]) if curve else float("nan")
-    share = lambda n: f"{n} ({100 * n / len(mixed):.0f} %)"
+    rate = lambda k: np.mean([r[k] for _, r in curve if k in r])
+    share = lambda n: f"{n} ({100 * n / mixed:.0f} %)"
     return stats.markdown_table(
         ["sampled groups", "rewards differ", "by validity", "every sample valid (optimal bonus)",
          "none valid (format penalty)", "rollouts valid %", "rollouts optimal %"],
-        [[len(groups), len(mixed), share(len(mixed) - every - none), share(every), share(none),
+        [[groups, mixed, share(mixed - every - none), share(every), share(none),
           f"{100 * rate('valid_rate'):.1f}", f"{100 * rate('optimal_rate'):.1f}"]],
     )  # fmt: skip
 
@@ -429,15 +436,16 @@ def write_report(workdir) -> pathlib.Path:
             parts += ["## Training curves", "", "![training](training.png)", ""]
         group_size = _group_size(workdir)
         if group_size:
+            curve = training_curves(workdir)
             parts += [
                 "## Training rollouts: first vs last updates",
                 "",
-                rollout_trend(training_curves(workdir), group_size),
+                rollout_trend(curve, group_size),
                 "",
                 "Which reward differences the gradient came from (groups whose samples' rewards "
                 "all equal carry none):",
                 "",
-                reward_signal(training_curves(workdir), group_size),
+                reward_signal(curve, group_size),
                 "",
             ]
         parts += [
