@@ -61,9 +61,10 @@ _OBJECTIVE = flags.DEFINE_enum(
 )
 _BONUS = flags.DEFINE_float(
     "optimal_bonus",
-    0.5,
-    "reward on top of 1 for a valid plan that is also optimal (0: the reward is validity "
-    "alone, what the gate measures; a bonus also rewards dropping waits a puzzle did not need)",
+    None,
+    "reward on top of 1 for a valid plan that is also optimal; unset: the training config's "
+    "(configs/tiny_cpu.py, reward.optimal_bonus). 0: the reward is validity alone, what the "
+    "gate measures; a bonus also rewards dropping waits a puzzle did not need",
     lower_bound=0.0,
 )
 _TRACE_LOSS = flags.DEFINE_enum(
@@ -100,7 +101,8 @@ def arm_config(sizes):
     c.grpo.kl_coef = _KL.value
     c.train.temperature = _TEMPERATURE.value
     c.train.objective = _OBJECTIVE.value
-    c.reward.optimal_bonus = _BONUS.value
+    if _BONUS.value is not None:  # else the config's own reward
+        c.reward.optimal_bonus = _BONUS.value
     c.train.trace_loss = _TRACE_LOSS.value
     c.validation.per_size = _PER_SIZE.value
     c.validation.samples = _SAMPLES.value  # the gate reads greedy rates only

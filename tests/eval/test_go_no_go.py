@@ -88,7 +88,13 @@ def test_optimal_bonus_sets_the_reward():
     probe = _PROBE.replace(
         "c.train.objective, c.train.temperature]", "c.reward.optimal_bonus, c.reward.valid_reward]"
     )
-    for args, want in [([], [0.5, 1.0]), (["--optimal_bonus=0"], [0.0, 1.0])]:
+    from mapfjax import configfile
+
+    path = configfile.ROOT / "configs" / "tiny_cpu.py"
+    default = configfile.get_config(path, "grpo_effect").reward.optimal_bonus
+    cases = [([], [default, 1.0]), (["--optimal_bonus=0"], [0.0, 1.0])]
+    cases += [(["--optimal_bonus=0.25"], [0.25, 1.0])]
+    for args, want in cases:
         out = subprocess.run(
             [sys.executable, "-c", probe, *args], cwd=ROOT, capture_output=True, text=True
         )
