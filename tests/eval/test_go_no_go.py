@@ -123,3 +123,30 @@ def test_a_bad_flag_is_refused_before_any_work(args, wants):
     assert out.returncode != 0
     for want in wants:
         assert want in out.stderr, (want, out.stderr[-500:])
+
+
+def test_mismatched_arm_choices():
+    probe = _PROBE.replace(
+        "c = m.arm_config((3,))",
+        "c = m.arm_config(*m.MISMATCHES[flags.FLAGS.mismatched])",
+    ).replace("c.train.objective, c.train.temperature]", "sorted(c.env.sizes)]")
+    for args, waits, sizes in [
+        ([], [0.5], ["s3"]),  # 3x3 only, at --wait_ratio
+        (["--mismatched=no_wait"], [0.0] * 4, ["s3", "s4", "s5", "s6"]),
+    ]:
+        out = subprocess.run(
+            [sys.executable, "-c", probe, "--wait_ratio=0.5", *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
+        assert out.returncode == 0, out.stderr
+        got = json.loads(out.stdout.strip().splitlines()[-1])
+        assert got[7] == waits and got[-1] == sizes, args
+    bad = subprocess.run(
+        [sys.executable, "launch/go_no_go.py", "--policy=p", "--out=o", "--mismatched=5x5"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode != 0 and "--mismatched" in bad.stderr and "no_wait" in bad.stderr
