@@ -259,7 +259,7 @@ def plot_arms(found: list[Arm], path, min_gain: float = 0.05) -> None:
     gate_label = f"gate: +{100 * min_gain:g} points"
     ax.axvline(100 * min_gain, color="tab:green", ls="--", lw=0.8, label=gate_label)
     ax.set_yticks(ys, [f"{a.policy}: {a.settings}, {a.updates} updates" for a in found], fontsize=8)
-    ax.set_xlabel("held-out greedy valid: after GRPO minus start (points, paired, 95 %)")
+    ax.set_xlabel("held-out greedy valid,\nafter GRPO minus start\n(points, paired, 95 %)")
     ax.legend(loc="upper left", fontsize=8)
     ax.set_ylim(-0.8, len(found) - 0.2)
     fig.tight_layout()
