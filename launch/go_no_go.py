@@ -82,6 +82,13 @@ _MISMATCHED = flags.DEFINE_enum(
 _TRACE_LOSS = flags.DEFINE_enum(
     "trace_loss", "all", list(TRACE_LOSSES), "what of a thinking response GRPO trains"
 )
+_SEED = flags.DEFINE_integer(
+    "seed",
+    None,
+    "training seed (rollout sampling, the order of the training puzzles; the held-out puzzles "
+    "stay the same); unset: the training config's",
+    lower_bound=0,
+)
 _WORKDIR = flags.DEFINE_string("workdir", "runs/go_no_go", "run directories (checkpoints)")
 _OUT = flags.DEFINE_string("out", None, "where verdict.md and the runs' small files go")
 _REFERENCE = flags.DEFINE_string("reference", None, "a run whose start is the reference model")
@@ -116,6 +123,8 @@ def arm_config(sizes, wait_ratio: float | None = None):
     c.grpo.kl_coef = _KL.value
     c.train.temperature = _TEMPERATURE.value
     c.train.objective = _OBJECTIVE.value
+    if _SEED.value is not None:
+        c.seed = _SEED.value
     if _BONUS.value is not None:  # else the config's own reward
         c.reward.optimal_bonus = _BONUS.value
     c.train.trace_loss = _TRACE_LOSS.value

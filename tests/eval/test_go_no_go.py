@@ -150,3 +150,16 @@ def test_mismatched_arm_choices():
         text=True,
     )
     assert bad.returncode != 0 and "--mismatched" in bad.stderr and "no_wait" in bad.stderr
+
+
+def test_seed_sets_the_training_seed_only():
+    probe = _PROBE.replace("c.train.objective, c.train.temperature]", "c.seed, c.validation.seed]")
+    got = []
+    for args in ([], ["--seed=3"]):
+        out = subprocess.run(
+            [sys.executable, "-c", probe, *args], cwd=ROOT, capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stderr
+        got.append(json.loads(out.stdout.strip().splitlines()[-1])[-2:])
+    assert got[1][0] == 3 and got[0][0] != 3
+    assert got[0][1] == got[1][1]  # the held-out puzzles' seed is not the training seed
