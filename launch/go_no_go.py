@@ -85,8 +85,8 @@ _TRACE_LOSS = flags.DEFINE_enum(
 _SEED = flags.DEFINE_integer(
     "seed",
     None,
-    "training seed (rollout sampling, the order of the training puzzles; the held-out puzzles "
-    "stay the same); unset: the training config's",
+    "training seed (the training puzzles drawn, rollout sampling; the held-out puzzles stay "
+    "the same); unset: the training config's",
     lower_bound=0,
 )
 _WORKDIR = flags.DEFINE_string("workdir", "runs/go_no_go", "run directories (checkpoints)")
