@@ -165,6 +165,7 @@ def _settings(config: dict) -> str:
     default = DEFAULT_REWARD.optimal_bonus  # older records have no reward block
     bonus = config.get("reward", {}).get("optimal_bonus", default)
     parts += [f"optimal bonus {bonus:g}"] if bonus != default else []
+    parts += [f"seed {config['seed']}"] if config.get("seed", 0) else []
     parts += [f"trains {train.get('trace_loss', 'all')}"]
     parts += [f"wait ratio {'/'.join(f'{w:g}' for w in waits)}"] if waits else []
     ns = sorted(int(k[1:]) for k in used)

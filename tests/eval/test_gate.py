@@ -90,7 +90,8 @@ def test_runs_must_share_start_and_puzzles(tmp_path):
 
 
 def _arm(results, name, start, end, lr=1e-4, kl=0.0, trace_loss="all", seconds=(30.0, 40.0),
-         objective="grpo", temperature=1.0, groups=8, bonus=None, logged=()):  # fmt: skip
+         objective="grpo", temperature=1.0, groups=8, bonus=None, logged=(),
+         seed=None):  # fmt: skip
     run = results / name / "matched"
     _write(run, "start", start, {0: gate.PARSE_ERROR})
     _write(run, "round_0", end)
@@ -110,6 +111,8 @@ def _arm(results, name, start, end, lr=1e-4, kl=0.0, trace_loss="all", seconds=(
         },
         "env": {"sizes": {"s3": {"wait_ratio": 0.3}, "s4": {"wait_ratio": 1.0, "data_ratio": 0}}},
     }
+    if seed is not None:  # older records have no seed: 0
+        config["seed"] = seed
     if bonus is not None:  # older records have no reward block: the default bonus, 0.5
         config["reward"] = {"optimal_bonus": bonus, "valid_reward": 1.0}
     (run / "run_config.json").write_text(json.dumps(config))
@@ -127,7 +130,7 @@ def test_arms_summarise_every_finished_arm(tmp_path):
     _write(tmp_path / "d_stopped" / "matched", "start", start)
     (tmp_path / "d_stopped" / "matched" / "run_config.json").write_text("{}")
     logged = [(3, 8, 4.0, True), (3, 4, 6.0, True), (3, 8, 0.0, False), (4, 2, 5.0, True)]
-    _arm(tmp_path, "f_valid_only", start, start, kl=0.1, bonus=0.0, logged=logged)
+    _arm(tmp_path, "f_valid_only", start, start, kl=0.1, bonus=0.0, logged=logged, seed=2)
     a, b, c, e, f = gate.arms(tmp_path)
     assert [a.name, b.name, c.name] == ["a_plain/matched", "b_kl/matched", "c_rft/matched"]
     assert c.settings == "RFT, lr 1e-4, trains all, wait ratio 0.3, 3x3 only"
@@ -135,7 +138,9 @@ def test_arms_summarise_every_finished_arm(tmp_path):
         "placebo, lr 1e-4, KL 0.1, 32 groups per update, trains all, wait ratio 0.3, 3x3 only"
     )
     assert a.settings == "lr 1e-4, trains all, wait ratio 0.3, 3x3 only"
-    assert f.settings == "lr 1e-4, KL 0.1, optimal bonus 0, trains all, wait ratio 0.3, 3x3 only"
+    assert f.settings == (
+        "lr 1e-4, KL 0.1, optimal bonus 0, seed 2, trains all, wait ratio 0.3, 3x3 only"
+    )
     assert b.settings == "lr 3e-5, KL 0.1, temperature 0.7, trains moves, wait ratio 0.3, 3x3 only"
     assert (a.policy, a.updates, a.minutes) == ("a_plain_policy", 2, pytest.approx(70 / 60))
     assert a.change.value == 0 and a.parses.value == pytest.approx(399 / 400)
