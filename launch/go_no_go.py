@@ -2,7 +2,8 @@ r"""Go / no-go for a starting policy: GRPO with the fixed engineer on the held-o
 (2 agents, 3x3-6x6) and, with the same budget, on a mismatched one (3x3 maps only, or with
 `--mismatched no_wait` no puzzle that needs a wait); both validated on the same 400
 held-out puzzles (configs/tiny_cpu.py:grpo_effect). Writes <out>/verdict.md (criteria in
-mapfjax/eval/gate.py) and the runs' small files; exit status 0 on GO, 1 on NO-GO, 2 on an error.
+mapfjax/eval/gate.py; verdict_no_wait.md against the no-wait arm) and the runs' small files;
+exit status 0 on GO, 1 on NO-GO, 2 on an error.
 Rerunning the command resumes both runs; rerunning it with more --rounds extends them (the
 gate then reads the last round).
 
@@ -71,7 +72,8 @@ _BONUS = flags.DEFINE_float(
 # The mismatched arm's training distribution: 3x3 maps only (the held-out set's wait share),
 # or every held-out size with no puzzle that needs a wait (the half of held-out where GRPO's
 # gains from the shipped model fall; results/go_no_go, "The shipped model").
-MISMATCHES = {"3x3": ((3,), None), "no_wait": (range(3, 7), 0.0)}
+HELD_OUT_SIZES = range(3, 7)
+MISMATCHES = {"3x3": ((3,), None), "no_wait": (HELD_OUT_SIZES, 0.0)}
 _MISMATCHED = flags.DEFINE_enum(
     "mismatched",
     "3x3",
@@ -104,6 +106,12 @@ flags.register_validator(
 flags.register_validator(
     "temperature", lambda v: 0 < v <= 2, "--temperature: a sampling temperature, in (0, 2]"
 )
+
+
+def verdict_name(mismatched: str) -> str:
+    """The verdict's file: verdict.md against the default 3x3 arm, verdict_<name>.md against
+    another, so that two mismatched arms of one matched run write into one directory."""
+    return "verdict.md" if mismatched == "3x3" else f"verdict_{mismatched}.md"
 
 
 def arm_config(sizes, wait_ratio: float | None = None):
@@ -147,7 +155,7 @@ def main(argv):
     try:
         runs = []
         other = f"mismatched_{_MISMATCHED.value}"
-        arms = [("matched", range(3, 7), None), (other, *MISMATCHES[_MISMATCHED.value])]
+        arms = [("matched", HELD_OUT_SIZES, None), (other, *MISMATCHES[_MISMATCHED.value])]
         for name, sizes, wait in arms:
             loop.run(arm_config(sizes, wait), work / name)
             report.write_report(work / name)
@@ -155,7 +163,7 @@ def main(argv):
         criteria, rows, notes = gate.evaluate(*runs, reference=_REFERENCE.value)
         n = len(report.validation_rows(runs[0])[0][1])
         text = gate.markdown(criteria, rows, notes, n)
-        files.atomic_write(out / "verdict.md", text.encode())
+        files.atomic_write(out / verdict_name(_MISMATCHED.value), text.encode())
     except (OSError, ValueError, loop.EngineerError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

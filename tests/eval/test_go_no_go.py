@@ -150,6 +150,13 @@ def test_mismatched_arm_choices():
         text=True,
     )
     assert bad.returncode != 0 and "--mismatched" in bad.stderr and "no_wait" in bad.stderr
+    # both mismatched arms of one matched run can share an --out: each its own verdict
+    names = subprocess.run(
+        [sys.executable, "-c", _PROBE.split("flags.FLAGS(")[0]
+         + "print(m.verdict_name('3x3'), m.verdict_name('no_wait'))"],
+        cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    assert names.stdout.split() == ["verdict.md", "verdict_no_wait.md"], names.stderr
 
 
 def test_seed_sets_the_training_seed_only():
