@@ -102,30 +102,42 @@ def paired_change(a: dict[str, bool], b: dict[str, bool]) -> stats.Estimate:
 
 def held_out_table(runs: list[tuple[str, list[dict]]]) -> str:
     """Rows: the starting model and each round; columns: n, greedy valid %, mean@k % (95 %
-    intervals), and the paired change of greedy valid against the starting model on the same
-    puzzles (mean difference and its 95 % interval; `stats.paired_proportion_difference`)."""
+    intervals), the paired change of greedy valid against the starting model on the same
+    puzzles (mean difference and its 95 % interval; `stats.paired_proportion_difference`), and
+    when the rounds sampled, the paired change of mean@k (each puzzle's share of valid samples;
+    `stats.paired_difference`, a t interval)."""
     if not runs:
         return "No validation yet."
     first = {r["id"]: r for r in runs[0][1]}
     sampled = "samples" in runs[0][1][0] if runs[0][1] else False
+    share = lambda r: r["samples_valid"] / r["samples"]  # noqa: E731
+    k = runs[0][1][0]["samples"] if sampled else 0
     header = ["model", "n", "greedy valid %"]
-    header += [f"mean@{runs[0][1][0]['samples']} %"] if sampled else []
+    header += [f"mean@{k} %"] if sampled else []
     header += ["change vs start (points)", "puzzles solved only by one side"]
+    header += [f"mean@{k} change vs start (points)"] if sampled else []
     table = []
     for label, rows in runs:
         line = [label, len(rows), stats.interval_text(stats.proportion([r["valid"] for r in rows]))]
         if sampled:
-            means = [r["samples_valid"] / r["samples"] for r in rows if "samples" in r]
-            line.append(stats.interval_text(stats.bounded_mean(means)))
-        paired = [
-            (bool(r["valid"]), bool(first[r["id"]]["valid"])) for r in rows if r["id"] in first
-        ]
+            line.append(
+                stats.interval_text(stats.bounded_mean([share(r) for r in rows if "samples" in r]))
+            )
+        both = [r for r in rows if r["id"] in first]
+        paired = [(bool(r["valid"]), bool(first[r["id"]]["valid"])) for r in both]
         a, b = [x for x, _ in paired], [y for _, y in paired]
         if label == runs[0][0]:
-            line += ["-", "-"]
-        else:
-            d = stats.paired_proportion_difference(a, b)
-            line += [stats.interval_text(d, signed=True), str(sum(x != y for x, y in paired))]
+            line += ["-", "-"] + (["-"] if sampled else [])
+            table.append(line)
+            continue
+        d = stats.paired_proportion_difference(a, b)
+        line += [stats.interval_text(d, signed=True), str(sum(x != y for x, y in paired))]
+        if sampled:
+            pairs = [
+                (r, first[r["id"]]) for r in both if "samples" in r and "samples" in first[r["id"]]
+            ]
+            ds = stats.paired_difference([share(x) for x, _ in pairs], [share(y) for _, y in pairs])
+            line.append(stats.interval_text(ds, signed=True) if pairs else "-")
         table.append(line)
     return stats.markdown_table(header, table)
 
@@ -332,7 +344,10 @@ def compare_runs(workdirs: list[pathlib.Path], labels: list[str] | None = None) 
             )
     refs = (valid_by_id(start), valid_by_id(finals[0]))  # the start, the first run
     k = start[0].get("samples")
-    header = ["model", "updates", "greedy valid %"] + ([f"mean@{k} %"] if k else [])
+    ks = {r.get("samples") for rows in (start, *finals) for r in rows}
+    mixed = len(ks) > 1  # runs validated with different sample counts: each cell names its k
+    header = ["model", "updates", "greedy valid %"]
+    header += [("mean@k %" if mixed else f"mean@{k} %")] if k else []
     header += ["vs start (points)", f"vs {labels[0]} (points)", "training mean@G change"]
     table = []
     entries = [("start", None, start), *zip(labels, workdirs, finals, strict=True)]
@@ -341,8 +356,10 @@ def compare_runs(workdirs: list[pathlib.Path], labels: list[str] | None = None) 
         line = [label, str(curve[-1][0]) if curve else "0"]
         line.append(stats.interval_text(stats.proportion([r["valid"] for r in rows])))
         if k:
-            mean_at_k = stats.bounded_mean([r["samples_valid"] / k for r in rows])
-            line.append(stats.interval_text(mean_at_k))
+            shares = [r["samples_valid"] / r["samples"] for r in rows if r.get("samples")]
+            text = stats.interval_text(stats.bounded_mean(shares)) if shares else "-"
+            row_ks = sorted({r["samples"] for r in rows if r.get("samples")})
+            line.append(f"{text} (k={'/'.join(map(str, row_ks))})" if mixed and shares else text)
         mine = valid_by_id(rows)
         for r, ref in enumerate(refs):
             if i == 0 or (r == 1 and i == 1):  # no change against itself
@@ -429,7 +446,8 @@ def write_report(workdir) -> pathlib.Path:
             held_out_table(validation_rows(workdir)),
             "",
             "`start` is the model before any training. The change against it is paired over the "
-            "same puzzles; an interval that contains 0 is no measurable change.",
+            "same puzzles (greedy: solved or not; mean@k: each puzzle's share of valid samples, "
+            "what GRPO optimises); an interval that contains 0 is no measurable change.",
             "",
         ]
         if "training.png" in plots:

@@ -183,3 +183,57 @@ def test_reward_signal_counts_what_sets_each_mixed_group_apart():
     assert text.splitlines()[2] == "| 5 | 4 | 2 (50 %) | 1 (25 %) | 1 (25 %) | 60.0 | 30.0 |"
     assert "none was logged" in report.reward_signal([(1, {"groups": [[3, 8, 0.0, False]]})], 8)
     assert "none was logged" in report.reward_signal([], 8)
+
+
+def test_held_out_table_pairs_greedy_and_mean_at_k_against_numpy():
+    """The mean@k change column: per-puzzle shares of valid samples, paired with the start, a
+    Student t interval (scipy-free NumPy transcription; the t quantile for 199 degrees of
+    freedom is 1.9720)."""
+    rng = np.random.default_rng(3)
+    n, k = 200, 4
+    ids = [f"p{i}" for i in range(n)]
+    start_s, end_s = rng.binomial(k, 0.3, n), rng.binomial(k, 0.45, n)
+    start_g, end_g = rng.random(n) < 0.35, rng.random(n) < 0.4
+
+    def rows(g, s):
+        return [{"id": i, "valid": bool(a), "samples": k, "samples_valid": int(b)}
+                for i, a, b in zip(ids, g, s, strict=True)]  # fmt: skip
+
+    text = report.held_out_table([("start", rows(start_g, start_s)), ("R0", rows(end_g, end_s))])
+    header, _, first, last = text.splitlines()
+    assert header.endswith("| mean@4 change vs start (points) |")
+    assert first.endswith("| - | - | - |")
+    d = (end_s - start_s) / k
+    half = 1.9720 * d.std(ddof=1) / np.sqrt(n)
+    m = d.mean()
+    expect = f"{100 * m:+.1f} [{100 * (m - half):.0f}, {100 * (m + half):.0f}]"
+    assert last.endswith(f"| {expect} |"), (last, expect)
+    g = end_g.astype(float) - start_g
+    half_g = Z * g.std() / np.sqrt(n)
+    expect_g = f"{100 * g.mean():+.1f} [{100 * (g.mean() - half_g):.0f}"
+    assert f"| {expect_g}, " in last and f"| {int((end_g != start_g).sum())} |" in last
+    # without sampled answers the table has no mean@k columns
+    plain = [{"id": i, "valid": bool(a)} for i, a in zip(ids, start_g, strict=True)]
+    assert "mean@" not in report.held_out_table([("start", plain), ("R0", plain)])
+
+
+def test_compare_runs_reads_each_runs_own_sample_count(tmp_path):
+    """A run validated with 2 samples beside one with 4: each share is samples_valid / its own
+    samples (dividing by the first run's k doubled it once), and each cell names its k."""
+    rng = np.random.default_rng(5)
+    start, bits = rng.random(50) < 0.4, rng.random(50) < 0.5
+    a = _run(tmp_path / "a", start, bits, _curve(40, 0.1, seed=1))
+    b = _run(tmp_path / "b", start, bits, _curve(40, 0.1, seed=2))
+    path = b / "round_0" / "validation.json"
+    rows = json.loads(path.read_text())["rows"]
+    for r in rows:
+        r["samples"], r["samples_valid"] = 2, int(r["valid"])  # 1 of 2 where greedy solved it
+    path.write_text(json.dumps({"rows": rows}))
+    lines = {ln.split(" | ")[0].strip("| "): ln for ln in report.compare_runs([a, b]).splitlines()}
+    assert "| mean@k % |" in lines["model"]
+    assert f"| {100 * 0.75 * bits.mean():.1f} [" in lines["a"] and "(k=4) |" in lines["a"]
+    assert f"| {100 * 0.5 * bits.mean():.1f} [" in lines["b"] and "(k=2) |" in lines["b"]
+    import shutil
+
+    same = report.compare_runs([a, shutil.copytree(a, tmp_path / "a2")])
+    assert "| mean@4 % |" in same and "(k=" not in same
