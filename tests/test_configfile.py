@@ -95,3 +95,32 @@ def test_a_config_that_refuses_its_variant_is_one_line_in_every_launch_script(
         assert e.value.code == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith(f"error: {message}"), err
+
+
+def test_measured_variants_keep_the_settings_their_committed_results_record():
+    """configs/tiny_cpu.py's main job moved to new settings; `grpo_effect` (and through it the
+    go/no-go gate) must still give the config its committed run recorded, key for key (keys
+    added to the config since that run are not in the record and are skipped)."""
+    import json
+
+    record = configfile.ROOT / "results" / "grpo_effect" / "grpo_lr1e-4" / "run_config.json"
+    recorded = json.loads(record.read_text())
+    config = json.loads(json.dumps(configfile.get_config("configs/tiny_cpu.py", "grpo_effect")
+                                   .to_dict()))  # fmt: skip
+    for block in ("env", "train", "grpo", "optim", "reward", "validation"):
+        for key, value in recorded[block].items():
+            assert config[block][key] == value, f"{block}.{key}: {config[block][key]} != {value}"
+    main = configfile.get_config("configs/tiny_cpu.py", "")
+    assert main.reward.optimal_bonus != recorded["reward"]["optimal_bonus"]  # it did move
+    # `:previous` is the main job the committed results/grpo_effect/main_job_bonus0 ran (with
+    # --config.reward.optimal_bonus=0), key for key.
+    record = configfile.ROOT / "results" / "grpo_effect" / "main_job_bonus0" / "run_config.json"
+    recorded = json.loads(record.read_text())
+    previous = configfile.get_config("configs/tiny_cpu.py", "previous")
+    previous.reward.optimal_bonus = 0.0
+    config = json.loads(json.dumps(previous.to_dict()))
+    for block in ("env", "train", "grpo", "optim", "reward", "validation"):
+        for key, value in recorded[block].items():
+            assert config[block][key] == value, f"{block}.{key}: {config[block][key]} != {value}"
+    # (the engineer block records the guideline's absolute path, which differs per checkout)
+    assert config["engineer"]["settings"] == recorded["engineer"]["settings"]

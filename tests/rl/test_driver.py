@@ -3,6 +3,7 @@ rewards are all equal, the problem stream is deterministic and resumable, per-si
 statistics rebuild from metrics.jsonl, settings come from the shared config schema."""
 
 import json
+import math
 
 import ml_collections
 import numpy as np
@@ -125,7 +126,9 @@ def test_settings_and_schedule_from_the_shared_schema():
     c = tiny_cpu.get_config()
     s = driver.GRPOSettings.from_config(c)
     assert s.steps == c.train.instances // c.train.problems_per_step
-    assert s.drawn_per_step == 16 and s.loss.group_size == s.group_size == 8
+    # dynamic sampling draws oversample x problems_per_step groups per update
+    assert s.drawn_per_step == math.ceil(c.train.oversample * c.train.problems_per_step) == 32
+    assert s.loss.group_size == s.group_size == 8
     optim = driver.optim_config(c, s.steps, c.rounds)
     assert optim.schedule == "constant" and optim.cycle_steps == s.steps
     bad = c.copy_and_resolve_references()
