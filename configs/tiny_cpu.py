@@ -58,7 +58,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
             "epochs": 1,  # the paper: 2
             "problems_per_step": 16,
             "group_size": 8,
-            # Dynamic sampling: sample 2 x 8 problems per step, train on 8 groups, those whose
+            # Dynamic sampling: sample 2 x 16 problems per step, train on 16 groups, those whose
             # rewards differ first (a group whose G rewards are equal has no gradient).
             "oversample": 2.0,
             # "rft": rejection-sampling fine-tuning on the same rollouts (cross-entropy on the

@@ -97,6 +97,14 @@ def test_a_config_that_refuses_its_variant_is_one_line_in_every_launch_script(
         assert len(err) == 1 and err[0].startswith(f"error: {message}"), err
 
 
+def _assert_matches_record(config: dict, recorded: dict) -> None:
+    """Every key a committed run_config.json recorded has the same value in `config` (keys
+    added to the config since that run are not in the record and are skipped)."""
+    for block in ("env", "train", "grpo", "optim", "reward", "validation"):
+        for key, value in recorded[block].items():
+            assert config[block][key] == value, f"{block}.{key}: {config[block][key]} != {value}"
+
+
 def test_measured_variants_keep_the_settings_their_committed_results_record():
     """configs/tiny_cpu.py's main job moved to new settings; `grpo_effect` (and through it the
     go/no-go gate) must still give the config its committed run recorded, key for key (keys
@@ -107,9 +115,7 @@ def test_measured_variants_keep_the_settings_their_committed_results_record():
     recorded = json.loads(record.read_text())
     config = json.loads(json.dumps(configfile.get_config("configs/tiny_cpu.py", "grpo_effect")
                                    .to_dict()))  # fmt: skip
-    for block in ("env", "train", "grpo", "optim", "reward", "validation"):
-        for key, value in recorded[block].items():
-            assert config[block][key] == value, f"{block}.{key}: {config[block][key]} != {value}"
+    _assert_matches_record(config, recorded)
     main = configfile.get_config("configs/tiny_cpu.py", "")
     assert main.reward.optimal_bonus != recorded["reward"]["optimal_bonus"]  # it did move
     # `:previous` is the main job the committed results/grpo_effect/main_job_bonus0 ran (with
@@ -119,8 +125,6 @@ def test_measured_variants_keep_the_settings_their_committed_results_record():
     previous = configfile.get_config("configs/tiny_cpu.py", "previous")
     previous.reward.optimal_bonus = 0.0
     config = json.loads(json.dumps(previous.to_dict()))
-    for block in ("env", "train", "grpo", "optim", "reward", "validation"):
-        for key, value in recorded[block].items():
-            assert config[block][key] == value, f"{block}.{key}: {config[block][key]} != {value}"
+    _assert_matches_record(config, recorded)
     # (the engineer block records the guideline's absolute path, which differs per checkout)
     assert config["engineer"]["settings"] == recorded["engineer"]["settings"]

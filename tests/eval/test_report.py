@@ -3,6 +3,7 @@ difference and the stop criterion, against a NumPy transcription on synthetic me
 
 import json
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -233,7 +234,5 @@ def test_compare_runs_reads_each_runs_own_sample_count(tmp_path):
     assert "| mean@k % |" in lines["model"]
     assert f"| {100 * 0.75 * bits.mean():.1f} [" in lines["a"] and "(k=4) |" in lines["a"]
     assert f"| {100 * 0.5 * bits.mean():.1f} [" in lines["b"] and "(k=2) |" in lines["b"]
-    import shutil
-
     same = report.compare_runs([a, shutil.copytree(a, tmp_path / "a2")])
     assert "| mean@4 % |" in same and "(k=" not in same
