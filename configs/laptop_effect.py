@@ -2,12 +2,16 @@
 seeds each, the same starting model, step budget and held-out set (docs/paper.md sections 5
 and 9).
 
-    python launch/sweep.py --config configs/laptop_effect.py --workdir runs/laptop
+    python launch/sweep.py --config configs/laptop_effect.py --workdir runs/curricula
+    python launch/sweep.py --config configs/laptop_effect.py:previous --workdir runs/laptop
 
-Runs train one after another (finished runs are skipped: rerun the command to continue, or
-split --config.seeds across machines); then results/laptop_effect/ gets summary.md,
-summary.csv, one small JSON record per run and the plots. `--config.train_arg=laptop_smoke`
-runs a two-round pass of the same grid in minutes.
+"" runs on the main job's settings (configs/tiny_cpu.py:curricula: 5 rounds of 15 updates
+from a random round-0 config per seed, the go/no-go gate's 400 held-out puzzles) into
+results/curricula/; `:previous` is the comparison as first run, on the previous main job's
+settings (results/laptop_effect/). Runs train one after another (finished runs are skipped:
+rerun the command to continue, or split --config.seeds across machines); then the results
+directory gets summary.md, summary.csv, one small JSON record per run and the plots.
+`--config.train_arg=curricula_smoke` runs a two-round pass of the same grid in minutes.
 """
 
 import ml_collections
@@ -22,18 +26,18 @@ ENGINEERS = ("fixed", "random", "rule", "learnability", "bandit", "policy")
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-    """ "" = the sweep; "train,engineer=NAME,..." = one run's training config (as in
-    configs/sweep_ablation.py)."""
+    """ "" = the sweep; "previous" = the sweep on the previous main job's settings;
+    "train,engineer=NAME,..." = one run's training config (as in configs/sweep_ablation.py)."""
     if arg.startswith("train"):
         return ABLATION.get_config(arg)
-    if arg:
+    if arg not in ("", "previous"):
         raise ValueError(
-            f"configs/laptop_effect.py:{arg}: no such variant; allowed: '' (the sweep) or "
-            "'train,engineer=NAME,...' (one run)"
+            f"configs/laptop_effect.py:{arg}: no such variant; allowed: '' (the sweep), "
+            "'previous' (the sweep as first run) or 'train,engineer=NAME,...' (one run)"
         )
     c = ABLATION.get_config("")
     c.train_config = "configs/tiny_cpu.py"
-    c.train_arg = "laptop"
+    c.train_arg = "laptop" if arg == "previous" else "curricula"
     c.seeds = (0, 1, 2, 3, 4)
     c.groups = ml_collections.ConfigDict(
         {
@@ -46,6 +50,6 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     )
     # Where the small files that stay are written (relative to the working directory), and the
     # engineer every other one is compared with, paired by seed on the same puzzles.
-    c.results = "results/laptop_effect"
+    c.results = "results/laptop_effect" if arg == "previous" else "results/curricula"
     c.reference = "fixed"
     return c

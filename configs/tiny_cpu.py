@@ -28,7 +28,16 @@ def engineer_settings(name: str = "policy", variant: str = "V6") -> ml_collectio
 
 
 # The variants after the colon (`configs/tiny_cpu.py:smoke`); "" is the main job.
-VARIANTS = ("", "previous", "laptop", "laptop_smoke", "grpo_effect", "smoke")
+VARIANTS = (
+    "",
+    "previous",
+    "curricula",
+    "curricula_smoke",
+    "laptop",
+    "laptop_smoke",
+    "grpo_effect",
+    "smoke",
+)
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
@@ -52,6 +61,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     # Round-0 generator config: uniform over 3x3..6x6, half the puzzles needing a wait (as in
     # the held-out set) [ours; the paper uses a random config over 3x3..10x10].
     c.env = default_config(num_agents=2, sizes=range(3, 7), hole_ratio=0.2, wait_ratio=0.5, seed=0)
+    # "config": round 0 trains on c.env; "random": on a random config over c.env's sizes drawn
+    # from the seed (the paper's round 0; loop.start_config).
+    c.env_start = "config"
     c.train = ml_collections.ConfigDict(
         {
             "instances": 400,  # per round: 25 updates (the paper: 4,000 instances)
@@ -139,6 +151,19 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.env = default_config(num_agents=2, sizes=range(3, 9), hole_ratio=0.2, wait_ratio=0.3)
         c.train.instances = 160
         c.validation.sizes = tuple(range(3, 9))
+    if arg.startswith("curricula"):  # the curriculum comparison (configs/laptop_effect.py)
+        # The main job's settings and budget (75 updates of 16 groups) in 5 rounds of 15
+        # updates, so that an engineer decides 4 times; round 0 on a random config drawn from
+        # the seed (the paper's; the same for every engineer of a seed), greedy held-out only.
+        c.rounds = 5
+        c.env_start = "random"
+        c.train.instances = 240
+        c.validation.samples = 0
+    if arg == "curricula_smoke":  # the same grid, 2 rounds of 1 update, 6 puzzles per size
+        c.rounds = 2
+        c.train.instances = 16
+        c.validation.per_size = 6
+        c.validation.hole_ratios = (0.2,)
     if arg == "grpo_effect":  # does GRPO alone move held-out rates? (docs/experiments.md)
         # One round, the fixed engineer: start vs after GRPO on the same held-out puzzles.
         c.rounds = 1

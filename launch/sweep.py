@@ -1,10 +1,12 @@
 """Run a sweep: every run of `launch/train.py` one after another here (finished runs skipped),
 or with --dry_run the list of commands for a cluster; then a summary table, and for sweeps
-that name `results` the comparison files under that directory.
+that name `results` the comparison files under that directory (with --from_records only these,
+from the run records committed there).
 
     python launch/sweep.py --config configs/sweep_ablation.py --workdir runs/sweep --dry_run
     python launch/sweep.py --config configs/sweep_ablation.py --workdir runs/sweep
-    python launch/sweep.py --config configs/laptop_effect.py --workdir runs/laptop
+    python launch/sweep.py --config configs/laptop_effect.py --workdir runs/curricula
+    python launch/sweep.py --config configs/laptop_effect.py --workdir runs/curricula --from_records
 """
 
 import os
@@ -20,6 +22,12 @@ from mapfjax import configfile
 _CONFIG = config_flags.DEFINE_config_file("config", None, "sweep definition (ml-collections)")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/sweep", "one subdirectory per run")
 _DRY = flags.DEFINE_bool("dry_run", False, "print the commands instead of running them")
+_FROM_RECORDS = flags.DEFINE_bool(
+    "from_records",
+    False,
+    "train nothing: rewrite the sweep's results directory (summary, CSV, plots) from the run "
+    "records already under its runs/ (the committed ones)",
+)
 flags.mark_flags_as_required(["config"])
 
 
@@ -29,7 +37,9 @@ def main(argv):
     from mapfjax import files
     from mapfjax.eval import sweep as sw
 
-    sweep_file = config_flags.get_config_filename(flags.FLAGS["config"])
+    # "FILE" or "FILE:ARG" (a variant of the sweep, e.g. configs/laptop_effect.py:previous).
+    spec = config_flags.get_config_filename(flags.FLAGS["config"])
+    sweep_file, _, sweep_arg = spec.partition(":")
     module = configfile.load_module(pathlib.Path(sweep_file).absolute())
     workdir = pathlib.Path(_WORKDIR.value).absolute()
     try:
@@ -46,13 +56,21 @@ def main(argv):
         for argv_ in sw.plan(runs, _CONFIG.value, sweep_file, _CONFIG.value.python):
             print(shlex.join(argv_))
         return 0
-    failed = sw.run_local(runs, _CONFIG.value, sweep_file, sys.executable)
-    print(sw.write_summary(runs, workdir, failed).read_text())
+    if _FROM_RECORDS.value and not _CONFIG.value.get("results"):
+        msg = "--from_records needs a sweep that names `results`"
+        print(f"error: {sweep_file}: {msg}", file=sys.stderr)
+        return 2
+    failed = {}
+    if not _FROM_RECORDS.value:
+        failed = sw.run_local(runs, _CONFIG.value, sweep_file, sys.executable)
+        print(sw.write_summary(runs, workdir, failed).read_text())
     if _CONFIG.value.get("results"):  # the small files that stay (results/<experiment>/)
         try:
             rel = lambda p: os.path.relpath(p) if str(p).startswith(os.getcwd()) else p
-            command = f"python launch/sweep.py --config {rel(sweep_file)} --workdir {rel(workdir)}"
-            print(f"results: {sw.write_results(runs, _CONFIG.value, command)}")
+            spec = rel(sweep_file) + (f":{sweep_arg}" if sweep_arg else "")
+            command = f"python launch/sweep.py --config {spec} --workdir {rel(workdir)}"
+            written = sw.write_results(runs, _CONFIG.value, command, _FROM_RECORDS.value)
+            print(f"results: {written}")
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

@@ -239,6 +239,18 @@ def mean_interval(values, level: float = LEVEL) -> Estimate:
     return Estimate(mean, mean - half, mean + half, n)
 
 
+def detectable_difference(sd: float, n: int, power: float = 0.8, level: float = LEVEL) -> float:
+    """The smallest true mean difference a paired t test over n pairs whose differences have
+    standard deviation `sd` detects with probability `power` at two-sided `level`:
+    (t(n-1, level) + t_one_sided(n-1, power)) * sd / sqrt(n); NaN below 2 pairs."""
+    if not 0 < power < 1:
+        raise ValueError(f"power={power!r}; allowed: a number in (0, 1)")
+    if n < 2 or math.isnan(sd):
+        return math.nan
+    # The one-sided power quantile is the two-sided critical value at level 2 * power - 1.
+    return (t_value(n - 1, level) + t_value(n - 1, 2 * power - 1)) * sd / math.sqrt(n)
+
+
 def _paired(a, b, what: str) -> np.ndarray:
     a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
     if a.shape != b.shape:

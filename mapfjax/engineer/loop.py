@@ -110,7 +110,7 @@ def _run(c, workdir: pathlib.Path, tokenizer, progress: bool, strict_engineer: b
 
     _validate_start(workdir, position, ckpt_dir, c, validate)
     records: list[ctx_lib.RoundRecord] = []
-    current = c.env.copy_and_resolve_references()
+    current = start_config(c)
     for n in range(c.rounds):
         out = workdir / f"round_{n}"
         out.mkdir(exist_ok=True)
@@ -161,6 +161,17 @@ def _run(c, workdir: pathlib.Path, tokenizer, progress: bool, strict_engineer: b
         files.atomic_write(out / "DONE", b"")
     trainer.close()
     return records
+
+
+def start_config(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Round 0's generator config: `c.env` itself, or with `env_start = "random"` a random
+    config over c.env's sizes drawn from c.seed (the random engineer's distribution, as the
+    paper's round 0: data ~ Dirichlet(1), holes ~ U[0, 0.5], waits ~ U[0, 1]); the same seed
+    gives the same config, so a resumed run starts from the config it started from."""
+    if c.get("env_start", "config") == "config":
+        return c.env.copy_and_resolve_references()
+    seed = streams.int_seed(streams.key(c.seed, "round-0 config"))
+    return eng_lib.RandomEngineer().propose(None, c.env, seed).config
 
 
 def _validate_start(workdir: pathlib.Path, position: dict, ckpt_dir: pathlib.Path, c, validate):

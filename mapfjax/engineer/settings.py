@@ -135,6 +135,10 @@ class EngineerSettings:
             )
 
 
+# Round 0's generator config (loop.start_config): c.env, or a random config drawn from c.seed.
+ENV_STARTS = ("config", "random")
+
+
 def check_config(c: ml_collections.ConfigDict) -> None:
     """Check a whole run config before anything is loaded or written (a bad key found after
     round 0's training would cost the round): raises ValueError naming the key, its value and
@@ -142,6 +146,8 @@ def check_config(c: ml_collections.ConfigDict) -> None:
     require_int("rounds", c.get("rounds"), 1)
     require_int("seed", c.get("seed"), 0)
     env_config.validate_at(c.env, "env")
+    start = c.get("env_start", "config")
+    require("env_start", start, start in ENV_STARTS, f"one of {list(ENV_STARTS)}")
     require_dtype("model.dtype", c.model.dtype)
     hf.ModelOptions.from_config(c.model)
     grpo = driver.GRPOSettings.from_config(c)

@@ -361,21 +361,38 @@ def write_summary(runs: Sequence[Run], workdir, failed: Mapping[str, str] | None
     return workdir / "summary.md"
 
 
-def write_results(runs: Sequence[Run], sweep, command: str = "") -> pathlib.Path:
-    """The comparison files of the finished runs under `sweep.results` (`eval.compare`): one
-    JSON record per run, summary.md, summary.csv, plots. Raises `compare.MismatchError` when
-    runs used different held-out sets or training budgets."""
-    done = [r for r in runs if r.finished]
-    records = [compare.run_record(r.workdir, r.name, r.engineer, r.seed) for r in done]
+def results_dir(sweep) -> pathlib.Path:
+    """`sweep.results`: relative to the repository root unless absolute."""
+    out = pathlib.Path(sweep.results)
+    return out if out.is_absolute() else configfile.resolve(sweep.results)
+
+
+def write_results(
+    runs: Sequence[Run], sweep, command: str = "", from_records: bool = False
+) -> pathlib.Path:
+    """The comparison files under `sweep.results` (`eval.compare`): one JSON record per run,
+    summary.md, summary.csv, plots. A run finished here gives its record from its directory;
+    one that is not (run on another machine, or its directory gone) keeps the record already
+    under results/runs/, so a sweep split across machines adds up. `from_records` reads only
+    those records (no run directory needed). Raises `compare.MismatchError` when runs used
+    different held-out sets or training budgets."""
+    out = results_dir(sweep)
+    committed = {}
+    for path in sorted((out / "runs").glob("*.json")):
+        try:
+            committed[path.stem] = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{path}: not a run record ({e}); delete it or restore it") from None
+    records = []
+    for r in runs:
+        if r.finished and not from_records:
+            records.append(compare.run_record(r.workdir, r.name, r.engineer, r.seed))
+        elif r.name in committed:
+            records.append(committed[r.name])
+    command = command or "python launch/sweep.py --config SWEEP_FILE --workdir WORKDIR"
     note = (
-        f"{len(done)} of {len(runs)} runs finished. Regenerate with `python launch/sweep.py "
-        f"--config configs/{pathlib.Path(sweep.get('file', 'laptop_effect.py')).name} "
-        "--workdir runs/laptop` (finished runs are skipped). Rates: % of held-out puzzles; "
-        "[95 % interval]."
+        f"{len(records)} of {len(runs)} runs finished. Regenerate with `{command}` (it trains "
+        f"what is missing; finished runs are skipped), or from the records under runs/ alone "
+        f"with `{command} --from_records`. Rates: % of held-out puzzles; [95 % interval]."
     )
-    out = (
-        configfile.resolve(sweep.results)
-        if not pathlib.Path(sweep.results).is_absolute()
-        else sweep.results
-    )
-    return compare.write_results(records, pathlib.Path(out), sweep.get("reference", "fixed"), note)
+    return compare.write_results(records, out, sweep.get("reference", "fixed"), note)

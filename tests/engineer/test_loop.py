@@ -281,6 +281,7 @@ BAD_CONFIGS = [
     (("train", "group_size"), 1, r"GRPOConfig\.group_size=1 is invalid"),
     (("train", "objective"), "ppo", r"train\.objective = 'ppo'"),
     (("rounds",), 0, r"rounds = 0; allowed"),
+    (("env_start",), "randm", r"env_start = 'randm'; allowed: one of \['config', 'random'\]"),
     (("model", "dtype"), "float7", r"model\.dtype = 'float7'"),
     # Values that used to claim the workdir before failing (or never failing).
     (("train", "instances"), 0, r"train\.instances = 0; allowed: an integer in \[1, "),
@@ -310,12 +311,35 @@ def test_a_bad_config_is_refused_before_anything_is_written(tmp_path, keys, valu
     assert not (tmp_path / "run").exists()
 
 
+def test_a_random_start_is_drawn_from_the_seed_over_the_configs_sizes():
+    """env_start = "random": round 0's config is the random engineer's draw over c.env's sizes,
+    the same for every run of a seed (so engineers compared on a seed start alike, and a resumed
+    run starts where it started), another for another seed; "config" is c.env itself."""
+    from mapfjax.engineer import loop
+    from mapfjax.env import config as env_config
+
+    c = tiny_cpu.get_config("curricula")
+    assert c.env_start == "random"
+    draws = []
+    for seed in (0, 0, 1):
+        c.seed = seed
+        start = loop.start_config(c)
+        env_config.validate_at(start, "start")  # legal: ratios in range, data summing to 1
+        assert sorted(start.sizes) == sorted(c.env.sizes)
+        draws.append(start.to_dict())
+    assert draws[0] == draws[1] and draws[0] != draws[2]
+    waits = [s["wait_ratio"] for s in draws[0]["sizes"].values()]
+    assert len(set(waits)) == len(waits)  # drawn per size, not c.env's 0.5 everywhere
+    c.env_start = "config"
+    assert loop.start_config(c).to_dict() == c.env.to_dict()
+
+
 def test_a_variant_that_does_not_match_its_modules_names_the_fix():
     """engineer.variant is a label: changing it alone would run V6 under V3's name."""
     from mapfjax.engineer import loop
 
     c = tiny_cpu.get_config("smoke")
-    for arg in ("", "smoke", "laptop", "grpo_effect"):
+    for arg in tiny_cpu.VARIANTS:
         loop.check_config(tiny_cpu.get_config(arg))
     c.engineer.variant = "V3"
     with pytest.raises(ValueError) as e:
@@ -378,7 +402,7 @@ def test_an_unknown_config_variant_is_one_line_naming_the_known_ones(tmp_path):
         assert done.returncode == 2 and "Traceback" not in done.stderr
         assert done.stderr.strip().splitlines() == [
             "error: configs/tiny_cpu.py:nosuch: no such variant; allowed: '', 'previous', "
-            "'laptop', 'laptop_smoke', 'grpo_effect', 'smoke'"
+            "'curricula', 'curricula_smoke', 'laptop', 'laptop_smoke', 'grpo_effect', 'smoke'"
         ]
     assert not work.exists()
 

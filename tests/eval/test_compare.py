@@ -97,17 +97,62 @@ def test_results_files(tmp_path):
     assert rows[0].startswith("run,engineer,seed,point") and len(rows) == 1 + 6 * 3
 
 
+def test_summary_states_the_designs_detectable_difference(tmp_path):
+    """Pooled per-seed spread of the paired differences -> stats.detectable_difference."""
+    recs = records(tmp_path)
+    p = compare.paired_vs(recs)
+    d = np.array(p["learnability"]["seed_differences"])
+    mdd, n = compare.detectable_difference(p)
+    assert n == 3 and mdd == pytest.approx((4.303 + 1.061) * d.std(ddof=1) / np.sqrt(3), rel=1e-3)
+    md = compare.summary_markdown(recs)
+    assert f"Detectable difference of this design: {100 * mdd:.1f} points against fixed" in md
+
+
+def test_sweep_results_keep_records_of_runs_finished_elsewhere(tmp_path):
+    """A sweep split across machines: a run whose directory is not here keeps its committed
+    record; --from_records rewrites the same files from the records alone."""
+    import ml_collections
+
+    from mapfjax.eval import sweep as sw
+
+    rng = np.random.default_rng(1)
+    runs = []
+    for engineer in ("fixed", "learnability"):
+        for seed in (0, 1, 2):
+            bits = (rng.random((3, 6)) < 0.5).tolist()
+            work = fake_run(tmp_path / "runs" / f"{engineer}_{seed}", seed, bits)
+            name = f"{engineer}_s{seed}"
+            runs.append(sw.Run(name, engineer, "V6", "bookkeeping", seed, "", (), work, 2))
+    sweep = ml_collections.ConfigDict({"results": str(tmp_path / "results"), "reference": "fixed"})
+    first = sw.write_results(runs, sweep, "python launch/sweep.py --config X --workdir W")
+    md, csv = first.read_text(), (tmp_path / "results" / "summary.csv").read_text()
+    assert "6 of 6 runs finished" in md and "`python launch/sweep.py --config X --workdir W" in md
+    assert "`python launch/sweep.py --config X --workdir W --from_records`" in md
+    for r in runs[3:]:  # learnability's directories are on another machine now
+        (r.workdir / "round_1" / "DONE").unlink()
+    again = sw.write_results(runs, sweep, "python launch/sweep.py --config X --workdir W")
+    assert again.read_text() == md and (tmp_path / "results" / "summary.csv").read_text() == csv
+    for r in runs:  # no run directory at all
+        (r.workdir / "round_1" / "DONE").unlink(missing_ok=True)
+    sw.write_results(runs, sweep, "python launch/sweep.py --config X --workdir W", True)
+    assert first.read_text() == md
+    (tmp_path / "results" / "runs" / "fixed_s0.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"fixed_s0\.json: not a run record"):
+        sw.write_results(runs, sweep, "", True)
+
+
 @pytest.mark.slow
 def test_two_engineers_two_seeds_end_to_end(tmp_path, tiny_model_dir, one_device_env):
     work, results = tmp_path / "runs", tmp_path / "results"
     cmd = [
         sys.executable, str(ROOT / "launch" / "sweep.py"),
         f"--config={ROOT / 'configs' / 'laptop_effect.py'}", f"--workdir={work}",
-        "--config.train_arg=laptop_smoke", "--config.seeds=(0,1)",
+        "--config.train_arg=curricula_smoke", "--config.seeds=(0,1)",
         "--config.groups.curricula.engineers=('fixed','learnability')",
         f"--config.results={results}",
         f"--config.overrides=model.path={tiny_model_dir},validation.sizes=(3,4),"
-        "train.max_new_tokens=16,validation.max_new_tokens=16,validation.per_size=2",
+        "train.max_new_tokens=16,validation.max_new_tokens=16,validation.per_size=2,"
+        "train.instances=8,train.problems_per_step=4,train.group_size=4",
     ]  # fmt: skip
     done = subprocess.run(
         cmd, cwd=ROOT, env=one_device_env, capture_output=True, text=True, timeout=1800
@@ -116,3 +161,7 @@ def test_two_engineers_two_seeds_end_to_end(tmp_path, tiny_model_dir, one_device
     md = (results / "summary.md").read_text()
     assert "4 of 4 runs finished" in md and "| learnability | 2 | 2 |" in md
     assert len(list((results / "runs").glob("*.json"))) == 4
+    # Round 0 trains on the seed's random config: the same for both engineers of a seed.
+    start = lambda run: json.loads((work / run / "round_0" / "config.json").read_text())
+    assert start("fixed_s0") == start("learnability_V6_Tbookkeeping_s0") != start("fixed_s1")
+    assert start("fixed_s0")["sizes"]["s3"]["wait_ratio"] != 0.5  # not c.env's
