@@ -115,6 +115,12 @@ def rate(counts: Mapping[str, Any], flag: str, scale: float = 1.0) -> float:
     return scale * counts.get(flag, 0) / n if n else math.nan
 
 
+def sample_share(row: Mapping[str, Any]) -> float:
+    """A validation row's share of valid samples (`samples_valid` of `samples`): what the row
+    adds to mean@k."""
+    return row["samples_valid"] / row["samples"]
+
+
 def cell_mean(values: Iterable[float]) -> float:
     """Unweighted mean over cells (the paper's aggregate over map sizes); NaN values are left
     out and NaN is returned when nothing is left."""

@@ -74,7 +74,7 @@ def _estimates(rows) -> dict[str, stats.Estimate]:
     """Greedy valid (Wilson interval) and mean@k (bounded-mean interval) over `rows`."""
     out = {"greedy_valid": stats.proportion([r["valid"] for r in rows])}
     if rows and "samples" in rows[0]:
-        out["mean_at_k"] = stats.bounded_mean([r["samples_valid"] / r["samples"] for r in rows])
+        out["mean_at_k"] = stats.bounded_mean([stats.sample_share(r) for r in rows])
     return out
 
 

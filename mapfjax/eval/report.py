@@ -94,11 +94,6 @@ def valid_by_id(rows) -> dict[str, bool]:
     return {r["id"]: bool(r["valid"]) for r in rows}
 
 
-def sample_share(row: dict) -> float:
-    """A validation row's share of valid samples (its contribution to mean@k)."""
-    return row["samples_valid"] / row["samples"]
-
-
 def paired_change(a: dict[str, bool], b: dict[str, bool]) -> stats.Estimate:
     """a - b over the same puzzles (`valid_by_id` maps with the same ids), paired."""
     ids = sorted(a)
@@ -126,7 +121,7 @@ def held_out_table(runs: list[tuple[str, list[dict]]]) -> str:
         if sampled:
             line.append(
                 stats.interval_text(
-                    stats.bounded_mean([sample_share(r) for r in rows if "samples" in r])
+                    stats.bounded_mean([stats.sample_share(r) for r in rows if "samples" in r])
                 )
             )
         both = [r for r in rows if r["id"] in first]
@@ -143,7 +138,7 @@ def held_out_table(runs: list[tuple[str, list[dict]]]) -> str:
                 (r, first[r["id"]]) for r in both if "samples" in r and "samples" in first[r["id"]]
             ]
             ds = stats.paired_difference(
-                [sample_share(x) for x, _ in pairs], [sample_share(y) for _, y in pairs]
+                [stats.sample_share(x) for x, _ in pairs], [stats.sample_share(y) for _, y in pairs]
             )
             line.append(stats.interval_text(ds, signed=True) if pairs else "-")
         table.append(line)
@@ -364,7 +359,7 @@ def compare_runs(workdirs: list[pathlib.Path], labels: list[str] | None = None) 
         line = [label, str(curve[-1][0]) if curve else "0"]
         line.append(stats.interval_text(stats.proportion([r["valid"] for r in rows])))
         if k:
-            shares = [sample_share(r) for r in rows if r.get("samples")]
+            shares = [stats.sample_share(r) for r in rows if r.get("samples")]
             text = stats.interval_text(stats.bounded_mean(shares)) if shares else "-"
             row_ks = sorted({r["samples"] for r in rows if r.get("samples")})
             line.append(f"{text} (k={'/'.join(map(str, row_ks))})" if mixed and shares else text)
