@@ -163,6 +163,19 @@ def paired_vs(records: Sequence[dict], reference: str = "fixed") -> dict[str, di
     return out
 
 
+def gains_vs_start(records: Sequence[dict]) -> dict[str, stats.Estimate]:
+    """Per engineer: final greedy valid minus the run's own start on the same puzzles, the mean
+    over its seeds with the t interval (the runs are the replicates)."""
+    out = {}
+    for engineer in sorted({r["engineer"] for r in records}):
+        runs = [r for r in records if r["engineer"] == engineer and r["rounds"] and "start" in r]
+        out[engineer] = stats.paired_difference(
+            [_greedy(r["rounds"][-1]["validation"]).mean() for r in runs],
+            [_greedy(r["start"]).mean() for r in runs],
+        )
+    return out
+
+
 def _fmt(e: stats.Estimate, signed: bool = False) -> str:
     if e.n == 0 or math.isnan(e.value):
         return "-"
@@ -177,17 +190,20 @@ def summary_markdown(records: Sequence[dict], reference: str = "fixed") -> str:
     c = curves(records)
     p = paired_vs(records, reference)
     n_seeds = {e: sum(r["engineer"] == e for r in records) for e in c}
+    gain = gains_vs_start(records)
     rows = []
     for e, per in c.items():
         d = p.get(e)
         rows.append([
             e, n_seeds[e], len(per["greedy"]) - 1,
-            _fmt(per["greedy"][0]), _fmt(per["greedy"][-1]), _fmt(per["mean_at_k"][-1]),
+            _fmt(per["greedy"][0]), _fmt(per["greedy"][-1]), _fmt(gain[e], True),
+            _fmt(per["mean_at_k"][-1]),
             "-" if d is None else _fmt(d["seeds"], True),
             "-" if d is None else f"{_fmt(d['puzzles'], True)} ({d['discordant']})",
         ])  # fmt: skip
     header = [
-        "engineer", "seeds", "rounds", "start greedy %", "final greedy %", "final mean@k %",
+        "engineer", "seeds", "rounds", "start greedy %", "final greedy %",
+        "change vs start (points, per seed)", "final mean@k %",
         f"vs {reference}: per seed (points)", f"vs {reference}: per puzzle (discordant)",
     ]  # fmt: skip
     return stats.markdown_table(header, rows) + detectable_text(p, reference)

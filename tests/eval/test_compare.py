@@ -72,6 +72,14 @@ def test_curves_and_paired_differences_match_numpy(tmp_path):
     b = np.concatenate([final[("fixed", s)] for s in range(3)])
     assert p["puzzles"].value == pytest.approx((a.astype(float) - b).mean())
     assert p["discordant"] == int((a != b).sum())
+    start = {(r["engineer"], r["seed"]): np.array([c == "1" for c in r["start"]["greedy"]])
+             for r in recs}  # fmt: skip
+    g = compare.gains_vs_start(recs)["learnability"]
+    d = [final[("learnability", s)].mean() - start[("learnability", s)].mean() for s in range(3)]
+    half = 4.302652729911275 * np.std(d, ddof=1) / np.sqrt(3)
+    assert (g.value, g.low, g.high) == pytest.approx(
+        (np.mean(d), np.mean(d) - half, np.mean(d) + half)
+    )
 
 
 def test_runs_with_another_held_out_set_or_budget_are_refused(tmp_path):
