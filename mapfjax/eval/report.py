@@ -443,10 +443,13 @@ def write_report(workdir) -> pathlib.Path:
         parts.append("No finished round yet.")
     else:
         plots = _plots(records, workdir)
+        held = validation_rows(workdir)
+        sampled = any("samples" in r for _, rows in held for r in rows)
         parts += [
-            "## Held-out validation (greedy and sampled, 95 % intervals)",
+            f"## Held-out validation ({'greedy and sampled' if sampled else 'greedy'}, 95 % "
+            "intervals)",
             "",
-            held_out_table(validation_rows(workdir)),
+            held_out_table(held),
             "",
             "`start` is the model before any training. The change against it is paired over the "
             "same puzzles (greedy: solved or not; mean@k: each puzzle's share of valid samples, "

@@ -63,6 +63,7 @@ def test_two_rounds_end_to_end(tiny_model_dir, reference_run):
     assert len(rows) == 2 * 3 and {r["size"] for r in rows} == {3, 4, 5}
     md = report.write_report(work).read_text()
     assert "| R0 |" in md and "| R1 |" in md and "After R0 (policy)" in md
+    assert "## Held-out validation (greedy and sampled, 95 % intervals)" in md
     assert (work / "validation.png").exists() and (work / "configs.png").exists()
     # rerunning the same command recomputes nothing
     stamp = (work / "round_1" / "DONE").stat().st_mtime_ns

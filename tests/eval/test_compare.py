@@ -173,3 +173,6 @@ def test_two_engineers_two_seeds_end_to_end(tmp_path, tiny_model_dir, one_device
     start = lambda run: json.loads((work / run / "round_0" / "config.json").read_text())
     assert start("fixed_s0") == start("learnability_V6_Tbookkeeping_s0") != start("fixed_s1")
     assert start("fixed_s0")["sizes"]["s3"]["wait_ratio"] != 0.5  # not c.env's
+    report = (work / "fixed_s0" / "report.md").read_text()  # greedy only: no sampled column
+    assert "## Held-out validation (greedy, 95 % intervals)" in report
+    assert "| model | n | greedy valid % | change vs start (points) |" in report
