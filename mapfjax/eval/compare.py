@@ -253,9 +253,10 @@ def summary_rows(records: Sequence[dict]) -> list[dict]:
 
 
 def plot(records: Sequence[dict], out_dir: pathlib.Path) -> list[str]:
-    """held_out.png (greedy valid and mean@k per point, mean and 95 % interval over seeds),
-    final_sizes.png (last-round greedy valid per size), data_ratio.png (data_ratio chosen per
-    round, seed mean); returns the file names written."""
+    """held_out.png (greedy valid and, when sampled, mean@k per point, mean and 95 % interval
+    over seeds), final_sizes.png (last-round greedy valid per size), data_ratio.png (data_ratio
+    chosen per round, seed mean), wait_and_holes.png (the training wait share and hole ratio
+    per round, data-weighted, seed mean); returns the file names written."""
     import io
 
     import matplotlib
@@ -272,10 +273,12 @@ def plot(records: Sequence[dict], out_dir: pathlib.Path) -> list[str]:
 
     names = []
     c = curves(records)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
-    for ax, metric, title in zip(
-        axes, ("greedy", "mean_at_k"), ("greedy valid", "mean@k"), strict=True
-    ):
+    panels = [("greedy", "greedy valid"), ("mean_at_k", "mean@k")]
+    if all(math.isnan(x.value) for per in c.values() for x in per["mean_at_k"]):
+        panels = panels[:1]  # greedy-only validation: no mean@k panel
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.8), squeeze=False)
+    axes = axes[0]
+    for ax, (metric, title) in zip(axes, panels, strict=True):
         for e, per in c.items():
             es = per[metric]
             xs = np.arange(len(es))
@@ -288,7 +291,7 @@ def plot(records: Sequence[dict], out_dir: pathlib.Path) -> list[str]:
         ax.set_title(f"held-out {title} (mean, 95 % interval over seeds)")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("%")
-    axes[1].legend(fontsize=8)
+    axes[-1].legend(fontsize=8)
     fig.tight_layout()
     names.append(save(fig, "held_out.png"))
 
@@ -335,7 +338,30 @@ def plot(records: Sequence[dict], out_dir: pathlib.Path) -> list[str]:
     axes[0][-1].legend(fontsize=7, bbox_to_anchor=(1.02, 1), loc="upper left")
     fig.tight_layout()
     names.append(save(fig, "data_ratio.png"))
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+    for ax, field in zip(axes, ("wait_ratio", "hole_ratio"), strict=True):
+        for e in engineers:
+            runs = [r for r in records if r["engineer"] == e and r["rounds"]]
+            n_rounds = min(len(r["rounds"]) for r in runs)
+            ys = [np.mean([mixed_ratio(r["rounds"][i]["config"], field) for r in runs])
+                  for i in range(n_rounds)]  # fmt: skip
+            ax.plot(range(n_rounds), ys, marker="o", label=e)
+            ax.set_xticks(range(n_rounds), [f"R{i}" for i in range(n_rounds)])
+        ax.set_title(f"training {field}, data-weighted over sizes (seed mean)")
+        ax.grid(alpha=0.3)
+    axes[-1].legend(fontsize=8)
+    fig.tight_layout()
+    names.append(save(fig, "wait_and_holes.png"))
     return names
+
+
+def mixed_ratio(config_sizes: dict, field: str) -> float:
+    """A round's `field` (wait_ratio, hole_ratio) averaged over sizes weighted by data_ratio:
+    the share or ratio its training puzzles have as a whole."""
+    w = np.array([v["data_ratio"] for v in config_sizes.values()], np.float64)
+    x = np.array([v[field] for v in config_sizes.values()], np.float64)
+    return float((w * x).sum() / w.sum())
 
 
 def write_results(

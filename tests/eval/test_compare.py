@@ -98,11 +98,27 @@ def test_results_files(tmp_path):
     out = compare.write_results(recs, tmp_path / "results", note="note")
     md = out.read_text()
     assert "| learnability | 3 | 2 |" in md and "vs fixed" in md
-    for name in ("held_out.png", "final_sizes.png", "data_ratio.png", "summary.csv"):
+    for name in ("held_out.png", "final_sizes.png", "data_ratio.png", "wait_and_holes.png"):
+        assert f"![{name}]({name})" in md
+    for name in (
+        "held_out.png",
+        "final_sizes.png",
+        "data_ratio.png",
+        "wait_and_holes.png",
+        "summary.csv",
+    ):
         assert (tmp_path / "results" / name).stat().st_size > 100
     assert len(list((tmp_path / "results" / "runs").glob("*.json"))) == 6
     rows = (tmp_path / "results" / "summary.csv").read_text().splitlines()
     assert rows[0].startswith("run,engineer,seed,point") and len(rows) == 1 + 6 * 3
+
+
+def test_mixed_ratio_weights_sizes_by_their_data_share():
+    sizes = {
+        "s3": {"data_ratio": 0.75, "wait_ratio": 0.2},
+        "s4": {"data_ratio": 0.25, "wait_ratio": 1},
+    }
+    assert compare.mixed_ratio(sizes, "wait_ratio") == pytest.approx(0.75 * 0.2 + 0.25)
 
 
 def test_summary_states_the_designs_detectable_difference(tmp_path):
