@@ -1,12 +1,12 @@
 """Run a sweep: every run of `launch/train.py` one after another here (finished runs skipped),
 or with --dry_run the list of commands for a cluster; then a summary table, and for sweeps
-that name `results` the comparison files under that directory (with --from_records only these,
-from the run records committed there).
+that name `results` the comparison files under that directory (with --results_only only these,
+from the runs finished here and the run records already there).
 
     python launch/sweep.py --config configs/sweep_ablation.py --workdir runs/sweep --dry_run
     python launch/sweep.py --config configs/sweep_ablation.py --workdir runs/sweep
     python launch/sweep.py --config configs/laptop_effect.py --workdir runs/curricula
-    python launch/sweep.py --config configs/laptop_effect.py --workdir runs/curricula --from_records
+    python launch/sweep.py --config configs/laptop_effect.py --workdir runs/curricula --results_only
 """
 
 import os
@@ -22,11 +22,11 @@ from mapfjax import configfile
 _CONFIG = config_flags.DEFINE_config_file("config", None, "sweep definition (ml-collections)")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/sweep", "one subdirectory per run")
 _DRY = flags.DEFINE_bool("dry_run", False, "print the commands instead of running them")
-_FROM_RECORDS = flags.DEFINE_bool(
-    "from_records",
+_RESULTS_ONLY = flags.DEFINE_bool(
+    "results_only",
     False,
-    "train nothing: rewrite the sweep's results directory (summary, CSV, plots) from the run "
-    "records already under its runs/ (the committed ones)",
+    "train nothing: rewrite the sweep's results directory (summary, CSV, plots) from the runs "
+    "finished here and, for the others, the run records already under its runs/ (committed)",
 )
 flags.mark_flags_as_required(["config"])
 
@@ -56,12 +56,12 @@ def main(argv):
         for argv_ in sw.plan(runs, _CONFIG.value, sweep_file, _CONFIG.value.python):
             print(shlex.join(argv_))
         return 0
-    if _FROM_RECORDS.value and not _CONFIG.value.get("results"):
-        msg = "--from_records needs a sweep that names `results`"
+    if _RESULTS_ONLY.value and not _CONFIG.value.get("results"):
+        msg = "--results_only needs a sweep that names `results`"
         print(f"error: {sweep_file}: {msg}", file=sys.stderr)
         return 2
     failed = {}
-    if not _FROM_RECORDS.value:
+    if not _RESULTS_ONLY.value:
         failed = sw.run_local(runs, _CONFIG.value, sweep_file, sys.executable)
         print(sw.write_summary(runs, workdir, failed).read_text())
     if _CONFIG.value.get("results"):  # the small files that stay (results/<experiment>/)
@@ -69,8 +69,7 @@ def main(argv):
             rel = lambda p: os.path.relpath(p) if str(p).startswith(os.getcwd()) else p
             spec = rel(sweep_file) + (f":{sweep_arg}" if sweep_arg else "")
             command = f"python launch/sweep.py --config {spec} --workdir {rel(workdir)}"
-            written = sw.write_results(runs, _CONFIG.value, command, _FROM_RECORDS.value)
-            print(f"results: {written}")
+            print(f"results: {sw.write_results(runs, _CONFIG.value, command)}")
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

@@ -367,14 +367,12 @@ def results_dir(sweep) -> pathlib.Path:
     return out if out.is_absolute() else configfile.resolve(sweep.results)
 
 
-def write_results(
-    runs: Sequence[Run], sweep, command: str = "", from_records: bool = False
-) -> pathlib.Path:
+def write_results(runs: Sequence[Run], sweep, command: str = "") -> pathlib.Path:
     """The comparison files under `sweep.results` (`eval.compare`): one JSON record per run,
     summary.md, summary.csv, plots. A run finished here gives its record from its directory;
     one that is not (run on another machine, or its directory gone) keeps the record already
-    under results/runs/, so a sweep split across machines adds up. `from_records` reads only
-    those records (no run directory needed). Raises `compare.MismatchError` when runs used
+    under results/runs/, so a sweep split across machines adds up and the committed records
+    alone give the same files. Raises `compare.MismatchError` when runs used
     different held-out sets or training budgets."""
     out = results_dir(sweep)
     committed = {}
@@ -385,14 +383,15 @@ def write_results(
             raise ValueError(f"{path}: not a run record ({e}); delete it or restore it") from None
     records = []
     for r in runs:
-        if r.finished and not from_records:
+        if r.finished:
             records.append(compare.run_record(r.workdir, r.name, r.engineer, r.seed))
         elif r.name in committed:
             records.append(committed[r.name])
     command = command or "python launch/sweep.py --config SWEEP_FILE --workdir WORKDIR"
     note = (
         f"{len(records)} of {len(runs)} runs finished. Regenerate with `{command}` (it trains "
-        f"what is missing; finished runs are skipped), or from the records under runs/ alone "
-        f"with `{command} --from_records`. Rates: % of held-out puzzles; [95 % interval]."
+        f"what is missing; finished runs are skipped), or without training, from the records "
+        f"under runs/, with `{command} --results_only`. Rates: % of held-out puzzles; [95 % "
+        "interval]."
     )
     return compare.write_results(records, out, sweep.get("reference", "fixed"), note)

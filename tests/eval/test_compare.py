@@ -134,7 +134,7 @@ def test_summary_states_the_designs_detectable_difference(tmp_path):
 
 def test_sweep_results_keep_records_of_runs_finished_elsewhere(tmp_path):
     """A sweep split across machines: a run whose directory is not here keeps its committed
-    record; --from_records rewrites the same files from the records alone."""
+    record; with no run directory at all the records alone give the same files."""
     import ml_collections
 
     from mapfjax.eval import sweep as sw
@@ -151,18 +151,18 @@ def test_sweep_results_keep_records_of_runs_finished_elsewhere(tmp_path):
     first = sw.write_results(runs, sweep, "python launch/sweep.py --config X --workdir W")
     md, csv = first.read_text(), (tmp_path / "results" / "summary.csv").read_text()
     assert "6 of 6 runs finished" in md and "`python launch/sweep.py --config X --workdir W" in md
-    assert "`python launch/sweep.py --config X --workdir W --from_records`" in md
+    assert "`python launch/sweep.py --config X --workdir W --results_only`" in md
     for r in runs[3:]:  # learnability's directories are on another machine now
         (r.workdir / "round_1" / "DONE").unlink()
     again = sw.write_results(runs, sweep, "python launch/sweep.py --config X --workdir W")
     assert again.read_text() == md and (tmp_path / "results" / "summary.csv").read_text() == csv
     for r in runs:  # no run directory at all
         (r.workdir / "round_1" / "DONE").unlink(missing_ok=True)
-    sw.write_results(runs, sweep, "python launch/sweep.py --config X --workdir W", True)
+    sw.write_results(runs, sweep, "python launch/sweep.py --config X --workdir W")
     assert first.read_text() == md
     (tmp_path / "results" / "runs" / "fixed_s0.json").write_text("{not json")
     with pytest.raises(ValueError, match=r"fixed_s0\.json: not a run record"):
-        sw.write_results(runs, sweep, "", True)
+        sw.write_results(runs, sweep)
 
 
 @pytest.mark.slow
