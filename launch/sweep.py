@@ -39,7 +39,7 @@ def main(argv):
 
     # "FILE" or "FILE:ARG" (a variant of the sweep, e.g. configs/laptop_effect.py:previous).
     spec = config_flags.get_config_filename(flags.FLAGS["config"])
-    sweep_file, _, sweep_arg = spec.partition(":")
+    sweep_file = spec.partition(":")[0]
     module = configfile.load_module(pathlib.Path(sweep_file).absolute())
     workdir = pathlib.Path(_WORKDIR.value).absolute()
     try:
@@ -67,8 +67,7 @@ def main(argv):
     if _CONFIG.value.get("results"):  # the small files that stay (results/<experiment>/)
         try:
             rel = lambda p: os.path.relpath(p) if str(p).startswith(os.getcwd()) else p
-            spec = rel(sweep_file) + (f":{sweep_arg}" if sweep_arg else "")
-            command = f"python launch/sweep.py --config {spec} --workdir {rel(workdir)}"
+            command = f"python launch/sweep.py --config {rel(spec)} --workdir {rel(workdir)}"
             print(f"results: {sw.write_results(runs, _CONFIG.value, command)}")
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)

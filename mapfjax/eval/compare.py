@@ -151,12 +151,12 @@ def paired_vs(records: Sequence[dict], reference: str = "fixed") -> dict[str, di
         ]
         if not pairs:
             continue
-        seeds = stats.paired_difference([a.mean() for a, _ in pairs], [b.mean() for _, b in pairs])
-        a = np.concatenate([a for a, _ in pairs])
-        b = np.concatenate([b for _, b in pairs])
+        diffs = [float(x.mean() - y.mean()) for x, y in pairs]  # one per seed
+        a = np.concatenate([x for x, _ in pairs])
+        b = np.concatenate([y for _, y in pairs])
         out[engineer] = {
-            "seeds": seeds,
-            "seed_differences": [a.mean() - b.mean() for a, b in pairs],
+            "seeds": stats.mean_interval(diffs),  # = stats.paired_difference of the rates
+            "seed_differences": diffs,
             "puzzles": stats.paired_proportion_difference(a, b),
             "discordant": int((a != b).sum()),
         }

@@ -361,12 +361,6 @@ def write_summary(runs: Sequence[Run], workdir, failed: Mapping[str, str] | None
     return workdir / "summary.md"
 
 
-def results_dir(sweep) -> pathlib.Path:
-    """`sweep.results`: relative to the repository root unless absolute."""
-    out = pathlib.Path(sweep.results)
-    return out if out.is_absolute() else configfile.resolve(sweep.results)
-
-
 def write_results(runs: Sequence[Run], sweep, command: str = "") -> pathlib.Path:
     """The comparison files under `sweep.results` (`eval.compare`): one JSON record per run,
     summary.md, summary.csv, plots. A run finished here gives its record from its directory;
@@ -374,7 +368,7 @@ def write_results(runs: Sequence[Run], sweep, command: str = "") -> pathlib.Path
     under results/runs/, so a sweep split across machines adds up and the committed records
     alone give the same files. Raises `compare.MismatchError` when runs used
     different held-out sets or training budgets."""
-    out = results_dir(sweep)
+    out = configfile.resolve(sweep.results)  # an absolute path as it is
     committed = {}
     for path in sorted((out / "runs").glob("*.json")):
         try:
