@@ -25,6 +25,9 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv):
     del argv
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    absl_logging.set_verbosity(absl_logging.WARNING)  # orbax is chatty at INFO
+    logging.getLogger("jax").setLevel(logging.WARNING)  # no "Unable to initialize backend 'tpu'"
     from mapfjax import parallel
 
     parallel.initialize_distributed()  # no-op on one process
@@ -32,8 +35,6 @@ def main(argv):
     from mapfjax.engineer import loop
     from mapfjax.eval import report
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    absl_logging.set_verbosity(absl_logging.WARNING)  # orbax is chatty at INFO
     try:
         loop.run(_CONFIG.value, _WORKDIR.value, strict_engineer=_STRICT.value)
         path = report.write_report(_WORKDIR.value)

@@ -76,6 +76,26 @@ def test_a_launch_override_of_a_missing_key_is_one_line(tmp_path, script):
     assert "Traceback" not in out.stderr and not (tmp_path / "w").exists()
 
 
+def test_a_bad_value_for_the_main_job_is_its_one_error_line(tmp_path):
+    """What a typo in the main command prints: the key, the value and what is allowed, without
+    JAX's INFO line about backends it probed and did not find."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}  # probe as a user's shell
+    out = subprocess.run(
+        [sys.executable, "launch/train.py", "--config=configs/tiny_cpu.py",
+         f"--workdir={tmp_path / 'w'}", "--config.env_start=rand"],
+        cwd=configfile.ROOT, capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().splitlines()[-1] == (
+        "error: env_start = 'rand'; allowed: one of ['config', 'random']"
+    )
+    assert "Unable to initialize backend" not in out.stderr and "Traceback" not in out.stderr
+
+
 @pytest.mark.parametrize(
     "spec,message",
     [
