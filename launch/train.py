@@ -27,7 +27,6 @@ def main(argv):
     del argv
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     absl_logging.set_verbosity(absl_logging.WARNING)  # orbax is chatty at INFO
-    logging.getLogger("jax").setLevel(logging.WARNING)  # no "Unable to initialize backend 'tpu'"
     from mapfjax import parallel
 
     parallel.initialize_distributed()  # no-op on one process

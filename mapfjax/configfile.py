@@ -110,9 +110,13 @@ def parse_flags(argv, flag: str = "config"):
     """absl's flag parsing for launch scripts (`app.run(main, flags_parser=parse_flags)`): a
     config file that refuses its argument (`configs/tiny_cpu.py:nosuch`) and an override of a
     key the config does not have (`--config.train.step=4`) are each reported in one line naming
-    what is allowed, instead of a traceback."""
+    what is allowed, instead of a traceback. It also keeps JAX's INFO line about the backends
+    it probed and did not find (`Unable to initialize backend 'tpu'`) out of their output."""
+    import logging
+
     from absl import app
 
+    logging.getLogger("jax").setLevel(logging.WARNING)
     _check_config_spec(argv, flag)
     try:
         return app.parse_flags_with_usage(argv)
