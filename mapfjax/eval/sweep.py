@@ -388,4 +388,11 @@ def write_results(runs: Sequence[Run], sweep, command: str = "") -> pathlib.Path
         f"under runs/, with `{command} --results_only`. Rates: % of held-out puzzles; [95 % "
         "interval]."
     )
+    others = sorted(set(committed) - {r.name for r in runs})
+    if others:  # e.g. a sweep narrowed to one seed by --config.seeds: say what it leaves out
+        note += (
+            f" Not summarised here: {len(others)} more records under runs/ from runs outside "
+            f"this sweep ({', '.join(others[:3])}{', ...' if len(others) > 3 else ''}); they are "
+            "kept, and a sweep whose seeds and engineers include them summarises them too."
+        )
     return compare.write_results(records, out, sweep.get("reference", "fixed"), note)

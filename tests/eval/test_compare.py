@@ -159,6 +159,15 @@ def test_sweep_results_keep_records_of_runs_finished_elsewhere(tmp_path):
     for r in runs:  # no run directory at all
         (r.workdir / "round_1" / "DONE").unlink(missing_ok=True)
     sw.write_results(runs, sweep, "python launch/sweep.py --config X --workdir W")
+    assert first.read_text() == md and "Not summarised here" not in md
+    # A sweep narrowed to seed 2 (--config.seeds='(2,)') summarises its own runs and names the
+    # records it leaves out; they stay under runs/.
+    narrow = sw.write_results([r for r in runs if r.seed == 2], sweep).read_text()
+    assert "2 of 2 runs finished" in narrow
+    assert "Not summarised here: 4 more records under runs/ from runs outside this sweep" in narrow
+    assert "(fixed_s0, fixed_s1, learnability_s0, ...)" in narrow
+    assert len(list((tmp_path / "results" / "runs").glob("*.json"))) == 6
+    sw.write_results(runs, sweep, "python launch/sweep.py --config X --workdir W")
     assert first.read_text() == md
     (tmp_path / "results" / "runs" / "fixed_s0.json").write_text("{not json")
     with pytest.raises(ValueError, match=r"fixed_s0\.json: not a run record"):
