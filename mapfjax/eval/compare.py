@@ -176,6 +176,59 @@ def gains_vs_start(records: Sequence[dict]) -> dict[str, stats.Estimate]:
     return out
 
 
+def gain_vs_training(records: Sequence[dict], field: str = "wait_ratio") -> list[dict]:
+    """Per run with a start and rounds: the training `field` it had (`mixed_ratio`, mean over
+    its rounds) and its final greedy valid minus its own start on the same puzzles."""
+    out = []
+    for r in records:
+        if not r["rounds"] or "start" not in r:
+            continue
+        x = float(np.mean([mixed_ratio(e["config"], field) for e in r["rounds"]]))
+        gain = _greedy(r["rounds"][-1]["validation"]).mean() - _greedy(r["start"]).mean()
+        out.append({"run": r["run"], "engineer": r["engineer"], "seed": r["seed"], field: x,
+                    "gain": float(gain)})  # fmt: skip
+    return out
+
+
+def _correlation(x: np.ndarray, y: np.ndarray) -> float:
+    """Pearson's r; nan with fewer than 3 points or no spread in either."""
+    if x.size < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return math.nan
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+def gain_correlations(rows: Sequence[dict], field: str = "wait_ratio") -> tuple[float, float]:
+    """Pearson's r between `gain_vs_training` rows' training `field` and gain: over all runs,
+    and within seeds (each seed's mean of both removed, so that what a seed's round 0 shares
+    with all its runs does not count). nan where undefined."""
+    x = np.array([r[field] for r in rows], np.float64)
+    y = np.array([r["gain"] for r in rows], np.float64)
+    seeds = np.array([r["seed"] for r in rows])
+    xw, yw = x.copy(), y.copy()
+    for s in set(seeds.tolist()):
+        m = seeds == s
+        xw[m] -= x[m].mean()
+        yw[m] -= y[m].mean()
+    within = _correlation(xw, yw) if len(set(seeds.tolist())) < len(rows) else math.nan
+    return _correlation(x, y), within
+
+
+def gain_text(records: Sequence[dict], field: str = "wait_ratio") -> str:
+    """A sentence for summary.md: how the final change goes with the training `field`."""
+    rows = gain_vs_training(records, field)
+    over, within = gain_correlations(rows, field)
+    if math.isnan(over):
+        return ""
+    share = "share of puzzles that need a wait" if field == "wait_ratio" else field
+    within_text = "" if math.isnan(within) else f", r = {within:.2f} within seeds"
+    return (
+        f"\n\nFinal change vs start against the training {share} (data-weighted over sizes, "
+        f"mean over rounds; `gain_vs_wait.png`): r = {over:.2f} over the {len(rows)} runs"
+        f"{within_text} (each seed's means removed). The runs of a seed share its round 0, so "
+        "this is an association, not a controlled comparison."
+    )
+
+
 def _fmt(e: stats.Estimate, signed: bool = False) -> str:
     if e.n == 0 or math.isnan(e.value):
         return "-"
@@ -206,7 +259,8 @@ def summary_markdown(records: Sequence[dict], reference: str = "fixed") -> str:
         "change vs start (points, per seed)", "final mean@k %",
         f"vs {reference}: per seed (points)", f"vs {reference}: per puzzle (discordant)",
     ]  # fmt: skip
-    return stats.markdown_table(header, rows) + detectable_text(p, reference)
+    table = stats.markdown_table(header, rows)
+    return table + detectable_text(p, reference) + gain_text(records)
 
 
 def detectable_difference(paired: dict[str, dict]) -> tuple[float, int]:
@@ -256,7 +310,8 @@ def plot(records: Sequence[dict], out_dir: pathlib.Path) -> list[str]:
     """held_out.png (greedy valid and, when sampled, mean@k per point, mean and 95 % interval
     over seeds), final_sizes.png (last-round greedy valid per size), data_ratio.png (data_ratio
     chosen per round, seed mean), wait_and_holes.png (the training wait share and hole ratio
-    per round, data-weighted, seed mean); returns the file names written."""
+    per round, data-weighted, seed mean), gain_vs_wait.png (each run's final change against its
+    training wait share, `gain_vs_training`); returns the file names written."""
     import io
 
     import matplotlib
@@ -353,6 +408,25 @@ def plot(records: Sequence[dict], out_dir: pathlib.Path) -> list[str]:
     axes[-1].legend(fontsize=8)
     fig.tight_layout()
     names.append(save(fig, "wait_and_holes.png"))
+
+    rows = gain_vs_training(records)
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for e in engineers:
+        mine = [r for r in rows if r["engineer"] == e]
+        xs = [r["wait_ratio"] for r in mine]
+        ax.scatter(xs, [100 * r["gain"] for r in mine], label=e, s=28)
+        for r in mine:
+            ax.annotate(f"s{r['seed']}", (r["wait_ratio"], 100 * r["gain"]), fontsize=6,
+                        xytext=(3, 2), textcoords="offset points")  # fmt: skip
+    over, within = gain_correlations(rows)
+    ax.axhline(0, color="0.5", lw=0.8)
+    ax.set_title(f"final change vs start (r = {over:.2f}; within seeds {within:.2f})")
+    ax.set_xlabel("training wait share, data-weighted, mean over rounds")
+    ax.set_ylabel("greedy valid, points")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    names.append(save(fig, "gain_vs_wait.png"))
     return names
 
 

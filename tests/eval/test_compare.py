@@ -15,7 +15,9 @@ from mapfjax.eval import compare
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-def fake_run(path: pathlib.Path, seed: int, greedy: list[list[bool]], lr=1e-4, held=b"abc"):
+def fake_run(
+    path: pathlib.Path, seed: int, greedy: list[list[bool]], lr=1e-4, held=b"abc", wait=0.3
+):
     """A finished run directory: start + one validation per round (greedy bits per puzzle)."""
     sizes = [3, 3, 4, 4, 5, 5][: len(greedy[0])]
     cfg = {"rounds": len(greedy) - 1, "train": {"instances": 16}, "optim": {"lr": lr}}
@@ -36,7 +38,7 @@ def fake_run(path: pathlib.Path, seed: int, greedy: list[list[bool]], lr=1e-4, h
         d = path / f"round_{n}"
         validation(d, bits)
         ratio = 0.5 if n % 2 else 1 / 3
-        sizes_cfg = {f"s{s}": {"data_ratio": ratio, "hole_ratio": 0.2, "wait_ratio": 0.3}
+        sizes_cfg = {f"s{s}": {"data_ratio": ratio, "hole_ratio": 0.2, "wait_ratio": wait}
                      for s in (3, 4, 5)}  # fmt: skip
         (d / "config.json").write_text(json.dumps({"sizes": sizes_cfg}))
         (d / "decision.json").write_text(json.dumps({"engineer": "x", "diff": {}, "summary": "s"}))
@@ -98,15 +100,11 @@ def test_results_files(tmp_path):
     out = compare.write_results(recs, tmp_path / "results", note="note")
     md = out.read_text()
     assert "| learnability | 3 | 2 |" in md and "vs fixed" in md
-    for name in ("held_out.png", "final_sizes.png", "data_ratio.png", "wait_and_holes.png"):
+    plots = ("held_out.png", "final_sizes.png", "data_ratio.png", "wait_and_holes.png")
+    plots += ("gain_vs_wait.png",)
+    for name in plots:
         assert f"![{name}]({name})" in md
-    for name in (
-        "held_out.png",
-        "final_sizes.png",
-        "data_ratio.png",
-        "wait_and_holes.png",
-        "summary.csv",
-    ):
+    for name in (*plots, "summary.csv"):
         assert (tmp_path / "results" / name).stat().st_size > 100
     assert len(list((tmp_path / "results" / "runs").glob("*.json"))) == 6
     rows = (tmp_path / "results" / "summary.csv").read_text().splitlines()
@@ -119,6 +117,36 @@ def test_mixed_ratio_weights_sizes_by_their_data_share():
         "s4": {"data_ratio": 0.25, "wait_ratio": 1},
     }
     assert compare.mixed_ratio(sizes, "wait_ratio") == pytest.approx(0.75 * 0.2 + 0.25)
+
+
+def test_gain_against_the_training_wait_share_over_runs_and_within_seeds(tmp_path):
+    rng = np.random.default_rng(3)
+    recs, x, y, seeds = [], [], [], []
+    for engineer, wait in (("fixed", 0.2), ("random", 0.5), ("rule", 0.9)):
+        for seed in (0, 1, 2):
+            bits = rng.random((3, 6)) < 0.5
+            w = wait + 0.05 * seed
+            run = fake_run(tmp_path / f"{engineer}_{seed}", seed, bits.tolist(), wait=w)
+            recs.append(compare.run_record(run, f"{engineer}_s{seed}", engineer, seed))
+            x.append(w)
+            y.append(bits[-1].mean() - bits[0].mean())
+            seeds.append(seed)
+    rows = compare.gain_vs_training(recs)
+    assert [r["wait_ratio"] for r in rows] == pytest.approx(x)
+    assert [r["gain"] for r in rows] == pytest.approx(y)
+    x, y, seeds = np.array(x), np.array(y), np.array(seeds)
+    over, within = compare.gain_correlations(rows)
+    assert over == pytest.approx(np.corrcoef(x, y)[0, 1])
+    # Within seeds: the same after subtracting each seed's means (a NumPy transcription).
+    xm = np.array([x[seeds == s].mean() for s in seeds])
+    ym = np.array([y[seeds == s].mean() for s in seeds])
+    assert within == pytest.approx(np.corrcoef(x - xm, y - ym)[0, 1])
+    md = compare.summary_markdown(recs)
+    assert f"r = {over:.2f} over the 9 runs, r = {within:.2f} within seeds" in md
+    # One wait share for every run (the records() fixture): no correlation, no sentence.
+    same = records(tmp_path / "same")
+    assert np.isnan(compare.gain_correlations(compare.gain_vs_training(same))[0])
+    assert "training share of puzzles that need a wait" not in compare.summary_markdown(same)
 
 
 def test_summary_states_the_designs_detectable_difference(tmp_path):
