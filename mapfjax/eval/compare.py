@@ -326,6 +326,15 @@ def plot(records: Sequence[dict], out_dir: pathlib.Path) -> list[str]:
         files.atomic_write(out_dir / name, buf.getvalue())
         return name
 
+    def finish(fig, ax, title, axes_text, name, legend_size):
+        ax.set_title(title)
+        ax.set_xlabel(axes_text[0])
+        ax.set_ylabel(axes_text[1])
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=legend_size)
+        fig.tight_layout()
+        return save(fig, name)
+
     names = []
     c = curves(records)
     panels = [("greedy", "greedy valid"), ("mean_at_k", "mean@k")]
@@ -361,13 +370,8 @@ def plot(records: Sequence[dict], out_dir: pathlib.Path) -> list[str]:
             for s in sizes
         ]
         ax.plot(sizes, ys, marker="o", label=e)
-    ax.set_title("final greedy valid per map size (mean over seeds)")
-    ax.set_xlabel("map size N")
-    ax.set_ylabel("%")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    names.append(save(fig, "final_sizes.png"))
+    names.append(finish(fig, ax, "final greedy valid per map size (mean over seeds)",
+                        ("map size N", "%"), "final_sizes.png", 8))  # fmt: skip
 
     engineers = list(c)
     fig, axes = plt.subplots(
@@ -420,13 +424,9 @@ def plot(records: Sequence[dict], out_dir: pathlib.Path) -> list[str]:
                         xytext=(3, 2), textcoords="offset points")  # fmt: skip
     over, within = gain_correlations(rows)
     ax.axhline(0, color="0.5", lw=0.8)
-    ax.set_title(f"final change vs start (r = {over:.2f}; within seeds {within:.2f})")
-    ax.set_xlabel("training wait share, data-weighted, mean over rounds")
-    ax.set_ylabel("greedy valid, points")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    names.append(save(fig, "gain_vs_wait.png"))
+    axes_text = ("training wait share, data-weighted, mean over rounds", "greedy valid, points")
+    title = f"final change vs start (r = {over:.2f}; within seeds {within:.2f})"
+    names.append(finish(fig, ax, title, axes_text, "gain_vs_wait.png", 7))
     return names
 
 
