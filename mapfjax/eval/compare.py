@@ -260,7 +260,34 @@ def summary_markdown(records: Sequence[dict], reference: str = "fixed") -> str:
         f"vs {reference}: per seed (points)", f"vs {reference}: per puzzle (discordant)",
     ]  # fmt: skip
     table = stats.markdown_table(header, rows)
-    return table + detectable_text(p, reference) + gain_text(records)
+    return table + per_seed_markdown(records) + detectable_text(p, reference) + gain_text(records)
+
+
+def per_seed_markdown(records: Sequence[dict]) -> str:
+    """A table: per engineer (rows) and seed (columns), the final greedy valid % with the
+    change against the run's own start in points; "-" where a seed has no finished run."""
+    runs = {(r["engineer"], r["seed"]): r for r in records if r["rounds"] and "start" in r}
+    if not runs:
+        return ""
+    seeds = sorted({s for _, s in runs})
+    rows = []
+    for e in sorted({e for e, _ in runs}):
+        cells = [e]
+        for s in seeds:
+            r = runs.get((e, s))
+            if r is None:
+                cells.append("-")
+                continue
+            final, start = _greedy(r["rounds"][-1]["validation"]), _greedy(r["start"])
+            # From the counts, so that a change of exactly 3.75 points is not written 3.7.
+            change = 100 * (int(final.sum()) - int(start.sum())) / final.size
+            cells.append(f"{stats.percent(final.mean())} ({change:+.1f})")
+        rows.append(cells)
+    header = ["engineer", *(f"seed {s}" for s in seeds)]
+    return (
+        "\n\nFinal greedy valid % per seed (change vs the run's start, points):\n\n"
+        + stats.markdown_table(header, rows)
+    )
 
 
 def detectable_difference(paired: dict[str, dict]) -> tuple[float, int]:

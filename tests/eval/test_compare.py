@@ -95,6 +95,22 @@ def test_runs_with_another_held_out_set_or_budget_are_refused(tmp_path):
         compare.check_comparable([recs[0], compare.run_record(lr, "lr_s9", "random", 9)])
 
 
+def test_per_seed_table_writes_each_runs_final_rate_and_change(tmp_path):
+    recs = records(tmp_path)
+    md = compare.summary_markdown(recs)
+    assert "| engineer | seed 0 | seed 1 | seed 2 |" in md
+    for engineer in ("fixed", "learnability"):
+        cells = []
+        for r in [r for r in recs if r["engineer"] == engineer]:
+            final = np.mean([c == "1" for c in r["rounds"][-1]["validation"]["greedy"]])
+            start = np.mean([c == "1" for c in r["start"]["greedy"]])
+            cells.append(f"{100 * final:.1f} ({100 * (final - start):+.1f})")
+        assert f"| {engineer} | {' | '.join(cells)} |" in md
+    # A seed without a finished run of one engineer: its cell is "-".
+    md = compare.summary_markdown([r for r in recs if r["run"] != "fixed_s1"])
+    assert "| fixed | " in md and md.split("| fixed | ")[-1].split(" | ")[1] == "-"
+
+
 def test_results_files(tmp_path):
     recs = records(tmp_path)
     out = compare.write_results(recs, tmp_path / "results", note="note")
