@@ -452,7 +452,9 @@ def plot(records: Sequence[dict], out_dir: pathlib.Path) -> list[str]:
     over, within = gain_correlations(rows)
     ax.axhline(0, color="0.5", lw=0.8)
     axes_text = ("training wait share, data-weighted, mean over rounds", "greedy valid, points")
-    title = f"final change vs start (r = {over:.2f}; within seeds {within:.2f})"
+    r_text = [f"r = {over:.2f}"] * (not math.isnan(over))
+    r_text += [f"within seeds {within:.2f}"] * (not math.isnan(within))
+    title = "final change vs start" + (f" ({'; '.join(r_text)})" if r_text else "")
     names.append(finish(fig, ax, title, axes_text, "gain_vs_wait.png", 7))
     return names
 
