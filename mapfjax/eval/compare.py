@@ -57,6 +57,25 @@ def _validation(path: pathlib.Path) -> dict:
     }
 
 
+def _needs_wait(held: bytes, rows: Sequence[dict]) -> str | None:
+    """The held-out set's `needs_wait` labels in the validation rows' order ("1" = the puzzle
+    needs a wait), or None when the set has no such labels or rows name puzzles it lacks."""
+    labels = {}
+    for line in held.decode(errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except ValueError:
+            return None
+        if not isinstance(item, dict) or "needs_wait" not in item or "id" not in item:
+            return None
+        labels[item["id"]] = bool(item["needs_wait"])
+    if not rows or any(r.get("id") not in labels for r in rows):
+        return None
+    return "".join("1" if labels[r["id"]] else "0" for r in rows)
+
+
 def run_record(workdir: pathlib.Path, name: str, engineer: str, seed: int) -> dict:
     """A run's small record: the budget and held-out set it used, per round (start included)
     the config, the per-puzzle greedy outcomes and sample counts on the held-out set, and the
@@ -75,6 +94,9 @@ def run_record(workdir: pathlib.Path, name: str, engineer: str, seed: int) -> di
     start = workdir / "start" / "validation.json"
     if start.exists():
         rec["start"] = _validation(start)
+        waits = _needs_wait(held, read_validation(start))
+        if waits is not None:
+            rec["needs_wait"] = waits
     for n in range(int(cfg["rounds"])):
         d = workdir / f"round_{n}"
         if not (d / "DONE").exists():
@@ -260,7 +282,8 @@ def summary_markdown(records: Sequence[dict], reference: str = "fixed") -> str:
         f"vs {reference}: per seed (points)", f"vs {reference}: per puzzle (discordant)",
     ]  # fmt: skip
     table = stats.markdown_table(header, rows)
-    return table + per_seed_markdown(records) + detectable_text(p, reference) + gain_text(records)
+    parts = [table, per_seed_markdown(records), wait_split_markdown(records)]
+    return "".join(parts) + detectable_text(p, reference) + gain_text(records)
 
 
 def per_seed_markdown(records: Sequence[dict]) -> str:
@@ -287,6 +310,38 @@ def per_seed_markdown(records: Sequence[dict]) -> str:
     return (
         "\n\nFinal greedy valid % per seed (change vs the run's start, points):\n\n"
         + stats.markdown_table(header, rows)
+    )
+
+
+def wait_split_markdown(records: Sequence[dict]) -> str:
+    """A table: per engineer, the final change against the run's own start on the held-out
+    puzzles that need a wait and on those that need none (mean over seeds, t 95 % interval);
+    "" unless every finished record carries the same `needs_wait` labels."""
+    runs = [r for r in records if r["rounds"] and "start" in r]
+    labels = {r.get("needs_wait") for r in runs}
+    if not runs or len(labels) != 1 or None in labels:
+        return ""
+    waits = np.array([c == "1" for c in labels.pop()])
+    rows = []
+    for e in sorted({r["engineer"] for r in runs}):
+        mine = [r for r in runs if r["engineer"] == e]
+        cells = [e, len(mine)]
+        for part in (waits, ~waits):
+            start = [_greedy(r["start"])[part].mean() for r in mine]
+            final = [_greedy(r["rounds"][-1]["validation"])[part].mean() for r in mine]
+            cells += [
+                stats.percent(float(np.mean(start))),
+                _fmt(stats.paired_difference(final, start), True),
+            ]
+        rows.append(cells)
+    n_wait, n_none = int(waits.sum()), int((~waits).sum())
+    header = [
+        "engineer", "seeds", f"needs a wait (n={n_wait}): start %", "change (points)",
+        f"needs none (n={n_none}): start %", "change (points)",
+    ]  # fmt: skip
+    return (
+        "\n\nFinal change vs start on the held-out puzzles that need a wait and on the others "
+        "(mean over seeds, 95 % interval):\n\n" + stats.markdown_table(header, rows)
     )
 
 

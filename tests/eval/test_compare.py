@@ -111,6 +111,44 @@ def test_per_seed_table_writes_each_runs_final_rate_and_change(tmp_path):
     assert "| fixed | " in md and md.split("| fixed | ")[-1].split(" | ")[1] == "-"
 
 
+def test_split_by_whether_a_held_out_puzzle_needs_a_wait(tmp_path):
+    waits = [True, False, True, True, False, False]
+    held = "".join(
+        json.dumps({"id": f"p{i}", "needs_wait": w, "grid": ["F"]}) + "\n"
+        for i, w in enumerate(waits)
+    ).encode()
+    rng = np.random.default_rng(5)
+    recs = []
+    for engineer in ("fixed", "rule"):
+        for seed in (0, 1, 2):
+            bits = rng.random((3, 6)) < 0.5
+            run = fake_run(tmp_path / f"{engineer}_{seed}", seed, bits.tolist(), held=held)
+            recs.append(compare.run_record(run, f"{engineer}_s{seed}", engineer, seed))
+    assert all(r["needs_wait"] == "101100" for r in recs)
+    md = compare.summary_markdown(recs)
+    assert "| engineer | seeds | needs a wait (n=3): start % | change (points) |" in md
+    w = np.array(waits)
+    for engineer in ("fixed", "rule"):
+        mine = [r for r in recs if r["engineer"] == engineer]
+        bits = lambda v, part: np.array([c == "1" for c in v["greedy"]])[part]
+        cells = [engineer, "3"]
+        for part in (w, ~w):
+            start = [bits(r["start"], part).mean() for r in mine]
+            final = [bits(r["rounds"][-1]["validation"], part).mean() for r in mine]
+            d = np.subtract(final, start)
+            half = 4.302652729911275 * d.std(ddof=1) / np.sqrt(3)  # t(0.975, df=2)
+            mean = 100 * d.mean()
+            lo, hi = 100 * (d.mean() - half), 100 * (d.mean() + half)
+            sign = "+" if mean > 0 else ""
+            cells += [f"{100 * np.mean(start):.1f}", f"{sign}{mean:.1f} [{lo:.1f}, {hi:.1f}]"]
+        assert f"| {' | '.join(cells)} |" in md
+    # Records without labels (a held-out file that is not labelled JSONL): no split table.
+    plain = records(tmp_path / "plain")
+    assert "needs_wait" not in plain[0]
+    assert "needs a wait" not in compare.summary_markdown(plain)
+    assert "needs a wait" not in compare.summary_markdown([*recs[:3], *plain[3:]])
+
+
 def test_results_files(tmp_path):
     recs = records(tmp_path)
     out = compare.write_results(recs, tmp_path / "results", note="note")
