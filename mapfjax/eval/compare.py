@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from mapfjax import files, stats
-from mapfjax.eval.report import read_validation
+from mapfjax.eval.report import needs_wait_labels, read_validation
 
 # Keys of run_config.json that must agree for runs to be compared (the same held-out set and
 # the same training budget); the engineer and the seed may differ.
@@ -60,18 +60,8 @@ def _validation(path: pathlib.Path) -> dict:
 def _needs_wait(held: bytes, rows: Sequence[dict]) -> str | None:
     """The held-out set's `needs_wait` labels in the validation rows' order ("1" = the puzzle
     needs a wait), or None when the set has no such labels or rows name puzzles it lacks."""
-    labels = {}
-    for line in held.decode(errors="replace").splitlines():
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except ValueError:
-            return None
-        if not isinstance(item, dict) or "needs_wait" not in item or "id" not in item:
-            return None
-        labels[item["id"]] = bool(item["needs_wait"])
-    if not rows or any(r.get("id") not in labels for r in rows):
+    labels = needs_wait_labels(held)
+    if labels is None or not rows or any(r.get("id") not in labels for r in rows):
         return None
     return "".join("1" if labels[r["id"]] else "0" for r in rows)
 

@@ -100,6 +100,51 @@ def paired_change(a: dict[str, bool], b: dict[str, bool]) -> stats.Estimate:
     return stats.paired_proportion_difference([a[i] for i in ids], [b[i] for i in ids])
 
 
+def needs_wait_labels(held: bytes) -> dict[str, bool] | None:
+    """Puzzle id -> needs a wait, from a held-out JSONL's bytes (`validation_set.jsonl`); None
+    when a line is not a labelled puzzle (no `id` or no `needs_wait`)."""
+    labels = {}
+    for line in held.decode(errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except ValueError:
+            return None
+        if not isinstance(item, dict) or "needs_wait" not in item or "id" not in item:
+            return None
+        labels[item["id"]] = bool(item["needs_wait"])
+    return labels or None
+
+
+def wait_split_table(runs: list[tuple[str, list[dict]]], labels: dict[str, bool]) -> str:
+    """Rows: the starting model and each round; columns, for the held-out puzzles that need a
+    wait and for those that need none: greedy valid % (95 % interval) and the paired change
+    against the starting model on the same puzzles. "" when a part is empty."""
+    if not runs:
+        return ""
+    first = valid_by_id(runs[0][1])
+    parts = [{i for i in first if labels.get(i) is want} for want in (True, False)]
+    if not all(parts):
+        return ""
+    table = []
+    for label, rows in runs:
+        mine = valid_by_id(rows)
+        line = [label]
+        for ids in parts:
+            shared = sorted(ids & set(mine))
+            line.append(stats.interval_text(stats.proportion([mine[i] for i in shared])))
+            same = label == runs[0][0]
+            change = paired_change({i: mine[i] for i in shared}, {i: first[i] for i in shared})
+            line.append("-" if same else stats.interval_text(change, signed=True))
+        table.append(line)
+    header = [
+        "model", f"needs a wait (n={len(parts[0])}): greedy valid %", "change vs start (points)",
+        f"needs none (n={len(parts[1])}): greedy valid %", "change vs start (points)",
+    ]  # fmt: skip
+    return stats.markdown_table(header, table)
+
+
 def held_out_table(runs: list[tuple[str, list[dict]]]) -> str:
     """Rows: the starting model and each round; columns: n, greedy valid %, mean@k % (95 %
     intervals), the paired change of greedy valid against the starting model on the same
@@ -456,6 +501,16 @@ def write_report(workdir) -> pathlib.Path:
             "what GRPO optimises); an interval that contains 0 is no measurable change.",
             "",
         ]
+        held_set = workdir / "validation_set.jsonl"
+        labels = needs_wait_labels(held_set.read_bytes()) if held_set.exists() else None
+        split = wait_split_table(held, labels) if labels else ""
+        if split:
+            parts += [
+                "Split by whether a held-out puzzle needs a wait (greedy):",
+                "",
+                split,
+                "",
+            ]
         if "training.png" in plots:
             parts += ["## Training curves", "", "![training](training.png)", ""]
         group_size = _group_size(workdir)

@@ -236,3 +236,34 @@ def test_compare_runs_reads_each_runs_own_sample_count(tmp_path):
     assert f"| {100 * 0.5 * bits.mean():.1f} [" in lines["b"] and "(k=2) |" in lines["b"]
     same = report.compare_runs([a, shutil.copytree(a, tmp_path / "a2")])
     assert "| mean@4 % |" in same and "(k=" not in same
+
+
+def test_wait_split_table_pairs_each_part_with_the_start():
+    rng = np.random.default_rng(7)
+    n = 120
+    ids = [f"p{i}" for i in range(n)]
+    waits = rng.random(n) < 0.5
+    start, end = rng.random(n) < 0.3, rng.random(n) < 0.45
+    held = "".join(
+        json.dumps({"id": i, "needs_wait": bool(w), "grid": ["F"]}) + "\n"
+        for i, w in zip(ids, waits, strict=True)
+    ).encode()
+    labels = report.needs_wait_labels(held)
+    assert labels == dict(zip(ids, waits.tolist(), strict=True))
+    rows = lambda g: [{"id": i, "valid": bool(a)} for i, a in zip(ids, g, strict=True)]
+    text = report.wait_split_table([("start", rows(start)), ("R0", rows(end))], labels)
+    header, _, first, last = text.splitlines()
+    assert f"needs a wait (n={waits.sum()})" in header
+    assert f"needs none (n={(~waits).sum()})" in header
+    assert first.count("| - |") == 2
+    for part in (waits, ~waits):
+        g = end[part].astype(float) - start[part]
+        half = Z * g.std() / np.sqrt(part.sum())
+        rate = 100 * end[part].mean()
+        assert f"| {rate:.1f} [" in last
+        assert f"| {100 * g.mean():+.1f} [{100 * (g.mean() - half):.0f}, " in last, last
+    # A held-out file without labels, or a split with an empty part: no table.
+    assert report.needs_wait_labels(b'{"id": "p0", "grid": ["F"]}\n') is None
+    assert report.needs_wait_labels(b"not json\n") is None
+    none_wait = dict.fromkeys(ids, False)
+    assert report.wait_split_table([("start", rows(start))], none_wait) == ""
