@@ -102,7 +102,7 @@ def paired_change(a: dict[str, bool], b: dict[str, bool]) -> stats.Estimate:
 
 def needs_wait_labels(held: bytes) -> dict[str, bool] | None:
     """Puzzle id -> needs a wait, from a held-out JSONL's bytes (`validation_set.jsonl`); None
-    when a line is not a labelled puzzle (no `id` or no `needs_wait`)."""
+    when a line is not a labelled puzzle (no `id`, or `needs_wait` missing or null)."""
     labels = {}
     for line in held.decode(errors="replace").splitlines():
         if not line.strip():
@@ -111,7 +111,7 @@ def needs_wait_labels(held: bytes) -> dict[str, bool] | None:
             item = json.loads(line)
         except ValueError:
             return None
-        if not isinstance(item, dict) or "needs_wait" not in item or "id" not in item:
+        if not isinstance(item, dict) or item.get("needs_wait") is None or "id" not in item:
             return None
         labels[item["id"]] = bool(item["needs_wait"])
     return labels or None

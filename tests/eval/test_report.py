@@ -265,5 +265,6 @@ def test_wait_split_table_pairs_each_part_with_the_start():
     # A held-out file without labels, or a split with an empty part: no table.
     assert report.needs_wait_labels(b'{"id": "p0", "grid": ["F"]}\n') is None
     assert report.needs_wait_labels(b"not json\n") is None
+    assert report.needs_wait_labels(b'{"id": "p0", "needs_wait": null}\n') is None
     none_wait = dict.fromkeys(ids, False)
     assert report.wait_split_table([("start", rows(start))], none_wait) == ""
