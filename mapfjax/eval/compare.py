@@ -45,8 +45,7 @@ def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _validation(path: pathlib.Path) -> dict:
-    rows = read_validation(path)
+def _validation(rows: Sequence[dict]) -> dict:
     return {
         "greedy": "".join("1" if r["valid"] else "0" for r in rows),
         "samples": [r.get("samples_valid") for r in rows]
@@ -83,8 +82,9 @@ def run_record(workdir: pathlib.Path, name: str, engineer: str, seed: int) -> di
     }
     start = workdir / "start" / "validation.json"
     if start.exists():
-        rec["start"] = _validation(start)
-        waits = _needs_wait(held, read_validation(start))
+        rows = read_validation(start)
+        rec["start"] = _validation(rows)
+        waits = _needs_wait(held, rows)
         if waits is not None:
             rec["needs_wait"] = waits
     for n in range(int(cfg["rounds"])):
@@ -92,7 +92,7 @@ def run_record(workdir: pathlib.Path, name: str, engineer: str, seed: int) -> di
         if not (d / "DONE").exists():
             break
         entry = {"round": n, "config": json.loads((d / "config.json").read_text())["sizes"]}
-        entry["validation"] = _validation(d / "validation.json")
+        entry["validation"] = _validation(read_validation(d / "validation.json"))
         if (d / "decision.json").exists():
             dec = json.loads((d / "decision.json").read_text())
             keep = ("engineer", "diff", "summary", "kept_current", "reason", "changes")
@@ -128,6 +128,23 @@ def _mean_at_k(v: dict) -> float:
     if v["samples"] is None:
         return math.nan
     return float(np.mean(v["samples"]) / v["k"])
+
+
+def _finished(records: Sequence[dict]) -> list[dict]:
+    """The records with a start and at least one finished round."""
+    return [r for r in records if r["rounds"] and "start" in r]
+
+
+def _ends(r: dict) -> tuple[np.ndarray, np.ndarray]:
+    """A finished record's greedy bits after its last round and at its start."""
+    return _greedy(r["rounds"][-1]["validation"]), _greedy(r["start"])
+
+
+def _change(r: dict) -> float:
+    """Final greedy valid minus the run's start, from the counts (a change of exactly 3.75
+    points stays 3.75, not 3.7499...)."""
+    final, start = _ends(r)
+    return (int(final.sum()) - int(start.sum())) / final.size
 
 
 def curves(records: Sequence[dict]) -> dict[str, dict[str, list[stats.Estimate]]]:
@@ -180,10 +197,9 @@ def gains_vs_start(records: Sequence[dict]) -> dict[str, stats.Estimate]:
     over its seeds with the t interval (the runs are the replicates)."""
     out = {}
     for engineer in sorted({r["engineer"] for r in records}):
-        runs = [r for r in records if r["engineer"] == engineer and r["rounds"] and "start" in r]
+        ends = [_ends(r) for r in _finished(records) if r["engineer"] == engineer]
         out[engineer] = stats.paired_difference(
-            [_greedy(r["rounds"][-1]["validation"]).mean() for r in runs],
-            [_greedy(r["start"]).mean() for r in runs],
+            [final.mean() for final, _ in ends], [start.mean() for _, start in ends]
         )
     return out
 
@@ -192,13 +208,10 @@ def gain_vs_training(records: Sequence[dict], field: str = "wait_ratio") -> list
     """Per run with a start and rounds: the training `field` it had (`mixed_ratio`, mean over
     its rounds) and its final greedy valid minus its own start on the same puzzles."""
     out = []
-    for r in records:
-        if not r["rounds"] or "start" not in r:
-            continue
+    for r in _finished(records):
         x = float(np.mean([mixed_ratio(e["config"], field) for e in r["rounds"]]))
-        gain = _greedy(r["rounds"][-1]["validation"]).mean() - _greedy(r["start"]).mean()
         out.append({"run": r["run"], "engineer": r["engineer"], "seed": r["seed"], field: x,
-                    "gain": float(gain)})  # fmt: skip
+                    "gain": _change(r)})  # fmt: skip
     return out
 
 
@@ -279,7 +292,7 @@ def summary_markdown(records: Sequence[dict], reference: str = "fixed") -> str:
 def per_seed_markdown(records: Sequence[dict]) -> str:
     """A table: per engineer (rows) and seed (columns), the final greedy valid % with the
     change against the run's own start in points; "-" where a seed has no finished run."""
-    runs = {(r["engineer"], r["seed"]): r for r in records if r["rounds"] and "start" in r}
+    runs = {(r["engineer"], r["seed"]): r for r in _finished(records)}
     if not runs:
         return ""
     seeds = sorted({s for _, s in runs})
@@ -291,10 +304,8 @@ def per_seed_markdown(records: Sequence[dict]) -> str:
             if r is None:
                 cells.append("-")
                 continue
-            final, start = _greedy(r["rounds"][-1]["validation"]), _greedy(r["start"])
-            # From the counts, so that a change of exactly 3.75 points is not written 3.7.
-            change = 100 * (int(final.sum()) - int(start.sum())) / final.size
-            cells.append(f"{stats.percent(final.mean())} ({change:+.1f})")
+            final, _ = _ends(r)
+            cells.append(f"{stats.percent(final.mean())} ({100 * _change(r):+.1f})")
         rows.append(cells)
     header = ["engineer", *(f"seed {s}" for s in seeds)]
     return (
@@ -307,7 +318,7 @@ def wait_split_markdown(records: Sequence[dict]) -> str:
     """A table: per engineer, the final change against the run's own start on the held-out
     puzzles that need a wait and on those that need none (mean over seeds, t 95 % interval);
     "" unless every finished record carries the same `needs_wait` labels."""
-    runs = [r for r in records if r["rounds"] and "start" in r]
+    runs = _finished(records)
     labels = {r.get("needs_wait") for r in runs}
     if not runs or len(labels) != 1 or None in labels:
         return ""
@@ -316,9 +327,10 @@ def wait_split_markdown(records: Sequence[dict]) -> str:
     for e in sorted({r["engineer"] for r in runs}):
         mine = [r for r in runs if r["engineer"] == e]
         cells = [e, len(mine)]
+        ends = [_ends(r) for r in mine]
         for part in (waits, ~waits):
-            start = [_greedy(r["start"])[part].mean() for r in mine]
-            final = [_greedy(r["rounds"][-1]["validation"])[part].mean() for r in mine]
+            start = [s[part].mean() for _, s in ends]
+            final = [f[part].mean() for f, _ in ends]
             cells += [
                 stats.percent(float(np.mean(start))),
                 _fmt(stats.paired_difference(final, start), True),
