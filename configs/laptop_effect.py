@@ -22,7 +22,7 @@ ABLATION = configfile.load_module(configfile.resolve("configs/sweep_ablation.py"
 
 # Baselines and the paper's engineer; `base` (the untrained checkpoint as engineer) can be
 # added with --config.groups.curricula.engineers.
-ENGINEERS = ("fixed", "random", "rule", "learnability", "bandit", "policy")
+ENGINEERS = ("fixed", "random", "rule", "learnability", "bandit", "policy", "wait")
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:

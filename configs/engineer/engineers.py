@@ -16,6 +16,8 @@ ENGINEERS = {
     "learnability": {"floor": 0.03, "target": 0.5, "band": 0.15, "hole_step": 0.05, "min_rows": 1},
     # Self-Evolving Curriculum: TD(0) values of mean |A| per size, data = softmax(Q / T).
     "bandit": {"step": 0.5, "temperature": 0.25, "initial": 0.0, "min_rows": 1},
+    # [ours] every size's wait_ratio = the share of held-out failures on puzzles that need a wait.
+    "wait": {"low": 0.1, "high": 0.9, "min_rows": 20},
     # base_url / model / api_key: empty = $OPENAI_BASE_URL / $OPENAI_MODEL / $OPENAI_API_KEY.
     "api": {
         "base_url": "",

@@ -1,6 +1,6 @@
 """Engineer context variants V1..V6 (docs/paper.md section 4), read cumulatively [ours]: V1 F;
 V2 +G; V3 +H with the round-0 default; V4 H without it; V5 +S; V6 +T bookkeeping (the paper's
-setting).
+setting). V6_wait [ours]: V6 whose F also splits the validation by whether a puzzle needs a wait.
 Use: --config=configs/engineer/variants.py:V6 --config.modules.T.detail=full (or V6_full_T)."""
 
 import os
@@ -19,11 +19,13 @@ def modules(
     s: bool = False,
     t: bool = False,
     detail: str = "bookkeeping",
+    wait_split: bool = False,
 ) -> ml_collections.ConfigDict:
-    """A modules config; F (the failure breakdown) is on in every variant."""
+    """A modules config; F (the failure breakdown) is on in every variant. F's wait_split key
+    is written only when set, so the paper's variants' configs are as they were."""
     return ml_collections.ConfigDict(
         {
-            "F": {"enabled": True},
+            "F": {"enabled": True, **({"wait_split": True} if wait_split else {})},
             "G": {"enabled": g, "path": GUIDELINE, "text": ""},
             # max_rounds = 0: show every earlier round.
             "H": {"enabled": h, "include_default": include_default, "max_rounds": 0},
@@ -41,6 +43,7 @@ VARIANTS = {
     "V5": dict(g=True, h=True, s=True),
     "V6": dict(g=True, h=True, s=True, t=True),
     "V6_full_T": dict(g=True, h=True, s=True, t=True, detail="full"),
+    "V6_wait": dict(g=True, h=True, s=True, t=True, wait_split=True),
 }
 
 

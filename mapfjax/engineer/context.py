@@ -48,6 +48,8 @@ class RoundRecord:
         (ROLLOUT_KEYS): learnability = mean over the size's groups of p(1 - p), p the group's
         share of valid samples; mixed_groups = share of groups with unequal rewards;
         mean_abs_advantage = mean |A| over the size's samples. Empty for older records.
+    wait_split: `wait_breakdown(rows)` of the same validation, pooled over sizes: the puzzles
+        that need a wait and the others. Empty for older records and unlabelled held-out sets.
     """
 
     round: int
@@ -56,6 +58,7 @@ class RoundRecord:
     summary: str = ""
     training: dict[str, Any] = dataclasses.field(default_factory=dict)
     rollouts: dict[str, Any] = dataclasses.field(default_factory=dict)
+    wait_split: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(dataclasses.asdict(self)))
@@ -76,6 +79,7 @@ class RoundRecord:
             summary=str(d.get("summary", "")),
             training=dict(d.get("training", {})),
             rollouts=dict(d.get("rollouts", {})),
+            wait_split=dict(d.get("wait_split", {})),
         )
 
     def to_json(self) -> str:
@@ -86,13 +90,7 @@ class RoundRecord:
         return cls.from_dict(json.loads(text))
 
 
-def failure_breakdown(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per-size counts from validation rows; keys are config size keys ('s7'), sorted by size.
-
-    Each entry: n, valid, optimal, failures {label: count for every FAILURE_NAMES label},
-    truncated (count), tokens (summed response tokens) and tokens_n (rows that reported them).
-    Counts rather than rates so that breakdowns can be merged and stored exactly.
-    """
+def _check_rows(rows: Sequence[Mapping[str, Any]]) -> None:
     for i, row in enumerate(rows):
         for key in ROW_KEYS:
             if key not in row:
@@ -106,14 +104,42 @@ def failure_breakdown(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, 
             )
         if row["optimal"] and not valid:
             raise ValueError(f"validation row {i}: optimal but not valid")
-    counts = tally(
+
+
+def _counts(rows: Sequence[Mapping[str, Any]], by) -> dict:
+    return tally(
         rows,
-        lambda r: int(r["size"]),
+        by,
         flags=("valid", "optimal", "truncated"),
         labels={"failures": ("failure", FAILURE_NAMES)},
         sums={"tokens": "response_tokens"},
     )
-    return {size_key(n): c for n, c in counts.items()}
+
+
+def failure_breakdown(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per-size counts from validation rows; keys are config size keys ('s7'), sorted by size.
+
+    Each entry: n, valid, optimal, failures {label: count for every FAILURE_NAMES label},
+    truncated (count), tokens (summed response tokens) and tokens_n (rows that reported them).
+    Counts rather than rates so that breakdowns can be merged and stored exactly.
+    """
+    _check_rows(rows)
+    return {size_key(n): c for n, c in _counts(rows, lambda r: int(r["size"])).items()}
+
+
+# The halves of a held-out set by the generator's label: a puzzle "needs a wait" when its optimal
+# sum of costs exceeds the agents' separate shortest paths (`mapfjax.env.types.needs_wait`).
+WAIT_HALVES = ("needs_wait", "no_wait")
+
+
+def wait_breakdown(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The same counts as `failure_breakdown`, pooled over sizes and split by each row's
+    `needs_wait` label: {"needs_wait": {...}, "no_wait": {...}} (a half with no puzzle is left
+    out). Rows without the label (missing or None) are not counted; {} when none has it."""
+    _check_rows(rows)
+    labelled = [r for r in rows if r.get("needs_wait") is not None]
+    counts = _counts(labelled, lambda r: WAIT_HALVES[not bool(r["needs_wait"])])
+    return {half: counts[half] for half in WAIT_HALVES if half in counts}
 
 
 # ----------------------------------------------------------------------------- signals
@@ -216,29 +242,46 @@ def _failure_cell(count: int, n: int) -> str:
     return "0" if count == 0 else f"{count} ({_pct(count, n, 0)}%)"
 
 
+def _breakdown_row(label: str, e: Mapping[str, Any]) -> list[str]:
+    n = e["n"]
+    tokens = "-" if not e.get("tokens_n") else f"{e['tokens'] / e['tokens_n']:.0f}"
+    return [
+        label,
+        str(n),
+        _pct(e["valid"], n),
+        _pct(e["optimal"], n),
+        *[_failure_cell(e["failures"].get(f, 0), n) for f in FAILURE_NAMES],
+        tokens,
+        _pct(e.get("truncated", 0), n, 0),
+    ]
+
+
+_BREAKDOWN_COLUMNS = ["n", "valid %", "optimal %", *FAILURE_NAMES, "mean tokens", "truncated %"]
+
+
 def render_breakdown(breakdown: Mapping[str, Mapping[str, Any]]) -> str:
     """A failure breakdown as a markdown table, one row per size plus an `all` row."""
     keys = _sorted_sizes(breakdown)
-    total = merge(breakdown[k] for k in keys)
-
-    def row(label: str, e: Mapping[str, Any]) -> list[str]:
-        n = e["n"]
-        tokens = "-" if not e.get("tokens_n") else f"{e['tokens'] / e['tokens_n']:.0f}"
-        return [
-            label,
-            str(n),
-            _pct(e["valid"], n),
-            _pct(e["optimal"], n),
-            *[_failure_cell(e["failures"].get(f, 0), n) for f in FAILURE_NAMES],
-            tokens,
-            _pct(e.get("truncated", 0), n, 0),
-        ]
-
-    rows = [row(_size_label(k), breakdown[k]) for k in keys]
+    rows = [_breakdown_row(_size_label(k), breakdown[k]) for k in keys]
     if len(keys) > 1:
-        rows.append(row("all", total))
-    header = ["size", "n", "valid %", "optimal %", *FAILURE_NAMES, "mean tokens", "truncated %"]
-    return markdown_table(header, rows)
+        rows.append(_breakdown_row("all", merge(breakdown[k] for k in keys)))
+    return markdown_table(["size", *_BREAKDOWN_COLUMNS], rows)
+
+
+WAIT_LABELS = {"needs_wait": "needs a wait", "no_wait": "needs none"}
+
+
+def render_wait_split(split: Mapping[str, Mapping[str, Any]]) -> str:
+    """`wait_breakdown` as a markdown table: one row per half, and what share of the failures
+    each half holds."""
+    failed = {h: e["n"] - e["valid"] for h, e in split.items()}
+    total = sum(failed.values())
+    rows = [
+        _breakdown_row(WAIT_LABELS[h], split[h]) + [_pct(failed[h], total, 0)]
+        for h in WAIT_HALVES
+        if h in split
+    ]
+    return markdown_table(["puzzles", *_BREAKDOWN_COLUMNS, "share of failures %"], rows)
 
 
 def _main_failure(e: Mapping[str, Any]) -> str:
@@ -279,6 +322,13 @@ def _module_f(records: Sequence[RoundRecord], current, opts) -> str:
             f"\n\nTraining rollouts of round {last.round} (p(1-p): mean over groups of the "
             "valid share times its complement; mixed groups: groups whose rewards differ, the "
             "only ones that teach):\n\n" + render_rollouts(stats)
+        )
+    if opts.get("wait_split", False) and last.wait_split:
+        text += (
+            f"\n\nValidation after round {last.round} by whether a puzzle needs a wait (its "
+            "optimal sum of costs exceeds the agents' separate shortest paths; the config's "
+            "wait_ratio sets the share of such puzzles in training):\n\n"
+            + render_wait_split(last.wait_split)
         )
     return text
 
@@ -356,7 +406,7 @@ MODULES: dict[str, ContextModule] = {
 }
 CURRENT_HEADER = "## Current config"
 MODULE_OPTIONS = {
-    "F": ("enabled",),
+    "F": ("enabled", "wait_split"),
     "G": ("enabled", "path", "text"),
     "H": ("enabled", "include_default", "max_rounds"),
     "S": ("enabled",),
@@ -380,6 +430,9 @@ def check_modules(modules: ml_collections.ConfigDict | Mapping[str, Any]) -> dic
             )
         if not isinstance(opts.get("enabled", False), bool):
             raise ValueError(f"modules.{name}.enabled = {opts['enabled']!r}; allowed: True/False")
+        for flag in ("include_default", "wait_split"):
+            if not isinstance(opts.get(flag, False), bool):
+                raise ValueError(f"modules.{name}.{flag} = {opts[flag]!r}; allowed: True/False")
         if name == "T" and opts.get("detail", "bookkeeping") not in T_DETAILS:
             raise ValueError(f"modules.T.detail = {opts['detail']!r}; allowed: {list(T_DETAILS)}")
         out[name] = opts

@@ -1,6 +1,7 @@
 """Engineers: `propose(context, current, rng, records=()) -> Decision`, in the registry ENGINEERS.
 
 fixed, random, rule, learnability and bandit are curriculum baselines (docs/paper.md section 9);
+wait [ours] sets the training wait share from where the held-out failures sit;
 api asks an OpenAI-compatible endpoint; policy/base ask a checkpoint through injected sampling
 (free text) or scoring (a choice among candidate edits).
 """
@@ -18,7 +19,7 @@ import ml_collections
 import numpy as np
 
 from mapfjax import api_chat
-from mapfjax.engineer.context import RoundRecord, SizeSignal, size_signals
+from mapfjax.engineer.context import WAIT_LABELS, RoundRecord, SizeSignal, size_signals
 from mapfjax.engineer.prompt import build_prompt
 from mapfjax.engineer.proposal import (
     MAX_EDITS,
@@ -491,6 +492,47 @@ class BanditEngineer:
         return _decide(self.name, diff, [note], current, values=q)
 
 
+@dataclasses.dataclass
+class WaitEngineer:
+    """Training puzzles that need a wait in the share the held-out failures do.
+
+    Reads the last record's `wait_split` (the validation counted separately on the puzzles
+    that need a wait and on the others). Every size's wait_ratio becomes the share of the
+    failed held-out puzzles that need a wait, clipped to [low, high] and rounded to 2 decimals;
+    data and hole ratios stay. Without a split covering `min_rows` labelled puzzles, or with no
+    failure, the config is kept.
+    """
+
+    low: float = 0.1
+    high: float = 0.9
+    min_rows: int = 20
+    name: str = "wait"
+
+    def __post_init__(self):
+        ok = 0 <= self.low <= self.high <= 1
+        _check(self.name, "low", self.low, ok, f"0 <= low <= high={self.high!r} <= 1")
+        ok = isinstance(self.min_rows, int) and self.min_rows >= 1
+        _check(self.name, "min_rows", self.min_rows, ok, "an integer >= 1")
+
+    def propose(self, context, current, rng, records=()) -> Decision:
+        split = records[-1].wait_split if records else {}
+        n = sum(e["n"] for e in split.values())
+        failed = {h: e["n"] - e["valid"] for h, e in split.items()}
+        if n < self.min_rows or not sum(failed.values()):
+            why = f"{n} labelled held-out puzzles (at least {self.min_rows} needed)"
+            if n >= self.min_rows:
+                why = "no held-out failure"
+            return keep_current(current, self.name, f"no wait split to act on: {why}")
+        share = failed.get("needs_wait", 0) / sum(failed.values())
+        wait = round(min(max(share, self.low), self.high), 2)
+        diff: Diff = ()
+        for s in _sizes(current):
+            diff += _ratio(current, s, "wait_ratio", wait)
+        rates = ", ".join(f"{WAIT_LABELS[h]} {e['valid']}/{e['n']} valid" for h, e in split.items())
+        note = f"{share:.0%} of the held-out failures need a wait ({rates}): wait_ratio {wait:g}"
+        return _decide(self.name, diff, [note], current, failure_share=share)
+
+
 # ----------------------------------------------------------------------------- api
 
 
@@ -627,6 +669,7 @@ ENGINEERS: dict[str, Callable[..., Engineer]] = {
     "rule": RuleEngineer,
     "learnability": LearnabilityEngineer,
     "bandit": BanditEngineer,
+    "wait": WaitEngineer,
     "api": ApiEngineer,
     "policy": PolicyEngineer,
     "base": functools.partial(PolicyEngineer, name="base"),

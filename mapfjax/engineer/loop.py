@@ -145,8 +145,7 @@ def _run(c, workdir: pathlib.Path, tokenizer, progress: bool, strict_engineer: b
         position = {"round": n, "step": steps}
         # 3. Validate on the held-out set; the round's record is what the context reads.
         rows = validate(out, streams.key(c.seed, "validation", n))
-        failures = ctx_lib.failure_breakdown(rows)
-        record = rec.round_record(workdir, n, c, current.to_dict(), failures, position)
+        record = rec.round_record(workdir, n, c, current.to_dict(), rows, position)
         records.append(record)
         # 4. Context -> engineer -> projected config C_{n+1}.
         if n + 1 < c.rounds:

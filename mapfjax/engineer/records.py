@@ -56,13 +56,15 @@ def previous_summary(workdir: pathlib.Path, n: int, position: dict) -> str:
     return read_json(prev, redo_advice(workdir, n - 1, position)).get("summary", "")
 
 
-def round_record(workdir, n: int, c, config: dict, validation: dict, position: dict):
-    """Round n's `RoundRecord` from its config (a dict), its validation failures
-    (`context.failure_breakdown`), the previous decision and its metrics.jsonl."""
+def round_record(workdir, n: int, c, config: dict, rows, position: dict):
+    """Round n's `RoundRecord` from its config (a dict), its validation rows (counted by
+    `context.failure_breakdown` and `context.wait_breakdown`), the previous decision and its
+    metrics.jsonl."""
     return ctx_lib.RoundRecord(
         round=n,
         config=config,
-        validation=validation,
+        validation=ctx_lib.failure_breakdown(rows),
+        wait_split=ctx_lib.wait_breakdown(rows),
         summary=previous_summary(workdir, n, position),
         training=training_info(c, n),
         rollouts=rollouts(workdir / f"round_{n}", c),
@@ -85,13 +87,12 @@ def finished_round(workdir: pathlib.Path, n: int, c, position: dict):
         config = read_json(out / "config.json", f"{path} cannot be recomputed: {advice}")
         val = read_json(out / "validation.json", f"{path} cannot be recomputed: {advice}")
         try:
-            validation = ctx_lib.failure_breakdown(val["rows"])
+            record = round_record(workdir, n, c, config, val["rows"], position)
         except (KeyError, TypeError, ValueError) as bad:
             raise RunDirError(
                 f"{out / 'validation.json'}: no usable 'rows' ({bad!r}); {path} cannot be "
                 f"recomputed: {advice}"
             ) from bad
-        record = round_record(workdir, n, c, config, validation, position)
         write_json(path, record.to_dict())
         log.warning("%s: unreadable (%s); recomputed from config.json and validation.json", path, e)
     decision = None

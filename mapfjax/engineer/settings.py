@@ -125,7 +125,8 @@ class EngineerSettings:
         fixes = [
             f"--config.engineer.modules.{m}.{opt}={want.get(m, {}).get(opt, False)}"
             for m in ctx_lib.MODULES
-            for opt in ("enabled", "include_default")  # what a variant decides (T's detail is free)
+            # what a variant decides (T's detail is free)
+            for opt in ("enabled", "include_default", "wait_split")
             if want.get(m, {}).get(opt, False) != have.get(m, {}).get(opt, False)
         ]
         if fixes:

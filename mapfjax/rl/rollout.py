@@ -307,8 +307,9 @@ class Validation:
     unweighted mean."""
 
     cells: tuple[SizeResult, ...]
-    # Per instance: {"id", "size", "num_agents", "valid", "optimal", "failure",
-    # "response_tokens", "truncated"} (what the engineer's failure breakdown reads).
+    # Per instance: {"id", "size", "num_agents", "needs_wait" (the puzzle's label, None when
+    # unlabelled), "valid", "optimal", "failure", "response_tokens", "truncated"} (what the
+    # engineer's failure breakdown and wait split read).
     rows: tuple[dict, ...] = ()
 
     @property
@@ -365,6 +366,7 @@ def greedy_eval(
             "id": p.id,
             "size": max(p.height, p.width),
             "num_agents": p.num_agents,
+            "needs_wait": p.needs_wait,
             "valid": bool(valid[j]),
             "optimal": bool(optimal[j]),
             "failure": types.FAILURES[int(failure[j])],

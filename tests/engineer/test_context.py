@@ -88,6 +88,54 @@ def test_failure_breakdown_rejects_bad_rows(bad, words):
         assert w in str(e.value)
 
 
+def test_wait_breakdown_splits_labelled_rows_by_hand():
+    labels = [True, False, True, None, False, True]  # ROWS in order; the 4th is unlabelled
+    split = C.wait_breakdown([r | {"needs_wait": w} for r, w in zip(ROWS, labels)])
+    assert list(split) == ["needs_wait", "no_wait"]
+    # needs a wait: row 0 (valid, optimal), row 2 (hole), row 5 (edge_conflict).
+    w, o = split["needs_wait"], split["no_wait"]
+    assert (w["n"], w["valid"], w["optimal"], w["tokens"]) == (3, 1, 1, 240)
+    assert w["failures"]["hole"] == 1 and w["failures"]["edge_conflict"] == 1
+    # needs none: row 1 (valid), row 4 (parse error, truncated).
+    assert (o["n"], o["valid"], o["truncated"], o["failures"]["parse_error"]) == (2, 1, 1, 1)
+    table = C.render_wait_split(split)
+    # 3 failures in all: 2 on puzzles that need a wait (67 %), 1 on the others (33 %).
+    assert "| needs a wait | 3 | 33.3 | 33.3 |" in table and "| 80 | 0 | 67 |\n" in table
+    assert "| needs none | 2 | 50.0 | 0.0 | 1 (50%) |" in table and table.endswith("| 510 | 50 | 33 |")
+    # Unlabelled rows (older validation files) give no split; one half alone is kept alone.
+    assert C.wait_breakdown(ROWS) == {}
+    assert list(C.wait_breakdown([ROWS[0] | {"needs_wait": False}])) == ["no_wait"]
+    with pytest.raises(ValueError, match="row 1.*lava"):
+        C.wait_breakdown([row(3), {**row(3, "hole"), "failure": "lava", "needs_wait": True}])
+
+
+def test_wait_split_is_recorded_and_shown_only_in_v6_wait():
+    labels = [True, False, True, False, False, True]
+    rows = [r | {"needs_wait": w} for r, w in zip(ROWS, labels)]
+    cfg = default_config(sizes=(3, 4, 5))
+    r = C.RoundRecord(
+        1, cfg.to_dict(), C.failure_breakdown(rows), wait_split=C.wait_breakdown(rows)
+    )
+    assert C.RoundRecord.from_json(r.to_json()) == r
+    old = {k: v for k, v in r.to_dict().items() if k != "wait_split"}  # an older record
+    assert C.RoundRecord.from_dict(old).wait_split == {}
+    plain = C.build_context([r], cfg, load_variant("V6").modules)
+    shown = C.build_context([r], cfg, load_variant("V6_wait").modules)
+    assert "needs a wait" not in plain and "| needs a wait | 3 |" in shown
+    assert shown.replace(sections(shown)["Failure breakdown"], "") == plain.replace(
+        sections(plain)["Failure breakdown"], ""
+    )  # only F differs
+    # V6's modules config is as it was (runs recorded before V6_wait compare equal).
+    assert "wait_split" not in load_variant("V6").modules.F
+    # V6_wait on a record without a split shows F as V6 does.
+    assert (
+        C.build_context([C.RoundRecord.from_dict(old)], cfg, load_variant("V6_wait").modules)
+        == plain
+    )
+    with pytest.raises(ValueError, match="modules.F.wait_split = 'yes'"):
+        C.check_modules({"F": {"enabled": True, "wait_split": "yes"}})
+
+
 def record(n, hole=0.2, summary="", training=None):
     cfg = default_config(sizes=(3, 4, 5), hole_ratio=hole)
     return C.RoundRecord(n, cfg.to_dict(), C.failure_breakdown(ROWS), summary, training or {})
@@ -114,6 +162,7 @@ EXPECTED = {
     "V5": {"F", "G", "H", "S"},
     "V6": {"F", "G", "H", "S", "T"},
     "V6_full_T": {"F", "G", "H", "S", "T"},
+    "V6_wait": {"F", "G", "H", "S", "T"},
 }
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from mapfjax import configfile
 from mapfjax.engineer import engineers as E
-from mapfjax.engineer.context import RoundRecord, failure_breakdown
+from mapfjax.engineer.context import RoundRecord, failure_breakdown, wait_breakdown
 from mapfjax.engineer.prompt import build_prompt
 from mapfjax.engineer.proposal import Edit, count_edits, parse_proposal
 from mapfjax.env.config import default_config, validate
@@ -359,6 +359,7 @@ def test_make_engineer_from_config():
         "rule",
         "learnability",
         "bandit",
+        "wait",
         "api",
         "policy",
         "base",
@@ -496,3 +497,57 @@ def test_api_settings_from_environment(server, monkeypatch):
     monkeypatch.delenv("OPENAI_MODEL")
     d = E.ApiEngineer().propose(CONTEXT, CUR, 0)
     assert d.kept_current and "OPENAI_MODEL" in d.reason and "OPENAI_MODEL" in E.failure(d)
+
+
+def wait_record(wait_ok, wait_n, other_ok, other_n, config=CUR):
+    """Round 1's record whose validation has wait_ok of wait_n puzzles that need a wait valid
+    and other_ok of other_n others."""
+    labelled = [r | {"needs_wait": True} for r in rows(4, wait_ok, wait_n)]
+    labelled += [r | {"needs_wait": False} for r in rows(5, other_ok, other_n)]
+    return RoundRecord(
+        1, config.to_dict(), failure_breakdown(labelled), "", {"round": 1},
+        wait_split=wait_breakdown(labelled),
+    )  # fmt: skip
+
+
+def test_wait_engineer_sets_the_wait_share_of_the_failures():
+    # 30 of 40 that need a wait fail, 10 of 60 others: 30 / 40 = 75 % of the failures.
+    d = E.WaitEngineer().propose(CONTEXT, CUR, 0, [wait_record(10, 40, 50, 60)])
+    assert not d.kept_current and d.extra["failure_share"] == pytest.approx(0.75)
+    assert {k: v.wait_ratio for k, v in d.config.sizes.items()} == dict.fromkeys(CUR.sizes, 0.75)
+    for k in CUR.sizes:  # data and holes untouched
+        assert d.config.sizes[k].data_ratio == CUR.sizes[k].data_ratio
+        assert d.config.sizes[k].hole_ratio == CUR.sizes[k].hole_ratio
+    assert "75% of the held-out failures need a wait" in d.summary
+    validate(d.config)
+    # Clipped to [low, high] and rounded: every failure on a wait puzzle -> high; none -> low.
+    assert (
+        E.WaitEngineer(high=0.8)
+        .propose(CONTEXT, CUR, 0, [wait_record(0, 30, 30, 30)])
+        .config.sizes.s3.wait_ratio
+        == 0.8
+    )
+    assert (
+        E.WaitEngineer(low=0.15)
+        .propose(CONTEXT, CUR, 0, [wait_record(30, 30, 0, 30)])
+        .config.sizes.s3.wait_ratio
+        == 0.15
+    )
+    third = E.WaitEngineer().propose(CONTEXT, CUR, 0, [wait_record(20, 30, 0, 20)])
+    assert third.config.sizes.s5.wait_ratio == 0.33  # 10 / 30 failures
+
+
+def test_wait_engineer_keeps_the_config_without_evidence():
+    old = records((3, 1, 4))  # a record without a wait split (older runs, unlabelled sets)
+    for recs, why in [
+        ([], "0 labelled"),
+        (old, "0 labelled"),
+        ([wait_record(5, 8, 4, 8)], "16 labelled held-out puzzles (at least 20"),
+        ([wait_record(10, 10, 20, 20)], "no held-out failure"),
+    ]:
+        d = E.WaitEngineer().propose(CONTEXT, CUR, 0, recs)
+        assert d.kept_current and why in d.reason, (why, d.reason)
+        assert not E.failure(d)  # a choice, not a failure to run
+    for bad, word in [({"low": 0.6, "high": 0.5}, "low"), ({"min_rows": 0}, "min_rows")]:
+        with pytest.raises(ValueError, match=f"wait.*{word}"):
+            E.WaitEngineer(**bad)

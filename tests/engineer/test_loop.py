@@ -61,6 +61,12 @@ def test_two_rounds_end_to_end(tiny_model_dir, reference_run):
     assert steps == [1, 2, 3, 4]  # 16 instances x 1 epoch / 4 problems per step
     rows = json.loads((work / "round_0" / "validation.json").read_text())["rows"]
     assert len(rows) == 2 * 3 and {r["size"] for r in rows} == {3, 4, 5}
+    # Each row carries its puzzle's needs-wait label; the record counts the two halves.
+    labels = [r["needs_wait"] for r in rows]
+    assert all(isinstance(w, bool) for w in labels)
+    split = records[0].wait_split
+    assert sum(e["n"] for e in split.values()) == len(rows)
+    assert split.get("needs_wait", {}).get("n", 0) == sum(labels)
     md = report.write_report(work).read_text()
     assert "| R0 |" in md and "| R1 |" in md and "After R0 (policy)" in md
     assert "## Held-out validation (greedy and sampled, 95 % intervals)" in md
