@@ -20,8 +20,9 @@ from mapfjax import configfile
 
 ABLATION = configfile.load_module(configfile.resolve("configs/sweep_ablation.py"))
 
-# Baselines and the paper's engineer; `base` (the untrained checkpoint as engineer) can be
-# added with --config.groups.curricula.engineers.
+# Baselines, the paper's engineer and `wait` (the training wait share from the held-out failures,
+# added after the first six); `base` (the untrained checkpoint as engineer) can be added with
+# --config.groups.curricula.engineers.
 ENGINEERS = ("fixed", "random", "rule", "learnability", "bandit", "policy", "wait")
 
 
