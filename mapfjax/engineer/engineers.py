@@ -72,6 +72,11 @@ def _check(engineer: str, key: str, value: Any, ok: bool, allowed: str) -> None:
         raise ValueError(f"engineer ({engineer}).{key} = {value!r}; allowed: {allowed}")
 
 
+def _check_band(engineer: str, low: float, high: float) -> None:
+    ok = 0 <= low <= high <= 1
+    _check(engineer, "low", low, ok, f"0 <= low <= high={high!r} <= 1")
+
+
 def _signals(records: Sequence[RoundRecord], current, min_rows: int) -> dict[str, SizeSignal]:
     """The last record's per-size signals for the current sizes with at least min_rows."""
     if not records:
@@ -359,8 +364,7 @@ class RuleEngineer:
     name: str = "rule"
 
     def __post_init__(self):
-        ok = 0 <= self.low <= self.high <= 1
-        _check(self.name, "low", self.low, ok, f"0 <= low <= high={self.high!r} <= 1")
+        _check_band(self.name, self.low, self.high)
         _check(self.name, "step", self.step, self.step >= 0, "a number >= 0")
         _check(self.name, "shift", self.shift, 0 <= self.shift < 1, "a number in [0, 1)")
 
@@ -509,8 +513,7 @@ class WaitEngineer:
     name: str = "wait"
 
     def __post_init__(self):
-        ok = 0 <= self.low <= self.high <= 1
-        _check(self.name, "low", self.low, ok, f"0 <= low <= high={self.high!r} <= 1")
+        _check_band(self.name, self.low, self.high)
         ok = isinstance(self.min_rows, int) and self.min_rows >= 1
         _check(self.name, "min_rows", self.min_rows, ok, "an integer >= 1")
 
