@@ -271,13 +271,19 @@ def render_breakdown(breakdown: Mapping[str, Mapping[str, Any]]) -> str:
 WAIT_LABELS = {"needs_wait": "needs a wait", "no_wait": "needs none"}
 
 
+def failure_shares(split: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
+    """Each half's share of the failed puzzles in a `wait_breakdown`; {} when none failed."""
+    failed = {h: e["n"] - e["valid"] for h, e in split.items()}
+    total = sum(failed.values())
+    return {h: f / total for h, f in failed.items()} if total else {}
+
+
 def render_wait_split(split: Mapping[str, Mapping[str, Any]]) -> str:
     """`wait_breakdown` as a markdown table: one row per half, and what share of the failures
     each half holds."""
-    failed = {h: e["n"] - e["valid"] for h, e in split.items()}
-    total = sum(failed.values())
+    shares = failure_shares(split)
     rows = [
-        _breakdown_row(WAIT_LABELS[h], split[h]) + [_pct(failed[h], total, 0)]
+        _breakdown_row(WAIT_LABELS[h], split[h]) + [_pct(shares[h], 1, 0) if shares else "-"]
         for h in WAIT_HALVES
         if h in split
     ]

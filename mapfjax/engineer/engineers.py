@@ -19,7 +19,13 @@ import ml_collections
 import numpy as np
 
 from mapfjax import api_chat
-from mapfjax.engineer.context import WAIT_LABELS, RoundRecord, SizeSignal, size_signals
+from mapfjax.engineer.context import (
+    WAIT_LABELS,
+    RoundRecord,
+    SizeSignal,
+    failure_shares,
+    size_signals,
+)
 from mapfjax.engineer.prompt import build_prompt
 from mapfjax.engineer.proposal import (
     MAX_EDITS,
@@ -520,13 +526,13 @@ class WaitEngineer:
     def propose(self, context, current, rng, records=()) -> Decision:
         split = records[-1].wait_split if records else {}
         n = sum(e["n"] for e in split.values())
-        failed = {h: e["n"] - e["valid"] for h, e in split.items()}
-        if n < self.min_rows or not sum(failed.values()):
+        shares = failure_shares(split)
+        if n < self.min_rows or not shares:
             why = f"{n} labelled held-out puzzles (at least {self.min_rows} needed)"
             if n >= self.min_rows:
                 why = "no held-out failure"
             return keep_current(current, self.name, f"no wait split to act on: {why}")
-        share = failed.get("needs_wait", 0) / sum(failed.values())
+        share = shares.get("needs_wait", 0.0)
         wait = round(min(max(share, self.low), self.high), 2)
         diff: Diff = ()
         for s in _sizes(current):

@@ -145,7 +145,8 @@ def _run(c, workdir: pathlib.Path, tokenizer, progress: bool, strict_engineer: b
         position = {"round": n, "step": steps}
         # 3. Validate on the held-out set; the round's record is what the context reads.
         rows = validate(out, streams.key(c.seed, "validation", n))
-        record = rec.round_record(workdir, n, c, current.to_dict(), rows, position)
+        counts = rec.validation_counts(rows)
+        record = rec.round_record(workdir, n, c, current.to_dict(), counts, position)
         records.append(record)
         # 4. Context -> engineer -> projected config C_{n+1}.
         if n + 1 < c.rounds:

@@ -56,15 +56,21 @@ def previous_summary(workdir: pathlib.Path, n: int, position: dict) -> str:
     return read_json(prev, redo_advice(workdir, n - 1, position)).get("summary", "")
 
 
-def round_record(workdir, n: int, c, config: dict, rows, position: dict):
-    """Round n's `RoundRecord` from its config (a dict), its validation rows (counted by
-    `context.failure_breakdown` and `context.wait_breakdown`), the previous decision and its
-    metrics.jsonl."""
+def validation_counts(rows) -> tuple[dict, dict]:
+    """What a round record keeps of its validation rows: `context.failure_breakdown` and
+    `context.wait_breakdown`; ValueError (or KeyError, TypeError) on malformed rows."""
+    return ctx_lib.failure_breakdown(rows), ctx_lib.wait_breakdown(rows)
+
+
+def round_record(workdir, n: int, c, config: dict, counts: tuple[dict, dict], position: dict):
+    """Round n's `RoundRecord` from its config (a dict), its validation counts
+    (`validation_counts`), the previous decision and its metrics.jsonl."""
+    validation, wait_split = counts
     return ctx_lib.RoundRecord(
         round=n,
         config=config,
-        validation=ctx_lib.failure_breakdown(rows),
-        wait_split=ctx_lib.wait_breakdown(rows),
+        validation=validation,
+        wait_split=wait_split,
         summary=previous_summary(workdir, n, position),
         training=training_info(c, n),
         rollouts=rollouts(workdir / f"round_{n}", c),
@@ -87,12 +93,13 @@ def finished_round(workdir: pathlib.Path, n: int, c, position: dict):
         config = read_json(out / "config.json", f"{path} cannot be recomputed: {advice}")
         val = read_json(out / "validation.json", f"{path} cannot be recomputed: {advice}")
         try:
-            record = round_record(workdir, n, c, config, val["rows"], position)
+            counts = validation_counts(val["rows"])
         except (KeyError, TypeError, ValueError) as bad:
             raise RunDirError(
                 f"{out / 'validation.json'}: no usable 'rows' ({bad!r}); {path} cannot be "
                 f"recomputed: {advice}"
             ) from bad
+        record = round_record(workdir, n, c, config, counts, position)
         write_json(path, record.to_dict())
         log.warning("%s: unreadable (%s); recomputed from config.json and validation.json", path, e)
     decision = None

@@ -232,7 +232,13 @@ def test_unrecoverable_files_say_exactly_what_to_delete(tmp_path):
     assert f"delete {work / 'round_0' / 'DONE'} and rerun" in msg and "run_config" not in msg
     with pytest.raises(loop.RunDirError, match="round 0 cannot be recomputed .* round 1"):
         loop.finished_round(work, 0, c, {"round": 1, "step": 4})
+    # Recomputing round 1's record reads round 0's decision (its summary): the error names it,
+    # not round 1's validation rows.
     (work / "round_1" / "record.json").unlink()
+    with pytest.raises(loop.RunDirError) as e:
+        loop.finished_round(work, 1, c, {"round": 1, "step": 4})
+    assert str(e.value).startswith(f"{work / 'round_0' / 'decision.json'}: unreadable")
+    assert "no usable 'rows'" not in str(e.value)
     (work / "round_1" / "validation.json").write_text("")
     with pytest.raises(
         loop.RunDirError, match=r"validation\.json: unreadable .*record\.json cannot"
