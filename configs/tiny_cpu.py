@@ -33,6 +33,7 @@ VARIANTS = (
     "previous",
     "curricula",
     "curricula_smoke",
+    "curricula_few_waits",
     "laptop",
     "laptop_smoke",
     "grpo_effect",
@@ -159,6 +160,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.env_start = "random"
         c.train.instances = 240
         c.validation.samples = 0
+    if arg == "curricula_few_waits":  # round 0 drawn with waits ~ U[0, 0.3] (the wait test)
+        c.env_start_max_wait = 0.3
     if arg == "curricula_smoke":  # the same grid, 2 rounds of 1 update, 6 puzzles per size
         c.rounds = 2
         c.train.instances = 16

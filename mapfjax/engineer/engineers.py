@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import ml_collections
 import numpy as np
 
-from mapfjax import api_chat
+from mapfjax import api_chat, checks
 from mapfjax.engineer.context import (
     WAIT_LABELS,
     RoundRecord,
@@ -325,28 +325,31 @@ class FixedEngineer:
 class RandomEngineer:
     """Domain randomisation: a fresh legal config over the current sizes every round.
 
-    data ratios ~ Dirichlet(alpha, ..., alpha), hole_ratio ~ U[0, 0.5], wait_ratio ~ U[0, 1]
-    per size (hole and wait rounded to 4 decimals), all drawn from `rng` (a seed or a numpy
-    Generator): the same rng gives the same config. Reads nothing else.
+    data ratios ~ Dirichlet(alpha, ..., alpha), hole_ratio ~ U[0, 0.5], wait_ratio ~ U[0,
+    max_wait] per size (hole and wait rounded to 4 decimals), all drawn from `rng` (a seed or a
+    numpy Generator): the same rng gives the same config. Reads nothing else.
     """
 
     alpha: float = 1.0
+    max_wait: float = 1.0
     name: str = "random"
 
     def __post_init__(self):
         _check(self.name, "alpha", self.alpha, self.alpha > 0, "a number > 0")
+        ok = checks.is_real(self.max_wait) and 0 < self.max_wait <= 1
+        _check(self.name, "max_wait", self.max_wait, ok, "a number in (0, 1]")
 
     def propose(self, context, current, rng, records=()) -> Decision:
         rng = np.random.default_rng(rng)
         sizes = _sizes(current)
         data = rng.dirichlet([self.alpha] * len(sizes))
         holes = rng.uniform(0.0, MAX_HOLE_RATIO, len(sizes))
-        waits = rng.uniform(0.0, 1.0, len(sizes))
+        waits = rng.uniform(0.0, self.max_wait, len(sizes))
         diff = data_vector(current, dict(zip(sizes, data.tolist())))
         for s, h, w in zip(sizes, holes, waits):
             diff += _ratio(current, s, "hole_ratio", h) + _ratio(current, s, "wait_ratio", w)
         note = f"domain randomisation: data ~ Dirichlet({self.alpha:g}), holes ~ U[0, "
-        note += f"{MAX_HOLE_RATIO:g}], waits ~ U[0, 1]"
+        note += f"{MAX_HOLE_RATIO:g}], waits ~ U[0, {self.max_wait:g}]"
         return _decide(self.name, diff, [note], current)
 
 

@@ -166,12 +166,14 @@ def _run(c, workdir: pathlib.Path, tokenizer, progress: bool, strict_engineer: b
 def start_config(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Round 0's generator config: `c.env` itself, or with `env_start = "random"` a random
     config over c.env's sizes drawn from c.seed (the random engineer's distribution, as the
-    paper's round 0: data ~ Dirichlet(1), holes ~ U[0, 0.5], waits ~ U[0, 1]); the same seed
-    gives the same config, so a resumed run starts from the config it started from."""
+    paper's round 0: data ~ Dirichlet(1), holes ~ U[0, 0.5], waits ~ U[0, 1], or U[0,
+    env_start_max_wait] where the config sets it); the same seed gives the same config, so a
+    resumed run starts from the config it started from."""
     if c.get("env_start", "config") == "config":
         return c.env.copy_and_resolve_references()
     seed = streams.int_seed(streams.key(c.seed, "round-0 config"))
-    return eng_lib.RandomEngineer().propose(None, c.env, seed).config
+    draw = eng_lib.RandomEngineer(max_wait=c.get("env_start_max_wait", 1.0))
+    return draw.propose(None, c.env, seed).config
 
 
 def _validate_start(workdir: pathlib.Path, position: dict, ckpt_dir: pathlib.Path, c, validate):

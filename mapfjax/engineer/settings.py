@@ -10,7 +10,7 @@ import jax
 import ml_collections
 
 from mapfjax import parallel
-from mapfjax.checks import is_finite_real, is_int, require, require_dtype, require_int
+from mapfjax.checks import is_finite_real, is_int, is_real, require, require_dtype, require_int
 from mapfjax.engineer import context as ctx_lib
 from mapfjax.engineer import engineers as eng_lib
 from mapfjax.env import config as env_config
@@ -149,6 +149,9 @@ def check_config(c: ml_collections.ConfigDict) -> None:
     env_config.validate_at(c.env, "env")
     start = c.get("env_start", "config")
     require("env_start", start, start in ENV_STARTS, f"one of {list(ENV_STARTS)}")
+    w = c.get("env_start_max_wait", 1.0)
+    ok = is_real(w) and 0 < w <= 1
+    require("env_start_max_wait", w, ok, "a number in (0, 1]: round 0's waits ~ U[0, it]")
     require_dtype("model.dtype", c.model.dtype)
     hf.ModelOptions.from_config(c.model)
     grpo = driver.GRPOSettings.from_config(c)
