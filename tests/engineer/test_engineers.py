@@ -153,6 +153,13 @@ def test_random_is_seeded_domain_randomisation():
         assert len(set(values)) > 80 and min(values) < 0.2 * hi < 0.8 * hi < max(values)
     with pytest.raises(ValueError, match=r"random\)\.alpha = 0.*> 0"):
         E.RandomEngineer(alpha=0)
+    # max_wait bounds the wait draws (round 0 with few waits) and is checked.
+    low = [E.RandomEngineer(max_wait=0.2).propose(CONTEXT, CUR, seed) for seed in range(30)]
+    waits = [d.config.sizes[s].wait_ratio for d in low for s in d.config.sizes]
+    assert max(waits) <= 0.2 < 5 * min(waits) + 0.2 and "waits ~ U[0, 0.2]" in str(low[0].to_dict())
+    for bad in (0, 1.5, "0.3", True):
+        with pytest.raises(ValueError, match=r"random\)\.max_wait = .*allowed: a number in"):
+            E.RandomEngineer(max_wait=bad)
 
 
 def test_rule_engineer_climbs_its_ladder():

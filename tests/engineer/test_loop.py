@@ -295,6 +295,8 @@ BAD_CONFIGS = [
     (("train", "objective"), "ppo", r"train\.objective = 'ppo'"),
     (("rounds",), 0, r"rounds = 0; allowed"),
     (("env_start",), "randm", r"env_start = 'randm'; allowed: one of \['config', 'random'\]"),
+    (("env_start_max_wait",), 0.0, r"env_start_max_wait = 0\.0; allowed: a number in \(0, 1\]"),
+    (("env_start_max_wait",), True, r"env_start_max_wait = True; allowed: a number in \(0, 1\]"),
     (("model", "dtype"), "float7", r"model\.dtype = 'float7'"),
     # Values that used to claim the workdir before failing (or never failing).
     (("train", "instances"), 0, r"train\.instances = 0; allowed: an integer in \[1, "),
@@ -345,6 +347,22 @@ def test_a_random_start_is_drawn_from_the_seed_over_the_configs_sizes():
     assert len(set(waits)) == len(waits)  # drawn per size, not c.env's 0.5 everywhere
     c.env_start = "config"
     assert loop.start_config(c).to_dict() == c.env.to_dict()
+
+
+def test_a_random_start_with_few_waits_scales_only_the_wait_draws():
+    """env_start_max_wait = 0.3 (configs/tiny_cpu.py:curricula_few_waits): the same seed draws
+    the same data and hole ratios, and waits ~ U[0, 0.3] (the U[0, 1] draws x 0.3)."""
+    from mapfjax.engineer import loop
+
+    wide, few = tiny_cpu.get_config("curricula"), tiny_cpu.get_config("curricula_few_waits")
+    assert few.env_start_max_wait == 0.3 and "env_start_max_wait" not in wide
+    for seed in (0, 5, 9):
+        wide.seed = few.seed = seed
+        a, b = loop.start_config(wide).sizes, loop.start_config(few).sizes
+        for s in a:
+            assert b[s].data_ratio == a[s].data_ratio and b[s].hole_ratio == a[s].hole_ratio
+            assert b[s].wait_ratio == pytest.approx(0.3 * a[s].wait_ratio, abs=1e-4)
+            assert 0 <= b[s].wait_ratio <= 0.3
 
 
 def test_a_variant_that_does_not_match_its_modules_names_the_fix():
