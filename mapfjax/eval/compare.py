@@ -163,20 +163,22 @@ def curves(records: Sequence[dict]) -> dict[str, dict[str, list[stats.Estimate]]
     return out
 
 
-def paired_vs(records: Sequence[dict], reference: str = "fixed") -> dict[str, dict]:
-    """Per engineer: its final greedy valid rate minus the reference engineer's, paired by seed
-    (the same held-out puzzles): the mean over seeds with the t interval of the per-seed
-    differences, and the difference over all (seed, puzzle) pairs with its normal interval."""
-    ref = {r["seed"]: r for r in records if r["engineer"] == reference and r["rounds"]}
+def paired_vs(records: Sequence[dict], reference: str = "fixed", at: int = -1) -> dict[str, dict]:
+    """Per engineer: its greedy valid rate after round `at` (-1: the last) minus the reference
+    engineer's, paired by seed (the same held-out puzzles): the mean over seeds with the t
+    interval of the per-seed differences, and the difference over all (seed, puzzle) pairs with
+    its normal interval. With at >= 0, runs that have not finished round `at` are left out."""
+    has = (lambda r: bool(r["rounds"])) if at < 0 else (lambda r: len(r["rounds"]) > at)
+    ref = {r["seed"]: r for r in records if r["engineer"] == reference and has(r)}
     out = {}
     for engineer in sorted({r["engineer"] for r in records} - {reference}):
         pairs = [
             (
-                _greedy(r["rounds"][-1]["validation"]),
-                _greedy(ref[r["seed"]]["rounds"][-1]["validation"]),
+                _greedy(r["rounds"][at]["validation"]),
+                _greedy(ref[r["seed"]]["rounds"][at]["validation"]),
             )
             for r in records
-            if r["engineer"] == engineer and r["rounds"] and r["seed"] in ref
+            if r["engineer"] == engineer and has(r) and r["seed"] in ref
         ]
         if not pairs:
             continue
@@ -285,7 +287,8 @@ def summary_markdown(records: Sequence[dict], reference: str = "fixed") -> str:
         f"vs {reference}: per seed (points)", f"vs {reference}: per puzzle (discordant)",
     ]  # fmt: skip
     table = stats.markdown_table(header, rows)
-    parts = [table, per_seed_markdown(records), wait_split_markdown(records)]
+    parts = [table, per_seed_markdown(records), by_round_markdown(records, reference)]
+    parts.append(wait_split_markdown(records))
     return "".join(parts) + detectable_text(p, reference) + gain_text(records)
 
 
@@ -310,6 +313,29 @@ def per_seed_markdown(records: Sequence[dict]) -> str:
     header = ["engineer", *(f"seed {s}" for s in seeds)]
     return (
         "\n\nFinal greedy valid % per seed (change vs the run's start, points):\n\n"
+        + stats.markdown_table(header, rows)
+    )
+
+
+def by_round_markdown(records: Sequence[dict], reference: str = "fixed") -> str:
+    """A table: per engineer (rows) and round (columns), the greedy valid difference against
+    `reference` after that round over all (seed, puzzle) pairs, with its 95 % interval and the
+    number of seeds; "" without a reference run or with one round only."""
+    rounds = max((len(r["rounds"]) for r in records), default=0)
+    if rounds < 2 or not any(r["engineer"] == reference and r["rounds"] for r in records):
+        return ""
+    by = [paired_vs(records, reference, at) for at in range(rounds)]
+    rows = []
+    for e in sorted({r["engineer"] for r in records} - {reference}):
+        cells = [e]
+        for p in by:
+            d = p.get(e)
+            cells.append("-" if d is None else f"{_fmt(d['puzzles'], True)} ({d['seeds'].n})")
+        rows.append(cells)
+    header = ["engineer", *(f"after R{i}" for i in range(rounds))]
+    return (
+        f"\n\nAgainst {reference} after each round, per (seed, puzzle) pair, points [95 % "
+        "interval] (seeds); round 0 trains before any engineer decides:\n\n"
         + stats.markdown_table(header, rows)
     )
 

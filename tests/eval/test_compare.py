@@ -84,6 +84,33 @@ def test_curves_and_paired_differences_match_numpy(tmp_path):
     )
 
 
+def test_the_difference_after_each_round_matches_numpy(tmp_path):
+    """paired_vs(at=n) pairs the runs' validations after round n; the by-round table writes one
+    column per round, and leaves out a run that has not reached a round."""
+    recs = records(tmp_path)  # 2 rounds per run
+    bits = lambda r, n: np.array([c == "1" for c in r["rounds"][n]["validation"]["greedy"]])
+    for n in (0, 1):
+        runs = {(r["engineer"], r["seed"]): bits(r, n) for r in recs}
+        a = np.concatenate([runs[("learnability", s)] for s in range(3)])
+        b = np.concatenate([runs[("fixed", s)] for s in range(3)])
+        p = compare.paired_vs(recs, at=n)["learnability"]
+        assert p["puzzles"].value == pytest.approx((a.astype(float) - b).mean())
+        assert p["discordant"] == int((a != b).sum()) and p["seeds"].n == 3
+    assert compare.paired_vs(recs, at=-1) == compare.paired_vs(recs)
+    md = compare.by_round_markdown(recs)
+    assert "| engineer | after R0 | after R1 |" in md
+    row = next(line for line in md.splitlines() if line.startswith("| learnability"))
+    at0 = compare._fmt(compare.paired_vs(recs, at=0)["learnability"]["puzzles"], True)
+    assert row.startswith(f"| learnability | {at0} (3) |")
+    short = fake_run(tmp_path / "short", 3, [[True] * 6] * 2)  # seed 3 stopped after R0
+    recs += [compare.run_record(short, "learnability_s3", "learnability", 3)]
+    fixed3 = fake_run(tmp_path / "fixed3", 3, [[False] * 6] * 3)
+    recs += [compare.run_record(fixed3, "fixed_s3", "fixed", 3)]
+    assert compare.paired_vs(recs, at=0)["learnability"]["seeds"].n == 4
+    assert compare.paired_vs(recs, at=1)["learnability"]["seeds"].n == 3
+    assert compare.by_round_markdown([r for r in recs if r["engineer"] != "fixed"]) == ""
+
+
 def test_runs_with_another_held_out_set_or_budget_are_refused(tmp_path):
     recs = records(tmp_path)
     other = fake_run(tmp_path / "odd", 9, [[True] * 6] * 3, held=b"other puzzles")
