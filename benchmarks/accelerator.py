@@ -16,6 +16,7 @@ import datetime
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -239,14 +240,19 @@ def _param_bytes(model) -> int:
     return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
-def sampling(model, cfg, opts, shapes: Shapes, device: dict, report: Report, name: str):
+def sampling(
+    model, cfg, opts, shapes: Shapes, device: dict, report: Report, name: str, rows=None, done=None
+):
     """Prefill and decode tokens/s per batch x budget; the decode step's roofline fraction:
-    (weights + the KV slots a step must read, on average) / peak bandwidth / step time."""
+    (weights + the KV slots a step must read, on average) / peak bandwidth / step time.
+    Each shape's row is appended to `rows` (a new list if None, returned) as it is measured,
+    then done(stage) is called, where given, so that a caller can write what is measured."""
     import numpy as np
 
     from mapfjax.models import sampler
 
-    rows, rng, p = [], np.random.default_rng(1), shapes.prompt_len
+    rows = [] if rows is None else rows
+    rng, p = np.random.default_rng(1), shapes.prompt_len
     weights = _param_bytes(model)
     for b in shapes.batches:
         prompts = _prompts(rng, b, p, cfg.vocab_size)
@@ -279,6 +285,10 @@ def sampling(model, cfg, opts, shapes: Shapes, device: dict, report: Report, nam
                 "roofline_fraction": roofline,
                 "compile_s": sum(first.values()) - sum(best.values()),
             })  # fmt: skip
+            _say(name, f"batch {b} x {n} new tokens: {b / step_s:,.0f} decode tok/s, "
+                 f"{1e3 * step_s:.2f} ms/step, compile {rows[-1]['compile_s']:.1f} s")  # fmt: skip
+            if done is not None:
+                done(f"sampling at batch {b} x {n} new tokens")
     return rows
 
 
@@ -390,19 +400,36 @@ def _device_peak(report: Report, name: str):
     return int(stats["peak_bytes_in_use"])
 
 
-def run_model(name: str, opts, shapes: Shapes, report: Report) -> tuple[dict, dict]:
+def _say(name: str, text: str) -> None:
+    """One progress line on stderr (a model's measurements take minutes on a GPU)."""
+    print(f"[{name}] {text}", file=sys.stderr, flush=True)
+
+
+def run_model(name: str, opts, shapes: Shapes, report: Report, progress=None) -> tuple[dict, dict]:
     """(device info, this model's results): GRPO first, so the device's high-water mark
-    after it is the step's; then parity and sampling on the trained weights."""
+    after it is the step's; then parity and sampling on the trained weights. After each
+    measurement, progress(device, result so far, what was last measured) where given."""
     from mapfjax.models.qwen3 import PRESETS
 
     device = device_info(opts, report)
     cfg = PRESETS[SIZES[name]]
     make = _model_factory(cfg, opts)
     result = {"preset": SIZES[name], "remat": opts.remat, "attention_impl": opts.attention}
+
+    def done(stage):
+        if progress is not None:
+            progress(device, result, stage)
+
+    _say(name, "GRPO step (compiling the rollout and the update first)")
     try:
         result["grpo"], result["memory"], trainer = grpo_step(
             make, cfg, opts, shapes, device, report, name
         )
+        g = result["grpo"]
+        took = f"rollout {g['rollout_s']:.2f} s + update {g['update_s']:.2f} s"
+        _say(name, f"GRPO step: {took} (compile {g['compile_rollout_s']:.1f} s, "
+             f"{g['compile_update_s']:.1f} s)")  # fmt: skip
+        done("the GRPO step")
     except Exception as e:  # noqa: BLE001
         report.lack(f"models.{name}.grpo", f"GRPO step: {_failure(e)}")
         trainer = None
@@ -410,7 +437,10 @@ def run_model(name: str, opts, shapes: Shapes, report: Report) -> tuple[dict, di
         model = trainer.model() if trainer is not None else make()
         trainer = None  # frees the optimiser state before sampling's larger batches
         result["parity"] = parity(model, cfg, opts, shapes)
-        result["sampling"] = sampling(model, cfg, opts, shapes, device, report, name)
+        _say(name, f"bf16 vs fp32: top-1 {result['parity']['top1_agreement']:.1%}")
+        done("parity")
+        result["sampling"] = []
+        sampling(model, cfg, opts, shapes, device, report, name, result["sampling"], done)
     except Exception as e:  # noqa: BLE001
         report.lack(f"models.{name}.parity", _failure(e))
     return device, result
@@ -419,17 +449,23 @@ def run_model(name: str, opts, shapes: Shapes, report: Report) -> tuple[dict, di
 def _children(names, opts, argv, done=None) -> tuple[dict | None, dict, dict]:
     """Runs each model in its own process (a clean device and high-water mark per model);
     done(device, models, missing) after each, so what finished is written even if a later
-    model's run is cut off."""
+    model's run is cut off. A child writes its part after every measurement, so a child that
+    fails or is stopped (this process terminated: it stops the child) keeps what it measured,
+    with a line saying where it stopped."""
     device, models, missing = None, {}, {}
     for name in names:
         with tempfile.TemporaryDirectory() as tmp:
             part = os.path.join(tmp, "part.json")
             cmd = [sys.executable, __file__, *argv, "--models", name, "--part", part]
-            proc = subprocess.run(cmd, check=False)
-            if proc.returncode or not os.path.exists(part):
-                missing[f"models.{name}"] = f"{name}: the run exited with {proc.returncode}"
+            stopped = None
+            try:
+                code = subprocess.run(cmd, check=False).returncode
+            except BaseException as e:  # SIGTERM (a time limit), Ctrl-C: run() kills the child
+                stopped, code = e, f"{type(e).__name__} in the parent"
+            if code:
+                missing[f"models.{name}"] = f"{name}: the run exited with {code}"
                 print(missing[f"models.{name}"], file=sys.stderr)
-            else:
+            if os.path.exists(part):  # all of it, or what was measured before it stopped
                 with open(part) as f:
                     data = json.load(f)
                 device = device or data["device"]
@@ -437,6 +473,8 @@ def _children(names, opts, argv, done=None) -> tuple[dict | None, dict, dict]:
                 missing.update(data["missing"])
         if done is not None and device is not None:
             done(device, models, missing)
+        if stopped is not None:
+            raise stopped
     return device, models, missing
 
 
@@ -470,21 +508,41 @@ def main(argv=None) -> dict:
         def done(device, models, missing):  # the finished models, written as they finish
             write(result_of(device, models, missing), opts.out, quiet=True)
 
-        device, models, missing = _children(names, opts, _without_models(argv), done)
+        # `timeout` sends SIGTERM: exit through Python so the child is stopped and its part kept.
+        before = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+        try:
+            device, models, missing = _children(names, opts, _without_models(argv), done)
+        finally:
+            signal.signal(signal.SIGTERM, before)
         report.missing.update(missing)
     else:
         device, models = None, {}
         for name in names:
-            device, models[name] = run_model(name, opts, shapes, report)
+
+            def progress(dev, partial, stage, name=name):  # written after every measurement
+                why = f"stopped after {stage}; the measurements after it are absent"
+                interim = result_of(dev, {**models, name: partial}, {f"models.{name}": why})
+                _save(interim, opts.part, opts.out)
+
+            device, models[name] = run_model(name, opts, shapes, report, progress)
     if device is None:
         device = device_info(opts, report)
     result = result_of(device, models, {})
     if opts.part:
-        with open(opts.part, "w") as f:
-            json.dump(result, f)
-        return result
-    write(result, opts.out)
+        _save(result, opts.part, opts.out)
+    else:
+        write(result, opts.out)
     return result
+
+
+def _save(result: dict, part: str | None, out_dir: str) -> None:
+    """The parent's part file (a child's run), else <device>.json and .md, atomically."""
+    from mapfjax import files
+
+    if part:
+        files.atomic_write(part, json.dumps(result))
+    else:
+        write(result, out_dir, quiet=True, say=False)
 
 
 def _without_models(argv):
@@ -504,7 +562,7 @@ def device_slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "device"
 
 
-def write(result: dict, out_dir: str, quiet: bool = False):
+def write(result: dict, out_dir: str, quiet: bool = False, say: bool = True):
     """<device>.json and <device>.md under out_dir, each replaced atomically."""
     from mapfjax import files
 
@@ -514,7 +572,8 @@ def write(result: dict, out_dir: str, quiet: bool = False):
     files.atomic_write(stem + ".md", markdown(result))
     if not quiet:
         print(markdown(result))
-    print(f"wrote {stem}.json and {stem}.md", flush=True)
+    if say:
+        print(f"wrote {stem}.json and {stem}.md", flush=True)
 
 
 def _fmt(x, spec=",.0f", scale=1.0):

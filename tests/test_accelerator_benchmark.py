@@ -4,9 +4,12 @@ model size is skipped with a message), and the Markdown table is written beside 
 
 import json
 import math
+import os
 import pathlib
+import signal
 import subprocess
 import sys
+import time
 
 import jax
 
@@ -63,6 +66,12 @@ def test_tiny_mode_writes_every_figure(tmp_path, one_device_env):
     assert tiny["memory"]["plan_step_bytes"] >= tiny["memory"]["plan_update_bytes"] > 0
 
 
+# A GRPO step's figures as grpo_step returns them (the fields the tables read).
+GRPO = {"prompts": 2, "group": 2, "prompt_len": 16, "completion_len": 16, "rollout_s": 1.0,
+        "update_s": 2.0, "tokens_per_s": 21.3, "mfu": 0.1, "compile_rollout_s": 3.0,
+        "compile_update_s": 4.0}  # fmt: skip
+
+
 def _bench(monkeypatch):
     import importlib.util
 
@@ -113,3 +122,76 @@ def test_attention_flag_takes_the_registered_implementations(capsys, monkeypatch
     else:
         raise AssertionError("--attention flash was accepted")
     assert "invalid choice: 'flash'" in capsys.readouterr().err
+
+
+def test_one_model_is_written_after_every_measurement(tmp_path, monkeypatch):
+    # A run stopped between measurements (here: during parity) leaves the table of what it
+    # measured, naming where it stopped.
+    bench = _bench(monkeypatch)
+    monkeypatch.setattr(bench, "grpo_step", lambda *a: (GRPO, {"peak_bytes": 5}, None))
+
+    def stopped(*a):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench, "parity", stopped)
+    try:
+        bench.main(["--models", "tiny", "--out", str(tmp_path), "--peak-bandwidth", "1"])
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise AssertionError("the stop did not reach the caller")
+    (path,) = tmp_path.glob("*.json")
+    written = json.loads(path.read_text())
+    assert written["models"]["tiny"]["grpo"] == GRPO and "parity" not in written["models"]["tiny"]
+    assert "stopped after the GRPO step" in written["missing"]["models.tiny"]
+    assert "stopped after the GRPO step" in path.with_suffix(".md").read_text()
+
+
+def test_a_terminated_parent_stops_its_child_and_keeps_its_part(tmp_path):
+    # `timeout` terminates the parent mid-model: the child is stopped, and what the child had
+    # written of its part (here the GRPO step) is in the table with both reasons.
+    child = tmp_path / "child.py"
+    child.write_text(
+        "import json, os, sys, time\n"
+        "part = sys.argv[sys.argv.index('--part') + 1]\n"
+        "device = {'name': 'Fake GPU', 'platform': 'gpu', 'count': 1, 'jax': '0', 'date': 'now',\n"
+        "          'peak_bandwidth': 1.0, 'peak_flops': 1.0, 'peak_source': 'test'}\n"
+        "why = {'models.0.6b': 'stopped after the GRPO step; later ones are absent'}\n"
+        f"models = {{'0.6b': {{'grpo': {GRPO!r}}}}}\n"
+        "json.dump({'device': device, 'models': models, 'missing': why}, open(part, 'w'))\n"
+        f"open({str(tmp_path / 'child.pid')!r}, 'w').write(str(os.getpid()))\n"
+        "time.sleep(120)\n"
+    )
+    driver = (
+        "import importlib.util, sys\n"
+        f"path = {str(ROOT / 'benchmarks/accelerator.py')!r}\n"
+        "spec = importlib.util.spec_from_file_location('accelerator', path)\n"
+        "bench = importlib.util.module_from_spec(spec); sys.modules['accelerator'] = bench\n"
+        "spec.loader.exec_module(bench)\n"
+        f"bench.__file__ = {str(child)!r}\n"
+        f"bench.main(['--models', '0.6b,1.7b', '--out', {str(tmp_path / 'out')!r}])\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", driver], cwd=ROOT, stderr=subprocess.PIPE, text=True
+    )
+    pid_file = tmp_path / "child.pid"
+    for _ in range(600):
+        if pid_file.exists() and pid_file.read_text():
+            break
+        time.sleep(0.1)
+    proc.terminate()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    child_pid = int(pid_file.read_text())
+    for _ in range(50):  # killed and reaped by the parent's subprocess.run
+        try:
+            os.kill(child_pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the child {child_pid} outlived its parent")
+    written = json.loads((tmp_path / "out" / "fake-gpu.json").read_text())
+    assert written["models"] == {"0.6b": {"grpo": GRPO}}
+    assert "stopped after the GRPO step" in written["missing"]["models.0.6b"]
+    assert "SystemExit in the parent" in err
