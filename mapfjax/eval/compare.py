@@ -320,13 +320,14 @@ def per_seed_markdown(records: Sequence[dict]) -> str:
 def by_round_markdown(records: Sequence[dict], reference: str = "fixed") -> str:
     """A table: per engineer (rows) and round (columns), the greedy valid difference against
     `reference` after that round over all (seed, puzzle) pairs, with its 95 % interval and the
-    number of seeds; "" without a reference run or with one round only."""
+    number of seeds; "" without a reference run, another engineer's run, or a second round."""
     rounds = max((len(r["rounds"]) for r in records), default=0)
-    if rounds < 2 or not any(r["engineer"] == reference and r["rounds"] for r in records):
+    others = {r["engineer"] for r in records} - {reference}
+    if rounds < 2 or not others or not any(r["engineer"] == reference for r in records):
         return ""
     by = [paired_vs(records, reference, at) for at in range(rounds)]
     rows = []
-    for e in sorted({r["engineer"] for r in records} - {reference}):
+    for e in sorted(others):
         cells = [e]
         for p in by:
             d = p.get(e)

@@ -109,6 +109,7 @@ def test_the_difference_after_each_round_matches_numpy(tmp_path):
     assert compare.paired_vs(recs, at=0)["learnability"]["seeds"].n == 4
     assert compare.paired_vs(recs, at=1)["learnability"]["seeds"].n == 3
     assert compare.by_round_markdown([r for r in recs if r["engineer"] != "fixed"]) == ""
+    assert compare.by_round_markdown([r for r in recs if r["engineer"] == "fixed"]) == ""
 
 
 def test_runs_with_another_held_out_set_or_budget_are_refused(tmp_path):
