@@ -217,9 +217,10 @@ def arms(results) -> list[Arm]:
     return out
 
 
-def arms_markdown(found: list[Arm], min_gain: float = 0.05) -> str:
-    """The arms as one table: start, settings, start and end rates, the paired change, and the
-    share of the gradient's groups that every sample solved (told apart by the bonus alone)."""
+def arms_markdown(found: list[Arm], min_gain: float = 0.05, budget_minutes: float = 30.0) -> str:
+    """The arms as one table: start, settings, start and end rates, the paired change, the
+    share of the gradient's groups that every sample solved (told apart by the bonus alone), and
+    the gate's two criteria apart: the gain, and the updates' wall time within the budget."""
     rows = [
         [
             a.name, a.policy, a.settings, f"{a.updates} ({a.minutes:.1f} min)",
@@ -228,13 +229,14 @@ def arms_markdown(found: list[Arm], min_gain: float = 0.05) -> str:
             stats.interval_text(a.change, signed=True),
             "-" if a.bonus_only is None else f"{100 * a.bonus_only:.0f}",
             "yes" if a.change.value >= min_gain and a.change.low > 0 else "no",
+            "yes" if a.minutes <= budget_minutes else "no",
         ]
         for a in found
     ]  # fmt: skip
     header = ["arm", "start", "settings", "updates", "start parses %", "start valid %"]
     header += ["end valid %"]
     header += ["change (points, paired)", "groups apart only by the optimal bonus %"]
-    header += [f"gain >= {100 * min_gain:g}, interval > 0"]
+    header += [f"gain >= {100 * min_gain:g}, interval > 0", f"updates <= {budget_minutes:g} min"]
     n = found[0].start.n if found else 0
     return f"Greedy valid on the same {n} held-out puzzles, 95 % intervals.\n\n" + (
         stats.markdown_table(header, rows) + "\n"

@@ -146,13 +146,15 @@ def test_arms_summarise_every_finished_arm(tmp_path):
     assert a.change.value == 0 and a.parses.value == pytest.approx(399 / 400)
     # 3 groups carry a gradient, 1 of them with every sample valid: told apart by the bonus only
     assert f.bonus_only == pytest.approx(1 / 3) and a.bonus_only is None
-    assert gate.arms_markdown([f]).rstrip().endswith("| 0.0 [0, 0] | 33 | no |")
+    assert gate.arms_markdown([f]).rstrip().endswith("| 0.0 [0, 0] | 33 | no | yes |")
     want = stats.paired_proportion_difference(list(gain), list(start))
     assert b.change.value == pytest.approx(want.value) and b.end.value == pytest.approx(gain.mean())
     table = gate.arms_markdown([a, b])
     assert table.startswith("Greedy valid on the same 400 held-out puzzles")
     lines = table.strip().splitlines()
-    assert lines[-1].endswith("| - | yes |") and lines[-2].endswith("| - | no |")  # b gains ~10
+    assert lines[-1].endswith("| - | yes | yes |") and lines[-2].endswith("| - | no | yes |")  # b gains ~10
+    slow = gate.arms_markdown([a, b], budget_minutes=0.0).strip().splitlines()[-1]
+    assert b.minutes > 0 and slow.endswith("| - | yes | no |")  # the gain, but past the budget
     gate.plot_arms([a, b], tmp_path / "arms.png")
     assert (tmp_path / "arms.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
