@@ -30,7 +30,9 @@ class ValidationSettings:
     """The held-out validation set and how it is answered (config section `validation`).
 
     per_size puzzles per map size of `num_agents` agents, spread over `hole_ratios` when
-    given (else `hole_ratio`), drawn with `seed`; answered greedily and with `samples`
+    given (else `hole_ratio`), drawn with `seed`, then as many again from each of
+    `extra_seeds` (ids prefixed `x<seed>_`, puzzles already drawn left out: the `seed` draw
+    stays the set's first part); answered greedily and with `samples`
     samples at temperature 1 (0: greedy only), `max_new_tokens` each, `batch_size` rows per
     sampler call. max_size: env.max_size, the largest map a size may ask for (not a key of the
     section).
@@ -45,6 +47,7 @@ class ValidationSettings:
     wait_ratio: float | None = None
     samples: int = 0
     seed: int = 0
+    extra_seeds: tuple[int, ...] = ()
     max_new_tokens: int | None = None
     batch_size: int | None = None
 
@@ -74,6 +77,10 @@ class ValidationSettings:
         require("validation.wait_ratio", wait, is_finite_real(wait) and 0 <= wait <= 1, "[0, 1]")
         for key, least in (("samples", 0), ("seed", 0), ("max_new_tokens", 1), ("batch_size", 1)):
             require_int(f"validation.{key}", getattr(self, key), least)
+        extra = self.extra_seeds
+        ok = isinstance(extra, tuple | list) and all(is_int(x) and x >= 0 for x in extra)
+        ok = ok and len({self.seed, *extra}) == len(extra) + 1
+        require("validation.extra_seeds", extra, ok, "distinct integers >= 0, none equal to seed")
 
     def generator_config(self) -> ml_collections.ConfigDict:
         """The generator config the held-out set is drawn from (before `hole_ratios`)."""

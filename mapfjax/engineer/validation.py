@@ -4,6 +4,7 @@ back), greedy and sampled answers on it, and its rates with 95 % intervals per s
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 
 import jax
@@ -12,19 +13,26 @@ import numpy as np
 from mapfjax import files, stats
 from mapfjax.engineer.rundir import read_instances, save_instances, write_json
 from mapfjax.engineer.settings import ValidationSettings
-from mapfjax.env import reward
+from mapfjax.env import io, reward
 from mapfjax.rl import rollout
-from mapfjax.rl.data import generate_problems
+from mapfjax.rl.data import generate_problems, held_out
 
 
 def held_out_set(workdir: pathlib.Path, v: ValidationSettings) -> list:
     """The fixed held-out validation set (generated once, then read back): per_size puzzles
-    per size, spread over `hole_ratios` when given (else `hole_ratio`)."""
+    per size, spread over `hole_ratios` when given (else `hole_ratio`), drawn with `v.seed`,
+    then the same again from each of `v.extra_seeds` (ids prefixed `x<seed>_`; a puzzle
+    already in the set is left out)."""
     path = workdir / "validation_set.jsonl"
     if path.exists():
         return read_instances(workdir, path)
     n = v.per_size * len(v.sizes)
-    probs = generate_problems(v.generator_config(), n, v.seed, 1, tuple(v.hole_ratios))
+    cfg, ratios = v.generator_config(), tuple(v.hole_ratios)
+    probs = generate_problems(cfg, n, v.seed, 1, ratios)
+    for seed in v.extra_seeds:
+        drawn = generate_problems(cfg, n, seed, 1, ratios)
+        drawn = [dataclasses.replace(p, id=f"x{seed}_{p.id}") for p in drawn]
+        probs += held_out(drawn, {io.puzzle_hash(p) for p in probs})[0]
     save_instances(workdir, path, probs)
     return probs
 

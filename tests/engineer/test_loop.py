@@ -461,6 +461,31 @@ def test_a_checkpoint_position_that_disagrees_with_the_rounds_is_refused(tmp_pat
             rundir.check_position(bad, work, ckpt, 4)
 
 
+def test_extra_seeds_extend_the_held_out_set_after_its_first_draw(tmp_path):
+    """`validation.extra_seeds`: the `seed` draw is the set's first part, unchanged; each extra
+    seed adds its own draw with prefixed ids and no puzzle twice."""
+    from mapfjax.engineer.settings import ValidationSettings
+    from mapfjax.engineer.validation import held_out_set
+    from mapfjax.env import io
+
+    c = tiny_cpu.get_config("smoke")
+    c.validation.per_size = 3
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    base = held_out_set(tmp_path / "a", ValidationSettings.from_config(c))
+    c.validation.extra_seeds = (c.validation.seed + 1, c.validation.seed + 2)
+    both = held_out_set(tmp_path / "b", ValidationSettings.from_config(c))
+    n = len(base)
+    assert [p.id for p in both[:n]] == [p.id for p in base]
+    assert [io.puzzle_hash(p) for p in both[:n]] == [io.puzzle_hash(p) for p in base]
+    extra = both[n:]
+    assert n < len(both) <= 3 * n
+    assert {p.id.split("_")[0] for p in extra} == {f"x{s}" for s in c.validation.extra_seeds}
+    hashes = [io.puzzle_hash(p) for p in both]
+    assert len(set(hashes)) == len(hashes)
+    assert len({p.id for p in both}) == len(both)
+
+
 def test_an_edited_run_file_is_refused_naming_it(tmp_path):
     """Held-out set, training sets and finished rounds' files are checked against the digests
     recorded when they were written (an edited held-out set used to be paired silently)."""

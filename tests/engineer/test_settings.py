@@ -31,6 +31,8 @@ def test_validation_settings_hold_the_section_and_its_defaults():
         ("num_agents", 9, r"validation\.num_agents = 9; allowed: 1 to 5"),
         ("wait_ratio", 2.0, r"validation\.wait_ratio = 2\.0; allowed: \[0, 1\]"),
         ("sizes", (3, 99), r"validation\.sizes = \(3, 99\); allowed: map sizes in"),
+        ("extra_seeds", (5, 5), r"validation\.extra_seeds = \(5, 5\); allowed: distinct"),
+        ("extra_seeds", (-1,), r"validation\.extra_seeds = \(-1,\); allowed: distinct"),
         ("seeed", 1, r"validation: unknown key\(s\) = \['seeed'\]; allowed: \['num_agents'"),
     ],
 )
