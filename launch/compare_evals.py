@@ -44,6 +44,12 @@ _METRIC = flags.DEFINE_enum(
     ["valid", "optimal"],
     "what a puzzle's answer scores: a valid plan, or a valid plan of the oracle's optimal cost",
 )
+_SUBSET = flags.DEFINE_bool(
+    "subset",
+    False,
+    "the instances are a part of what every evaluation answered: compare on them alone (e.g. "
+    "the first 400 of a 1,200-puzzle held-out set)",
+)
 flags.mark_flags_as_required(["instances", "evals"])
 
 
@@ -72,6 +78,7 @@ def main(argv):
             _SPLIT_WAIT.value,
             _SOLVED_BY.value,
             _METRIC.value,
+            _SUBSET.value,
         )
         answers = [pathlib.Path(d) / "answers.jsonl" for d in _EVALS.value]
         traced = [(f, lab) for f, lab in zip(answers, labels, strict=True) if _has_traces(f)]

@@ -536,8 +536,10 @@ def compare_evaluations(
     split_wait: bool = False,
     solved_by: str = "mean",
     metric: str = "valid",
+    subset: bool = False,
 ) -> str:
-    """Markdown: for each evaluation (all of the same `problems`) and each group of map sizes,
+    """Markdown: for each evaluation (all of the same `problems`; with `subset`, of a set that
+    holds them, compared on them alone) and each group of map sizes,
     valid % [95 %] and the paired change against the first evaluation on the same puzzles
     [95 %], with the number of puzzles on which the two sides differ.
 
@@ -567,11 +569,14 @@ def compare_evaluations(
         sums = dict.fromkeys(ids, 0.0)
         for d in parts:
             rows = read_outcomes(d)
+            if subset and ids <= set(rows):
+                rows = {i: rows[i] for i in ids}
             if set(rows) != ids:
                 raise ValueError(
                     f"{d}: {len(set(rows) - ids)} answered puzzles are not in the instances and "
                     f"{len(ids - set(rows))} instances have no answer; compare evaluations of "
                     f"the same instance file"
+                    + ("" if subset else " (or of a part of it, with subset)")
                 )
             for i in ids:
                 sums[i] += bool(rows[i]["valid"]) and bool(rows[i].get(metric))

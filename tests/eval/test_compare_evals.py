@@ -65,6 +65,20 @@ def test_mismatched_answers_or_an_empty_group_are_clear_errors(case, tmp_path):
         ev.compare_evaluations([dirs[0], tmp_path / "broken"], ["A", "B"], problems, [(3,)])
 
 
+def test_a_subset_of_the_answered_puzzles_is_compared_on_its_own(case):
+    """subset=True: the instances are a part of what the evaluations answered (the first 400
+    of a larger held-out set); the table is the one of those puzzles alone."""
+    problems, dirs, a, b = case
+    part = [p for p in problems if p.height == 3]
+    with pytest.raises(ValueError, match=r"not in the instances.*\(or of a part of it, with"):
+        ev.compare_evaluations(dirs, ["A", "B"], part, [(3,)])
+    table = ev.compare_evaluations(dirs, ["A", "B"], part, [(3,)], subset=True)
+    full = ev.compare_evaluations(dirs, ["A", "B"], problems, [(3,)])
+    assert table == full
+    with pytest.raises(ValueError, match="and 1 instances have no answer"):
+        ev.compare_evaluations(dirs, ["A", "B"], part + [_problem(99, 3)], [(3,)], subset=True)
+
+
 def test_command_line(case, tmp_path):
     problems, dirs, _, _ = case
     io.save_instances(tmp_path / "inst.jsonl", problems)
