@@ -102,7 +102,10 @@ def evaluate(
             raise ValueError(f"{reference}: no start/validation.json (the reference model)")
         ref = valid_by_id(found[0][1])
         if set(ref) != set(base):
-            raise ValueError(f"{reference}/start was validated on other puzzles than {matched}")
+            raise ValueError(
+                f"{reference}/start was validated on other puzzles than {matched} (a run on a "
+                "fresh held-out draw has no reference: leave it out)"
+            )
         rows.append([f"reference ({pathlib.Path(reference).name} start)", rate(ref), vs_start(ref)])
         vs_ref = stats.interval_text(paired_change(end, ref), signed=True)
         notes.append(f"Matched GRPO against the reference, paired: {vs_ref} points (not gated).")

@@ -170,3 +170,17 @@ def test_seed_sets_the_training_seed_only():
         got.append(json.loads(out.stdout.strip().splitlines()[-1])[-2:])
     assert got[1][0] == 3 and got[0][0] != 3
     assert got[0][1] == got[1][1]  # the held-out puzzles' seed is not the training seed
+
+
+def test_held_out_seed_draws_fresh_puzzles_and_the_default_is_the_gates():
+    """--held_out_seed: the gate's 400 puzzles (12345) by default, which every setting so far
+    was chosen on; another seed draws fresh puzzles of the same kind for a claim."""
+    probe = _PROBE.replace("c.train.objective, c.train.temperature]", "c.validation.seed]")
+    got = []
+    for args in ([], ["--held_out_seed=12348"]):
+        out = subprocess.run(
+            [sys.executable, "-c", probe, *args], cwd=ROOT, capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stderr
+        got.append(json.loads(out.stdout.strip().splitlines()[-1])[-1])
+    assert got == [12345, 12348]
