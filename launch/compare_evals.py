@@ -1,7 +1,9 @@
 r"""Greedy valid rates of several checkpoints evaluated (launch/evaluate.py) on the same instance
 file, per group of map sizes, paired against the first on the same puzzles; for evaluations
 whose directory holds an answers.jsonl with reasoning traces (--answers_out DIR/answers.jsonl),
-also how often the answer copies the plan its trace chose and how valid those plans are.
+also how often the answer copies the plan its trace chose and how valid those plans are; with
+--split_wait and an answers.jsonl in every directory, how often the answers write a WAIT on the
+puzzles that need one and on the others.
 Directories joined by "+" are one evaluation sampled several times (the same checkpoint at
 temperature 1 with different --seed): each puzzle then counts its share of valid samples
 (mean@k) and the paired change is the mean per-puzzle difference; with --solved_by=any a puzzle
@@ -85,6 +87,10 @@ def main(argv):
         if traced:
             table += "\n\nReasoning traces: the answer against the plan its trace chose\n\n"
             table += ev.trace_comparison(*zip(*traced), problems)
+        plain = [(f, lab) for f, lab in zip(answers, labels, strict=True) if f.is_file()]
+        if _SPLIT_WAIT.value and len(plain) == len(answers):
+            table += "\n\nAnswers that write a WAIT, by whether the puzzle needs one\n\n"
+            table += ev.wait_usage(*zip(*plain), problems)
         return table
 
     return files.report_command(build, _OUT.value)

@@ -658,6 +658,36 @@ def trace_comparison(
     return stats.markdown_table(header, table)
 
 
+def wait_usage(answer_files: Sequence, labels: Sequence[str], problems: Sequence[Problem]) -> str:
+    """Markdown: for each answers file (launch/evaluate.py --answers_out), the share of its
+    answers that write at least one WAIT, on the puzzles that need a wait and on those that
+    need none (`Problem.needs_wait`), with 95 % intervals; an answer that does not parse counts
+    as writing none. Whether a policy waits where a wait is needed or everywhere alike."""
+    if len(labels) != len(answer_files):
+        raise ValueError(f"{len(answer_files)} answer files but {len(labels)} labels")
+    unlabelled = [p.id for p in problems if p.needs_wait is None]
+    if unlabelled:
+        raise ValueError(f"{len(unlabelled)} instances (e.g. {unlabelled[0]}) have no needs_wait")
+    kinds = [("needs a wait", True), ("needs none", False)]
+    count = lambda w: sum(p.needs_wait == w for p in problems)
+    header = ["model"] + [f"{name}: answers with a WAIT % (n={count(w)})" for name, w in kinds]
+    table = []
+    for label, path in zip(labels, answer_files, strict=True):
+        found = read_answers(path)
+        missing = [p.id for p in problems if p.id not in found]
+        if missing:
+            raise ValueError(f"{path}: no answer for {len(missing)} puzzles (e.g. {missing[0]})")
+        waits = {}
+        for p in problems:
+            plans, _ = text.parse_answer(found[p.id].text, p.num_agents)
+            waits[p.id] = plans is not None and any(types.WAIT in plan for plan in plans)
+        shares = [
+            stats.proportion([waits[p.id] for p in problems if p.needs_wait == w]) for _, w in kinds
+        ]
+        table.append([label, *(stats.interval_text(x) for x in shares)])
+    return stats.markdown_table(header, table)
+
+
 def response_length_table(
     problems: Sequence[Problem], lengths: Sequence[int], budget: int, failures=None
 ) -> str:

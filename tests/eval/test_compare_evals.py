@@ -215,3 +215,36 @@ def test_the_optimal_metric_counts_only_valid_plans_of_optimal_cost(tmp_path):
     assert "valid % (n=4)" in valid.splitlines()[0] and "| A | 75.0 " in valid
     with pytest.raises(ValueError, match="metric = 'cost': allowed valid, optimal"):
         ev.compare_evaluations(dirs, ["A", "B"], problems, [(3,)], metric="cost")
+
+
+def test_wait_usage_counts_answers_that_write_a_wait_per_kind_of_puzzle(tmp_path):
+    """Per answers file: the share of answers with at least one WAIT on the puzzles that need a
+    wait and on those that need none; an unparsable answer writes none; a missing one or an
+    unlabelled puzzle is a clear error."""
+    import dataclasses
+
+    from mapfjax.env import text
+    from mapfjax.env.types import DOWN, UP, WAIT
+
+    p = [dataclasses.replace(_problem(i, 3), needs_wait=i < 2) for i in range(4)]
+    plain, waiting = [[DOWN, DOWN], [UP, UP]], [[WAIT, DOWN, DOWN], [UP, UP]]
+    answers = {  # needs a wait: one waits, one does not; needs none: one waits, one unparsable
+        "p0": text.render_answer(waiting),
+        "p1": text.render_answer(plain),
+        "p2": text.render_answer(waiting),
+        "p3": "<answer>\nAgent 0: WAIT, FLY\n</answer>",
+    }
+    path = tmp_path / "answers.jsonl"
+    path.write_text("".join(json.dumps({"id": k, "text": v}) + "\n" for k, v in answers.items()))
+    lines = ev.wait_usage([path], ["W"], p).splitlines()
+    assert lines[0] == (
+        "| model | needs a wait: answers with a WAIT % (n=2) "
+        "| needs none: answers with a WAIT % (n=2) |"
+    )
+    assert lines[2] == "| W | 50.0 [9, 91] | 50.0 [9, 91] |"
+    with pytest.raises(ValueError, match="1 answer files but 2 labels"):
+        ev.wait_usage([path], ["W", "X"], p)
+    with pytest.raises(ValueError, match=r"no answer for 1 puzzles \(e\.g\. p4\)"):
+        ev.wait_usage([path], ["W"], [*p, dataclasses.replace(_problem(4, 3), needs_wait=False)])
+    with pytest.raises(ValueError, match="have no needs_wait"):
+        ev.wait_usage([path], ["W"], [_problem(0, 3)])
