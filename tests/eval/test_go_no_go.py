@@ -159,15 +159,22 @@ def test_mismatched_arm_choices():
     assert names.stdout.split() == ["verdict.md", "verdict_no_wait.md"], names.stderr
 
 
-def test_seed_sets_the_training_seed_only():
-    probe = _PROBE.replace("c.train.objective, c.train.temperature]", "c.seed, c.validation.seed]")
+def _probe_fields(fields: str, *arg_sets) -> list:
+    """The arm config's `fields` (Python expressions over `c`, comma-separated) under each set
+    of flags."""
+    probe = _PROBE.replace("c.train.objective, c.train.temperature]", f"{fields}]")
     got = []
-    for args in ([], ["--seed=3"]):
+    for args in arg_sets:
         out = subprocess.run(
             [sys.executable, "-c", probe, *args], cwd=ROOT, capture_output=True, text=True
         )
         assert out.returncode == 0, out.stderr
-        got.append(json.loads(out.stdout.strip().splitlines()[-1])[-2:])
+        got.append(json.loads(out.stdout.strip().splitlines()[-1])[-fields.count(",") - 1 :])
+    return got
+
+
+def test_seed_sets_the_training_seed_only():
+    got = _probe_fields("c.seed, c.validation.seed", [], ["--seed=3"])
     assert got[1][0] == 3 and got[0][0] != 3
     assert got[0][1] == got[1][1]  # the held-out puzzles' seed is not the training seed
 
@@ -175,12 +182,5 @@ def test_seed_sets_the_training_seed_only():
 def test_held_out_seed_draws_fresh_puzzles_and_the_default_is_the_gates():
     """--held_out_seed: the gate's 400 puzzles (12345) by default, which every setting so far
     was chosen on; another seed draws fresh puzzles of the same kind for a claim."""
-    probe = _PROBE.replace("c.train.objective, c.train.temperature]", "c.validation.seed]")
-    got = []
-    for args in ([], ["--held_out_seed=12348"]):
-        out = subprocess.run(
-            [sys.executable, "-c", probe, *args], cwd=ROOT, capture_output=True, text=True
-        )
-        assert out.returncode == 0, out.stderr
-        got.append(json.loads(out.stdout.strip().splitlines()[-1])[-1])
-    assert got == [12345, 12348]
+    got = _probe_fields("c.validation.seed", [], ["--held_out_seed=12348"])
+    assert got == [[12345], [12348]]
