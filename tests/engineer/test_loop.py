@@ -486,6 +486,30 @@ def test_extra_seeds_extend_the_held_out_set_after_its_first_draw(tmp_path):
     assert len({p.id for p in both}) == len(both)
 
 
+def test_the_main_jobs_held_out_set_begins_with_the_gates_400_puzzles(tmp_path):
+    """The main job's first draw (validation.seed, before extra_seeds) is the go/no-go gate's
+    committed held-out set, puzzle for puzzle: what makes its first 400 comparable with every
+    gate arm and its other 800 fresh."""
+    from mapfjax import configfile
+    from mapfjax.engineer.settings import ValidationSettings
+    from mapfjax.engineer.validation import held_out_set
+    from mapfjax.env import io
+
+    c = tiny_cpu.get_config("")
+    assert c.validation.extra_seeds  # the main job draws more after the gate's 400
+    c.validation.extra_seeds = ()
+    drawn = held_out_set(tmp_path, ValidationSettings.from_config(c))
+    gate = io.load_instances(configfile.ROOT / "results" / "go_no_go" / "held_out_400.jsonl")
+    assert [p.id for p in drawn] == [p.id for p in gate]
+    assert [io.puzzle_hash(p) for p in drawn] == [io.puzzle_hash(p) for p in gate]
+    # The committed 1,200 (results/main_job/held_out_1200) are those 400, then the 800 fresh.
+    part = configfile.ROOT / "results" / "main_job" / "held_out_1200"
+    whole = io.load_instances(part / "held_out_1200.jsonl")
+    fresh = io.load_instances(part / "extra_800.jsonl")
+    assert [p.id for p in whole] == [p.id for p in gate + fresh]
+    assert all(p.id.startswith(("x12346_", "x12347_")) for p in fresh) and len(whole) == 1200
+
+
 def test_an_edited_run_file_is_refused_naming_it(tmp_path):
     """Held-out set, training sets and finished rounds' files are checked against the digests
     recorded when they were written (an edited held-out set used to be paired silently)."""
