@@ -73,9 +73,6 @@ _BONUS = flags.DEFINE_float(
 # or every held-out size with no puzzle that needs a wait (the half of held-out where GRPO's
 # gains from the shipped model fall; results/go_no_go, "The shipped model").
 HELD_OUT_SIZES = range(3, 7)
-GATE_HELD_OUT_SEED = (
-    12345  # configs/tiny_cpu.py's validation.seed: results/go_no_go/held_out_400.jsonl
-)
 MISMATCHES = {"3x3": ((3,), None), "no_wait": (HELD_OUT_SIZES, 0.0)}
 _MISMATCHED = flags.DEFINE_enum(
     "mismatched",
@@ -96,10 +93,11 @@ _SEED = flags.DEFINE_integer(
 )
 _HELD_OUT_SEED = flags.DEFINE_integer(
     "held_out_seed",
-    GATE_HELD_OUT_SEED,
-    f"seed of the held-out draw; {GATE_HELD_OUT_SEED}: the gate's 400 puzzles, on which every "
-    "setting so far was chosen; another seed draws fresh puzzles of the same kind, for a claim "
-    "(then leave out --reference, whose start was validated on the gate's puzzles)",
+    None,
+    "seed of the held-out draw; unset: the training config's, which draws the gate's 400 "
+    "puzzles (results/go_no_go/held_out_400.jsonl), on which every setting so far was chosen; "
+    "another seed draws fresh puzzles of the same kind, for a claim (then leave out "
+    "--reference, whose start was validated on the gate's puzzles)",
     lower_bound=0,
 )
 _WORKDIR = flags.DEFINE_string("workdir", "runs/go_no_go", "run directories (checkpoints)")
@@ -149,7 +147,8 @@ def arm_config(sizes, wait_ratio: float | None = None):
     c.train.trace_loss = _TRACE_LOSS.value
     c.validation.per_size = _PER_SIZE.value
     c.validation.samples = _SAMPLES.value  # the gate reads greedy rates only
-    c.validation.seed = _HELD_OUT_SEED.value
+    if _HELD_OUT_SEED.value is not None:
+        c.validation.seed = _HELD_OUT_SEED.value
     tokens = _TOKENS.value or (640 if _THINKING.value else 64)
     c.train.enable_thinking = _THINKING.value
     c.train.max_new_tokens = c.validation.max_new_tokens = tokens

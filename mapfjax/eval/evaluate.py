@@ -528,6 +528,16 @@ SOLVED_BY = ("mean", "any")
 METRICS = ("valid", "optimal")
 
 
+def _require_wait_labels(ids: Sequence[str], wait: dict) -> None:
+    """A ValueError naming how many of `ids` (and one of them) have no needs_wait label."""
+    unlabelled = sorted(i for i in ids if wait[i] is None)
+    if unlabelled:
+        raise ValueError(
+            f"{len(unlabelled)} instances (e.g. {unlabelled[0]}) have no needs_wait "
+            "label; label the instance file or leave out the split by waits"
+        )
+
+
 def compare_evaluations(
     out_dirs: Sequence,
     labels: Sequence[str],
@@ -596,12 +606,7 @@ def compare_evaluations(
         name = f"{min(group)}x{min(group)}-{max(group)}x{max(group)}"
         columns = [(name, members)]
         if split_wait:
-            unlabelled = sorted(i for i in members if wait[i] is None)
-            if unlabelled:
-                raise ValueError(
-                    f"{len(unlabelled)} instances (e.g. {unlabelled[0]}) have no needs_wait "
-                    "label; label the instance file or leave out the split by waits"
-                )
+            _require_wait_labels(members, wait)
             columns += [
                 (f"{name} needs a wait", [i for i in members if wait[i]]),
                 (f"{name} needs none", [i for i in members if not wait[i]]),
@@ -665,9 +670,7 @@ def wait_usage(answer_files: Sequence, labels: Sequence[str], problems: Sequence
     as writing none. Whether a policy waits where a wait is needed or everywhere alike."""
     if len(labels) != len(answer_files):
         raise ValueError(f"{len(answer_files)} answer files but {len(labels)} labels")
-    unlabelled = [p.id for p in problems if p.needs_wait is None]
-    if unlabelled:
-        raise ValueError(f"{len(unlabelled)} instances (e.g. {unlabelled[0]}) have no needs_wait")
+    _require_wait_labels([p.id for p in problems], {p.id: p.needs_wait for p in problems})
     kinds = [("needs a wait", True), ("needs none", False)]
     count = lambda w: sum(p.needs_wait == w for p in problems)
     header = ["model"] + [f"{name}: answers with a WAIT % (n={count(w)})" for name, w in kinds]
