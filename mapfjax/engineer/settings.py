@@ -15,6 +15,7 @@ from mapfjax.engineer import context as ctx_lib
 from mapfjax.engineer import engineers as eng_lib
 from mapfjax.env import config as env_config
 from mapfjax.models import hf
+from mapfjax.models.sampler import BUCKETS
 from mapfjax.presets import variants
 from mapfjax.rl import driver
 
@@ -34,8 +35,8 @@ class ValidationSettings:
     `extra_seeds` (ids prefixed `x<seed>_`, puzzles already drawn left out: the `seed` draw
     stays the set's first part); answered greedily and with `samples`
     samples at temperature 1 (0: greedy only), `max_new_tokens` each, `batch_size` rows per
-    sampler call. max_size: env.max_size, the largest map a size may ask for (not a key of the
-    section).
+    sampler call, prompts padded by the length rule `bucket` (`sampler.BUCKETS`; speed only).
+    max_size: env.max_size, the largest map a size may ask for (not a key of the section).
     """
 
     max_size: int
@@ -50,6 +51,7 @@ class ValidationSettings:
     extra_seeds: tuple[int, ...] = ()
     max_new_tokens: int | None = None
     batch_size: int | None = None
+    bucket: str = "pow2_mid"
 
     @classmethod
     def from_config(cls, c: ml_collections.ConfigDict) -> ValidationSettings:
@@ -81,6 +83,8 @@ class ValidationSettings:
         ok = isinstance(extra, tuple | list) and all(is_int(x) and x >= 0 for x in extra)
         ok = ok and len({self.seed, *extra}) == len(extra) + 1
         require("validation.extra_seeds", extra, ok, "distinct integers >= 0, none equal to seed")
+        allowed = f"one of {', '.join(map(repr, BUCKETS))}"
+        require("validation.bucket", self.bucket, self.bucket in BUCKETS, allowed)
 
     def generator_config(self) -> ml_collections.ConfigDict:
         """The generator config the held-out set is drawn from (before `hole_ratios`)."""

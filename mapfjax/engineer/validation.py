@@ -49,6 +49,7 @@ def validate(trainer, tokenizer, problems, v: ValidationSettings, enable_thinkin
         max_new_tokens=v.max_new_tokens,
         batch_size=v.batch_size,
         enable_thinking=enable_thinking,
+        bucket=v.bucket,
     )
     rows = [dict(r) for r in greedy.rows]
     k = int(v.samples)
@@ -65,7 +66,10 @@ def _sample_hits(trainer, tokenizer, problems, k: int, v: ValidationSettings,
                  enable_thinking: bool, key: jax.Array) -> list[int]:  # fmt: skip
     """Valid answers among k samples at temperature 1, per problem."""
     cfg = rollout.SamplingConfig(
-        max_new_tokens=v.max_new_tokens, temperature=1.0, enable_thinking=enable_thinking
+        max_new_tokens=v.max_new_tokens,
+        temperature=1.0,
+        enable_thinking=enable_thinking,
+        bucket=v.bucket,
     )
     model = rollout.policy_model(trainer)
     per = max(1, v.batch_size // k)

@@ -66,6 +66,7 @@ def _pow2_mid(n: int) -> int:
 BUCKETS: dict[str, Callable[[int], int]] = {
     "pow2": _next_pow2,
     "pow2_mid": _pow2_mid,
+    "x8": lambda n: 8 * math.ceil(n / 8),  # little padding, more shapes (cheap compiles on CPU)
     "x64": lambda n: 64 * math.ceil(n / 64),
     "exact": lambda n: n,
 }

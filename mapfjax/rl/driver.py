@@ -29,6 +29,7 @@ import numpy as np
 from mapfjax.checks import is_finite_real, is_int, is_real, require, require_int
 from mapfjax.env import reward
 from mapfjax.env.types import Problem
+from mapfjax.models.sampler import BUCKETS
 from mapfjax.rl import checkpoint, grpo, metrics, rollout
 from mapfjax.rl.batch import GroupBatch
 from mapfjax.rl.optim import OptimConfig
@@ -79,6 +80,8 @@ class GRPOSettings:
             top_p=t.get("top_p", 1.0),
             enable_thinking=t.get("enable_thinking", False),
             trace_loss=t.get("trace_loss", "all"),
+            bucket=t.get("bucket", rollout.SamplingConfig.bucket),
+            completion_bucket=t.get("completion_bucket", rollout.SamplingConfig.completion_bucket),
         )
         loss = grpo.GRPOConfig(
             group_size=t.group_size, temperature=t.temperature, **c.grpo.to_dict()
@@ -131,6 +134,9 @@ def check_train(t: ml_collections.ConfigDict) -> None:
     require("train.trace_loss", loss_of, loss_of in rollout.TRACE_LOSSES, f"one of {allowed}")
     top_p = t.get("top_p", 1.0)
     require("train.top_p", top_p, is_finite_real(top_p) and 0 < top_p <= 1, "a number in (0, 1]")
+    for key in ("bucket", "completion_bucket"):  # padding rules: speed only, never the result
+        rule = t.get(key, getattr(rollout.SamplingConfig, key))
+        require(f"train.{key}", rule, rule in BUCKETS, f"one of {', '.join(map(repr, BUCKETS))}")
 
 
 def optim_config(c: ml_collections.ConfigDict, steps_per_phase: int, phases: int) -> OptimConfig:

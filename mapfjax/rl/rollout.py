@@ -341,26 +341,35 @@ def greedy_eval(
     batch_size: int = 64,
     enable_thinking: bool = False,
     reward_cfg: reward.RewardConfig | None = None,
+    bucket: str = SamplingConfig.bucket,
 ) -> Validation:
     """Greedy decoding on `problems` (labelled, so optimality is known); valid and optimal
-    rates and failure counts per (map size, agent count). `model` may be a `Trainer`."""
+    rates and failure counts per (map size, agent count). `model` may be a `Trainer`.
+
+    Prompts are answered `batch_size` at a time in order of length (rows come back in the
+    given order), so a chunk pads its prompts to its own longest under `bucket`: with a fine
+    rule ("x8") prefill, most of a short answer's cost, computes little padding."""
     model = policy_model(model)
     reward_cfg = reward.RewardConfig() if reward_cfg is None else reward_cfg
-    cfg = SamplingConfig(max_new_tokens, 0.0, enable_thinking=enable_thinking)
+    cfg = SamplingConfig(max_new_tokens, 0.0, enable_thinking=enable_thinking, bucket=bucket)
     problems = list(problems)
-    valid, optimal, failure, length, finished, traces = [], [], [], [], [], []
-    for i in range(0, len(problems), batch_size):
-        chunk = problems[i : i + batch_size]
+    lengths = [len(p) for p in encode_prompts(tokenizer, problems, enable_thinking)]
+    order = sorted(range(len(problems)), key=lengths.__getitem__)
+    done: dict[int, tuple] = {}  # position in `problems` -> (valid, optimal, failure, ...)
+    for i in range(0, len(order), batch_size):
+        at = order[i : i + batch_size]
+        chunk = [problems[j] for j in at]
         samples = sample(model, tokenizer, chunk, 1, cfg, None)
-        if enable_thinking:  # which look-up went wrong first; does the answer copy the trace
-            for p, t in zip(chunk, samples.texts, strict=True):
-                traces.append((trace.check_trace(p, t)[1], *trace.trace_plan_outcome(p, t)))
-        finished += list(np.asarray(samples.output.finished)[: len(chunk)])
+        finished = np.asarray(samples.output.finished)[: len(chunk)]
         verdict, _ = score(chunk, 1, samples.texts, reward_cfg)
-        valid += list(np.asarray(verdict.valid))
-        optimal += list(np.asarray(verdict.optimal))
-        failure += list(np.asarray(verdict.failure))
-        length += [len(c) for c in samples.completions]
+        for n, (j, p, t) in enumerate(zip(at, chunk, samples.texts, strict=True)):
+            checked = None
+            if enable_thinking:  # which look-up went wrong first; does the answer copy the trace
+                checked = (trace.check_trace(p, t)[1], *trace.trace_plan_outcome(p, t))
+            verdicts = (verdict.valid[n], verdict.optimal[n], verdict.failure[n])
+            done[j] = (*verdicts, len(samples.completions[n]), finished[n], checked)
+    columns = list(zip(*(done[j] for j in range(len(problems))), strict=True))
+    valid, optimal, failure, length, finished, traces = columns or [()] * 6
     rows = tuple(
         {
             "id": p.id,

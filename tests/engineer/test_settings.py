@@ -33,6 +33,7 @@ def test_validation_settings_hold_the_section_and_its_defaults():
         ("sizes", (3, 99), r"validation\.sizes = \(3, 99\); allowed: map sizes in"),
         ("extra_seeds", (5, 5), r"validation\.extra_seeds = \(5, 5\); allowed: distinct"),
         ("extra_seeds", (-1,), r"validation\.extra_seeds = \(-1,\); allowed: distinct"),
+        ("bucket", "x9", r"validation\.bucket = 'x9'; allowed: one of 'pow2', 'pow2_mid'"),
         ("seeed", 1, r"validation: unknown key\(s\) = \['seeed'\]; allowed: \['num_agents'"),
     ],
 )

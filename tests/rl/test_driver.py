@@ -151,6 +151,14 @@ def test_settings_and_schedule_from_the_shared_schema():
     moves.train.trace_loss = "move"
     with pytest.raises(ValueError, match="train.trace_loss = 'move'; allowed: one of 'all', 'm"):
         driver.GRPOSettings.from_config(moves)
+    # Padding rules: the CPU config's multiples of 8; a missing key keeps the sampler's default.
+    assert (s.sampling.bucket, s.sampling.completion_bucket) == (c.train.bucket, "x8")
+    pads = c.copy_and_resolve_references()
+    del pads.train.bucket
+    assert driver.GRPOSettings.from_config(pads).sampling.bucket == "pow2_mid"
+    pads.train.completion_bucket = "x7"
+    with pytest.raises(ValueError, match="train.completion_bucket = 'x7'; allowed: one of 'pow2'"):
+        driver.GRPOSettings.from_config(pads)
     assert isinstance(c.optim, ml_collections.ConfigDict)
 
 

@@ -192,6 +192,19 @@ def test_greedy_eval_groups_by_size(model, tok):
         assert c.response_len_mean == pytest.approx(np.mean([r["response_tokens"] for r in mine]))
 
 
+def test_greedy_eval_answers_in_length_order_and_returns_rows_in_the_given_order(model, tok):
+    """Chunks are formed in order of prompt length (so each pads to its own longest), yet the
+    rows come back in the order given, each the same answer as the puzzle asked alone."""
+    probs = random_problems(7, seed=6, sizes=(3, 5, 4))
+    lengths = [len(p) for p in rollout.encode_prompts(tok, probs)]
+    assert lengths != sorted(lengths)  # the sort has something to do
+    together = rollout.greedy_eval(model, tok, probs, max_new_tokens=8, batch_size=3, bucket="x8")
+    alone = [rollout.greedy_eval(model, tok, [p], max_new_tokens=8, batch_size=1).rows[0]
+             for p in probs]  # fmt: skip
+    assert [r["id"] for r in together.rows] == [p.id for p in probs]
+    assert list(together.rows) == alone
+
+
 def test_greedy_eval_with_thinking_reports_the_trace(model, tok):
     """A random model writes no readable trace: every row says so, and the report has both
     trace sections (the first wrong line; the answer against the trace's plan)."""

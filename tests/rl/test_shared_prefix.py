@@ -152,6 +152,7 @@ def test_completion_width_follows_the_longest_completion_in_buckets():
         assert batch.completion_len == width
     assert sampler.BUCKETS["pow2_mid"](100) == 128 and sampler.BUCKETS["pow2_mid"](90) == 96
     assert [sampler.BUCKETS["pow2_mid"](n) for n in (1, 3, 5, 7, 13, 25)] == [1, 3, 6, 8, 16, 32]
+    assert [sampler.BUCKETS["x8"](n) for n in (1, 8, 9, 135, 165)] == [8, 8, 16, 136, 168]
 
 
 @pytest.mark.slow
