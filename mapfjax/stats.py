@@ -306,6 +306,27 @@ def mean_difference(a, b, level: float = LEVEL) -> Estimate:
     return Estimate(diff, diff - half, diff + half, int(a.size + b.size))
 
 
+def auc(scores, labels) -> float:
+    """Area under the ROC curve: the chance that a random positive scores above a random
+    negative, ties counted half (the Mann-Whitney U over n_pos x n_neg); NaN when either
+    class is absent."""
+    s = np.asarray(scores, np.float64).ravel()
+    y = np.asarray(labels).astype(bool).ravel()
+    if s.shape != y.shape:
+        raise ValueError(f"auc: {s.size} scores and {y.size} labels; allowed: one label per score")
+    pos, neg = int(y.sum()), int((~y).sum())
+    if pos == 0 or neg == 0:
+        return math.nan
+    order = np.argsort(s, kind="mergesort")
+    ranks = np.empty(len(s), np.float64)
+    ranks[order] = np.arange(1, len(s) + 1)
+    _, inverse, counts = np.unique(s, return_inverse=True, return_counts=True)
+    first = np.zeros(len(counts), np.float64)  # tied scores share their mean rank
+    np.add.at(first, inverse, ranks)
+    ranks = (first / counts)[inverse]
+    return float((ranks[y].sum() - pos * (pos + 1) / 2) / (pos * neg))
+
+
 # --------------------------------------------------------------------------- tables
 
 
