@@ -6,8 +6,8 @@ held-out set and scored by AUC on the held-out set, every model on the same boot
         --test results/main_job/held_out_1200/held_out_1200.jsonl --out results/wait_probe
 
 A model named `random` is the checkpoint's shape with fresh random weights. Writes
-<out>/probe.json and <out>/probe.md; the features of each model are kept in
-<out>/features/<label>.npz (not committed) so that a rerun only computes what is new.
+<out>/probe.json and <out>/probe.md; each model's features are kept in
+<cache>/<label>.npz (default runs/wait_probe) so that a rerun only computes what is new.
 """
 
 import argparse
@@ -83,6 +83,7 @@ def main() -> int:
     ap.add_argument("--layers", default="6,12")
     ap.add_argument("--resamples", type=int, default=2000)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--cache", default="runs/wait_probe", help="feature files (not results)")
     args = ap.parse_args()
     from mapfjax import parallel
 
@@ -109,8 +110,8 @@ def main() -> int:
     for layer in layers:
         scores, chosen, acc = {}, {}, {}
         for label, path in models:
-            feats = features(label, path, fit + test, layers, out / "features" / f"{label}.npz",
-                             tokenizer)[layer]  # fmt: skip
+            cache = pathlib.Path(args.cache) / f"{label}.npz"
+            feats = features(label, path, fit + test, layers, cache, tokenizer)[layer]
             x_fit, x_test = feats[: len(fit)], feats[len(fit) :]
             l2 = probe.choose_l2(x_fit, y_fit)
             fitted = probe.fit_logistic(x_fit, y_fit, l2)
