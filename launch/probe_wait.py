@@ -1,4 +1,4 @@
-"""Does a policy's state, where it starts to answer, say whether the puzzle needs a wait? A
+r"""Does a policy's state, where it starts to answer, say whether the puzzle needs a wait? A
 linear probe per model and layer (`mapfjax.eval.probe`), fitted on fresh puzzles drawn like the
 held-out set and scored by AUC on the held-out set, every model on the same bootstrap draws.
 
