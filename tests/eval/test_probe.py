@@ -3,6 +3,7 @@ linear label, shuffled labels give chance, features do not depend on how prompts
 and a truncated model is the first layers of the full one."""
 
 import itertools
+import pathlib
 
 import jax.numpy as jnp
 import numpy as np
@@ -100,3 +101,32 @@ def test_features_do_not_depend_on_batching_and_truncation_keeps_the_first_layer
     np.testing.assert_allclose(again, together[1], atol=1e-5)
     with pytest.raises(ValueError, match="layers=4; allowed: 1 to 3"):
         probe.truncated(model, 4)
+
+
+def test_the_script_writes_its_table_and_a_rerun_reads_the_features_back(tmp_path):
+    """launch/probe_wait.py end to end on the shipped model and its random twin, small sets."""
+    import json
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    test = tmp_path / "test.jsonl"
+    rows = (root / "results/go_no_go/held_out_400.jsonl").read_text().splitlines()[:60]
+    test.write_text("\n".join(rows) + "\n")
+    cmd = [sys.executable, "launch/probe_wait.py", "--test", str(test), "--out", str(tmp_path),
+           "--cache", str(tmp_path / "cache"), "--fit_n", "60", "--layers", "3",
+           "--resamples", "50", "--models",
+           "random:mapfjax/assets/tiny,shipped:mapfjax/assets/tiny"]  # fmt: skip
+    first = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr[-2000:]
+    table = (tmp_path / "probe.md").read_text()
+    assert table.startswith("| model | layers | AUC [95 %]") and "| shipped | 3 |" in table
+    record = json.loads((tmp_path / "probe.json").read_text())
+    shipped = record["models"]["shipped"]["layer3"]
+    assert record["test_n"] == 60 and shipped["minus_reference"] is None
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["random.npz", "shipped.npz"]
+    again = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
+    assert again.returncode == 0 and (tmp_path / "probe.md").read_text() == table
+    bad = subprocess.run([*cmd[:-1], "shipped=mapfjax/assets/tiny"], cwd=root,
+                         capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode != 0 and "--models: 'shipped=mapfjax/assets/tiny'; allowed" in bad.stderr
