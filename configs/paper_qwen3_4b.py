@@ -36,6 +36,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.train.max_new_tokens = 4096  # thinking takes thousands of tokens (docs/paper.md section 8)
     c.train.checkpoint_every = 10
     c.train.enable_thinking = True
+    # Few shapes on an accelerator, where a compile of the 4B model costs minutes (the CPU
+    # config pads to multiples of 8).
+    c.train.bucket = c.validation.bucket = "pow2_mid"
+    c.train.completion_bucket = "pow2"
     c.optim.lr = 1e-6
     c.optim.warmup_steps = 10
     c.optim.end_lr_ratio = 1.0  # constant after warmup

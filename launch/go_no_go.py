@@ -17,7 +17,7 @@ import sys
 from absl import app, flags
 from absl import logging as absl_logging
 
-from mapfjax.rl.driver import OBJECTIVES
+from mapfjax.rl.driver import FINE_BUCKET_BUDGET, OBJECTIVES
 from mapfjax.rl.rollout import TRACE_LOSSES
 
 _POLICY = flags.DEFINE_string("policy", None, "model directory (HF files) to start from")
@@ -152,6 +152,8 @@ def arm_config(sizes, wait_ratio: float | None = None):
     tokens = _TOKENS.value or (640 if _THINKING.value else 64)
     c.train.enable_thinking = _THINKING.value
     c.train.max_new_tokens = c.validation.max_new_tokens = tokens
+    if tokens > FINE_BUCKET_BUDGET:  # a trace's 100-640 tokens: power-of-two widths, as measured
+        c.train.completion_bucket = "pow2"
     return c
 
 

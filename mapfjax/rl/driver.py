@@ -115,6 +115,9 @@ class GRPOSettings:
         return math.ceil(self.oversample * self.problems_per_step)
 
 
+FINE_BUCKET_BUDGET = 256  # the longest completion budget `train.completion_bucket = "x8"` takes
+
+
 def check_train(t: ml_collections.ConfigDict) -> None:
     """The c.train values nothing else checks before they are divided by or sampled with;
     ValueError naming the key, its value and what is allowed."""
@@ -137,6 +140,15 @@ def check_train(t: ml_collections.ConfigDict) -> None:
     for key in ("bucket", "completion_bucket"):  # padding rules: speed only, never the result
         rule = t.get(key, getattr(rollout.SamplingConfig, key))
         require(f"train.{key}", rule, rule in BUCKETS, f"one of {', '.join(map(repr, BUCKETS))}")
+    # A fine completion rule compiles one update per width: with a long budget, dozens of
+    # programs (each costs seconds to compile and holds hundreds of memory maps on CPU).
+    rule = t.get("completion_bucket", rollout.SamplingConfig.completion_bucket)
+    budget = t.max_new_tokens
+    require(
+        "train.completion_bucket", rule, rule != "x8" or budget <= FINE_BUCKET_BUDGET,
+        f"'x8' only with train.max_new_tokens <= {FINE_BUCKET_BUDGET} (here {budget}: up to "
+        f"{-(-budget // 8)} compiled update shapes); else 'pow2', 'pow2_mid' or 'x64'",
+    )  # fmt: skip
 
 
 def optim_config(c: ml_collections.ConfigDict, steps_per_phase: int, phases: int) -> OptimConfig:

@@ -69,6 +69,24 @@ def test_flags_reach_the_arm_config(args, want):
     assert json.loads(out.stdout.strip().splitlines()[-1]) == want
 
 
+def test_a_thinking_arm_pads_completions_to_powers_of_two_and_its_settings_load():
+    """The CPU config's multiples of 8 would compile an update per 8 tokens of a 640-token
+    trace budget; a thinking arm goes back to power-of-two widths and passes the checks."""
+    probe = _PROBE.split("print(")[0] + (
+        "from mapfjax.rl import driver\n"
+        "s = driver.GRPOSettings.from_config(c)\n"
+        "print(json.dumps([s.sampling.completion_bucket, s.sampling.max_new_tokens]))\n"
+    )
+    got = []
+    for args in ([], ["--thinking"]):
+        out = subprocess.run(
+            [sys.executable, "-c", probe, *args], cwd=ROOT, capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stderr
+        got.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert got == [["x8", 64], ["pow2", 640]]
+
+
 def test_groups_set_the_update_batch_and_the_round_budget():
     probe = _PROBE.replace("c.train.objective, c.train.temperature]", "c.train.problems_per_step]")
     args = ["--groups=32", "--updates=10"]

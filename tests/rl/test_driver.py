@@ -159,6 +159,11 @@ def test_settings_and_schedule_from_the_shared_schema():
     pads.train.completion_bucket = "x7"
     with pytest.raises(ValueError, match="train.completion_bucket = 'x7'; allowed: one of 'pow2'"):
         driver.GRPOSettings.from_config(pads)
+    pads.train.completion_bucket, pads.train.max_new_tokens = "x8", 640
+    with pytest.raises(ValueError, match=r"'x8' only with train.max_new_tokens <= 256 \(here 640"):
+        driver.GRPOSettings.from_config(pads)
+    pads.train.completion_bucket = "pow2"
+    assert driver.GRPOSettings.from_config(pads).sampling.completion_bucket == "pow2"
     assert isinstance(c.optim, ml_collections.ConfigDict)
 
 
@@ -178,3 +183,16 @@ def test_group_outcomes_are_named_records_and_old_positional_rows_still_read(tmp
     got = driver.phase_size_stats(path, group_size=8)
     assert (got[4].groups, got[4].valid, got[4].mixed, got[4].samples) == (2, 11, 1, 16)
     assert got[4].abs_advantage == 2.5 and got[5].groups == 1 and got[5].valid == 0
+
+
+def test_the_accelerator_config_pads_to_few_shapes():
+    """configs/paper_qwen3_4b.py builds on the CPU config but keeps the sampler's few-shape
+    rules: a compile of the 4B model costs minutes, and its 4,096-token budget in multiples of
+    8 would be refused."""
+    from mapfjax import configfile
+    from mapfjax.engineer.settings import ValidationSettings
+
+    c = configfile.get_config("configs/paper_qwen3_4b.py", "")
+    s = driver.GRPOSettings.from_config(c)
+    assert (s.sampling.bucket, s.sampling.completion_bucket) == ("pow2_mid", "pow2")
+    assert ValidationSettings.from_config(c).bucket == "pow2_mid"
