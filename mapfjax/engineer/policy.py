@@ -64,7 +64,8 @@ def make_score_fn(
 ) -> Callable[[str, Sequence[str]], list[float]]:
     """score_fn(prompt, continuations) -> total log-likelihood of each continuation (plus the
     end-of-turn token) after the chat-formatted prompt, by teacher-forced forward passes over
-    `batch_size` continuations at a time (attention memory grows with batch x length^2)."""
+    `batch_size` continuations at a time that share one pass over the prompt (a `GroupBatch`:
+    the prompt's keys and values computed once per call, not once per continuation)."""
 
     def score_fn(prompt: str, continuations: Sequence[str]) -> list[float]:
         model = model_fn()
@@ -84,11 +85,18 @@ def make_score_fn(
             part = conts[i : i + batch_size]
             part = part + [part[-1]] * (batch_size - len(part))  # one compiled shape
             batch = make_batch(
-                [p] * batch_size, part, ids.pad, prompt_bucket="x64", completion_bucket=longest
+                [p] * batch_size,
+                part,
+                ids.pad,
+                prompt_bucket="x64",
+                completion_bucket=longest,
+                group_size=batch_size,
+                shared_prefix=True,
             )
-            logp, _ = _logprobs(model, batch)
-            mask = np.asarray(batch.loss_mask)
-            scores += [float(v) for v in np.where(mask, np.asarray(logp), 0.0).sum(axis=1)]
+            logp, _ = _logprobs(model, batch)  # [1, batch_size, T]
+            logp = np.asarray(logp).reshape(batch_size, -1)
+            mask = np.asarray(batch.loss_mask).reshape(batch_size, -1)
+            scores += [float(v) for v in np.where(mask, logp, 0.0).sum(axis=1)]
         return scores[: len(conts)]
 
     return score_fn
