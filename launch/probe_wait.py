@@ -82,6 +82,11 @@ def main() -> int:
     ap.add_argument("--fit_seed", type=int, default=20001)
     ap.add_argument("--layers", default="6,12")
     ap.add_argument("--resamples", type=int, default=2000)
+    ap.add_argument("--probe", choices=sorted(probe.PROBES), default="logistic",
+                    help="logistic regression, or a one-hidden-layer ReLU network")  # fmt: skip
+    ap.add_argument("--fit_limit", type=int, default=0,
+                    help="fit on the first N fitting puzzles only (0: all)")  # fmt: skip
+    ap.add_argument("--name", default="probe", help="output file stem: <out>/<name>.md, .json")
     ap.add_argument("--out", required=True)
     ap.add_argument("--cache", default="runs/wait_probe", help="feature files (not results)")
     args = ap.parse_args()
@@ -104,17 +109,20 @@ def main() -> int:
     y_test = np.array([p.needs_wait for p in test], bool)
     print(f"fit: {len(fit)} puzzles ({y_fit.mean():.1%} need a wait); "
           f"test: {len(test)} ({y_test.mean():.1%})", flush=True)  # fmt: skip
+    fit_probe, grid = probe.PROBES[args.probe]
+    used = min(args.fit_limit or len(fit), len(fit))
     tokenizer = tok_lib.load_tokenizer(models[0][1])
-    rows, record = [], {"fit_n": len(fit), "fit_seed": args.fit_seed, "test": args.test,
+    rows, record = [], {"probe": args.probe, "fit_n": used, "fit_seed": args.fit_seed,
+                        "test": args.test,
                         "test_n": len(test), "layers": layers, "models": {}}  # fmt: skip
     for layer in layers:
         scores, chosen, acc = {}, {}, {}
         for label, path in models:
             cache = pathlib.Path(args.cache) / f"{label}.npz"
             feats = features(label, path, fit + test, layers, cache, tokenizer)[layer]
-            x_fit, x_test = feats[: len(fit)], feats[len(fit) :]
-            l2 = probe.choose_l2(x_fit, y_fit)
-            fitted = probe.fit_logistic(x_fit, y_fit, l2)
+            x_fit, x_test = feats[:used], feats[len(fit) :]
+            l2 = probe.choose_l2(x_fit, y_fit[:used], grid, fit=fit_probe)
+            fitted = fit_probe(x_fit, y_fit[:used], l2)
             scores[label] = fitted.scores(x_test)
             chosen[label], acc[label] = l2, float(np.mean((scores[label] > 0) == y_test))
             print(f"layer {layer} {label}: AUC {stats.auc(scores[label], y_test):.3f}", flush=True)
@@ -133,8 +141,9 @@ def main() -> int:
             ])  # fmt: skip
     header = ["model", "layers", "AUC [95 %]", "accuracy", f"minus {args.reference}", "L2"]
     table = stats.markdown_table(header, rows)
-    files.atomic_write(out / "probe.md", (table + "\n").encode())
-    files.atomic_write(out / "probe.json", (json.dumps(record, indent=1) + "\n").encode())
+    files.atomic_write(out / f"{args.name}.md", (table + "\n").encode())
+    record_text = json.dumps(record, indent=1) + "\n"
+    files.atomic_write(out / f"{args.name}.json", record_text.encode())
     print(table)
     return 0
 

@@ -12,6 +12,7 @@ across models on the same resamples.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
 
 import jax
@@ -135,8 +136,12 @@ def log_loss(scores: np.ndarray, y: np.ndarray) -> float:
     return float(np.mean(np.logaddexp(0.0, s) - y * s))
 
 
-def choose_l2(x, y, grid: Sequence[float] = L2_GRID, folds: int = 5, seed: int = 0) -> float:
-    """The grid's L2 weight with the lowest k-fold cross-validated log-loss (ties: the larger)."""
+def choose_l2(
+    x, y, grid: Sequence[float] = L2_GRID, folds: int = 5, seed: int = 0, fit=None
+) -> float:
+    """The grid's L2 weight with the lowest k-fold cross-validated log-loss (ties: the larger)
+    for the probe `fit(x, y, l2)` (default `fit_logistic`)."""
+    fit = fit_logistic if fit is None else fit
     y = np.asarray(y)
     parts = np.array_split(np.random.default_rng(seed).permutation(len(y)), folds)
     losses = []
@@ -144,23 +149,77 @@ def choose_l2(x, y, grid: Sequence[float] = L2_GRID, folds: int = 5, seed: int =
         total = 0.0
         for k, test in enumerate(parts):
             train = np.concatenate([p for i, p in enumerate(parts) if i != k])
-            total += log_loss(fit_logistic(x[train], y[train], l2).scores(x[test]), y[test])
+            total += log_loss(fit(x[train], y[train], l2).scores(x[test]), y[test])
         losses.append(total / folds)
     best = min(losses)
     return max(l2 for l2, loss in zip(grid, losses, strict=True) if loss <= best + 1e-12)
 
 
-@dataclasses.dataclass(frozen=True)
-class ProbeResult:
-    """One model's probe on the test set: AUC with its interval, accuracy at even odds, the
-    chosen L2 weight, and the paired AUC difference against the reference model (or None)."""
+MLP_L2_GRID = (1e-4, 1e-3, 1e-2, 1e-1)
 
-    label: str
-    layer: int | None
-    auc: stats.Estimate
-    accuracy: float
+
+@dataclasses.dataclass(frozen=True)
+class MLPProbe:
+    """A fitted one-hidden-layer probe (ReLU): standardisation, then w2 . relu(W1 z + b1) + b2."""
+
+    mean: np.ndarray
+    scale: np.ndarray
+    params: dict
     l2: float
-    against_reference: stats.Estimate | None
+
+    def scores(self, x: np.ndarray) -> np.ndarray:
+        """Log-odds of the positive label per row."""
+        z = (np.asarray(x, np.float64) - self.mean) / self.scale
+        return np.asarray(_mlp(self.params, jnp.asarray(z, jnp.float32)), np.float64)
+
+
+def _mlp(params, z):
+    h = jax.nn.relu(z @ params["w1"] + params["b1"])
+    return h @ params["w2"] + params["b2"]
+
+
+@functools.partial(jax.jit, static_argnames=("steps",))
+def _train_mlp(params, z, y, l2, steps):
+    import optax
+
+    opt = optax.adam(1e-2)
+
+    def loss(p):
+        s = _mlp(p, z)
+        fit = jnp.mean(jnp.logaddexp(0.0, s) - y * s)
+        return fit + 0.5 * l2 * (jnp.sum(p["w1"] ** 2) + jnp.sum(p["w2"] ** 2))
+
+    def step(carry, _):
+        p, state = carry
+        updates, state = opt.update(jax.grad(loss)(p), state)
+        return (optax.apply_updates(p, updates), state), None
+
+    (params, _), _ = jax.lax.scan(step, (params, opt.init(params)), None, length=steps)
+    return params
+
+
+def fit_mlp(x, y, l2: float, hidden: int = 64, steps: int = 500, seed: int = 0) -> MLPProbe:
+    """A one-hidden-layer ReLU probe on standardised x: full-batch Adam (lr 1e-2, `steps`
+    updates) on the mean log-loss plus l2/2 times the squared weights (biases free)."""
+    x = np.asarray(x, np.float64)
+    y = np.asarray(y, np.float64)
+    if x.ndim != 2 or len(x) != len(y) or len(x) == 0:
+        raise ValueError(f"fit_mlp: x {x.shape} and y {y.shape}: allowed [N, D] and [N]")
+    mean, scale = _standardise(x)
+    k1, k2 = jax.random.split(jax.random.key(seed))
+    d = x.shape[1]
+    params = {
+        "w1": jax.random.normal(k1, (d, hidden)) * np.sqrt(2.0 / d),
+        "b1": jnp.zeros(hidden),
+        "w2": jax.random.normal(k2, (hidden,)) * np.sqrt(1.0 / hidden),
+        "b2": jnp.zeros(()),
+    }
+    z = jnp.asarray((x - mean) / scale, jnp.float32)
+    params = _train_mlp(params, z, jnp.asarray(y, jnp.float32), jnp.float32(l2), steps)
+    return MLPProbe(mean, scale, jax.tree.map(np.asarray, params), float(l2))
+
+
+PROBES = {"logistic": (fit_logistic, L2_GRID), "mlp": (fit_mlp, MLP_L2_GRID)}
 
 
 def bootstrap_aucs(

@@ -130,3 +130,17 @@ def test_the_script_writes_its_table_and_a_rerun_reads_the_features_back(tmp_pat
     bad = subprocess.run([*cmd[:-1], "shipped=mapfjax/assets/tiny"], cwd=root,
                          capture_output=True, text=True)  # fmt: skip
     assert bad.returncode != 0 and "--models: 'shipped=mapfjax/assets/tiny'; allowed" in bad.stderr
+
+
+def test_the_mlp_probe_reads_a_label_no_line_separates():
+    """An XOR of two feature signs: the logistic probe stays near chance, the one-hidden-layer
+    probe finds it (and cross-validation picks one of its grid's weights)."""
+    rng = np.random.default_rng(8)
+    x = rng.normal(size=(1200, 6))
+    y = (x[:, 0] > 0) ^ (x[:, 1] > 0)
+    fit, test = slice(0, 800), slice(800, None)
+    flat = probe.fit_logistic(x[fit], y[fit], 0.01).scores(x[test])
+    l2 = probe.choose_l2(x[fit], y[fit], probe.MLP_L2_GRID, fit=probe.fit_mlp)
+    assert l2 in probe.MLP_L2_GRID
+    bent = probe.fit_mlp(x[fit], y[fit], l2).scores(x[test])
+    assert stats.auc(flat, y[test]) < 0.65 < 0.85 < stats.auc(bent, y[test])
