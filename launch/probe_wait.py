@@ -62,9 +62,9 @@ def features(label, path, problems, layers, cache: pathlib.Path, tokenizer) -> d
     """{layer: [N, 2H]} for the fit + test puzzles, read from `cache` when it holds them."""
     ids = [p.id for p in problems]
     if cache.exists():
-        kept = np.load(cache)
-        if list(kept["ids"]) == ids and all(f"layer{k}" in kept for k in layers):
-            return {k: kept[f"layer{k}"] for k in layers}
+        with np.load(cache) as kept:
+            if list(kept["ids"]) == ids and all(f"layer{k}" in kept for k in layers):
+                return {k: kept[f"layer{k}"] for k in layers}
     feats = probe.prompt_features(load_model(label, path), tokenizer, problems, layers)
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache.with_suffix(".tmp.npz")
@@ -115,11 +115,16 @@ def main() -> int:
     rows, record = [], {"probe": args.probe, "fit_n": used, "fit_seed": args.fit_seed,
                         "test": args.test,
                         "test_n": len(test), "layers": layers, "models": {}}  # fmt: skip
+    feats_of = {
+        label: features(
+            label, path, fit + test, layers, pathlib.Path(args.cache) / f"{label}.npz", tokenizer
+        )  # fmt: skip
+        for label, path in models
+    }
     for layer in layers:
         scores, chosen, acc = {}, {}, {}
-        for label, path in models:
-            cache = pathlib.Path(args.cache) / f"{label}.npz"
-            feats = features(label, path, fit + test, layers, cache, tokenizer)[layer]
+        for label, _ in models:
+            feats = feats_of[label][layer]
             x_fit, x_test = feats[:used], feats[len(fit) :]
             l2 = probe.choose_l2(x_fit, y_fit[:used], grid, fit=fit_probe)
             fitted = fit_probe(x_fit, y_fit[:used], l2)

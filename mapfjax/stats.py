@@ -321,9 +321,9 @@ def auc(scores, labels) -> float:
     ranks = np.empty(len(s), np.float64)
     ranks[order] = np.arange(1, len(s) + 1)
     _, inverse, counts = np.unique(s, return_inverse=True, return_counts=True)
-    first = np.zeros(len(counts), np.float64)  # tied scores share their mean rank
-    np.add.at(first, inverse, ranks)
-    ranks = (first / counts)[inverse]
+    sums = np.zeros(len(counts), np.float64)  # tied scores share their mean rank
+    np.add.at(sums, inverse, ranks)
+    ranks = (sums / counts)[inverse]
     return float((ranks[y].sum() - pos * (pos + 1) / 2) / (pos * neg))
 
 

@@ -15,7 +15,6 @@ from mapfjax.engineer import context as ctx_lib
 from mapfjax.engineer import engineers as eng_lib
 from mapfjax.env import config as env_config
 from mapfjax.models import hf
-from mapfjax.models.sampler import BUCKETS
 from mapfjax.presets import variants
 from mapfjax.rl import driver
 
@@ -83,8 +82,7 @@ class ValidationSettings:
         ok = isinstance(extra, tuple | list) and all(is_int(x) and x >= 0 for x in extra)
         ok = ok and len({self.seed, *extra}) == len(extra) + 1
         require("validation.extra_seeds", extra, ok, "distinct integers >= 0, none equal to seed")
-        allowed = f"one of {', '.join(map(repr, BUCKETS))}"
-        require("validation.bucket", self.bucket, self.bucket in BUCKETS, allowed)
+        driver.require_bucket("validation.bucket", self.bucket)
 
     def generator_config(self) -> ml_collections.ConfigDict:
         """The generator config the held-out set is drawn from (before `hole_ratios`)."""

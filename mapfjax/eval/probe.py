@@ -22,7 +22,7 @@ from flax import nnx
 
 from mapfjax import stats
 from mapfjax.models.sampler import BUCKETS
-from mapfjax.rl.data import encode_prompts
+from mapfjax.rl.data import chunks_by_length, encode_prompts
 
 L2_GRID = (1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)
 
@@ -63,13 +63,11 @@ def prompt_features(
     prompt token's state and the prompt's mean state after `layer` layers (None: all).
     Prompts are run in order of length, each chunk left-padded to its `bucket`."""
     prompts = encode_prompts(tokenizer, list(problems), False)
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     out = {}
     for layer in layers:
         graphdef, state = nnx.split(truncated(model, layer))
         feats = np.zeros((len(prompts), 2 * model.config.hidden_size), np.float32)
-        for i in range(0, len(order), batch_size):
-            at = order[i : i + batch_size]
+        for at in chunks_by_length(prompts, batch_size):
             width = BUCKETS[bucket](max(len(prompts[j]) for j in at))
             tokens = np.zeros((batch_size, width), np.int32)
             mask = np.zeros((batch_size, width), bool)
@@ -103,15 +101,21 @@ def _standardise(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return mean, np.where(scale > 1e-8, scale, 1.0)
 
 
-def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float, iterations: int = 50) -> Probe:
-    """L2-regularised logistic regression (penalty l2/2 |w|^2 on the mean log-loss, bias
-    free) on standardised x, by Newton's method."""
+def _checked(name: str, x, y) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) as float64 arrays; ValueError unless x is [N, D] and y [N] of 0s and 1s, N > 0."""
     x = np.asarray(x, np.float64)
     y = np.asarray(y, np.float64)
     if x.ndim != 2 or len(x) != len(y) or len(x) == 0:
-        raise ValueError(f"fit_logistic: x {x.shape} and y {y.shape}: allowed [N, D] and [N]")
+        raise ValueError(f"{name}: x {x.shape} and y {y.shape}: allowed [N, D] and [N]")
     if not np.isin(y, (0.0, 1.0)).all():
-        raise ValueError("fit_logistic: y must hold only 0 and 1")
+        raise ValueError(f"{name}: y must hold only 0 and 1")
+    return x, y
+
+
+def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float, iterations: int = 50) -> Probe:
+    """L2-regularised logistic regression (penalty l2/2 |w|^2 on the mean log-loss, bias
+    free) on standardised x, by Newton's method."""
+    x, y = _checked("fit_logistic", x, y)
     mean, scale = _standardise(x)
     z = np.hstack([(x - mean) / scale, np.ones((len(x), 1))])
     n, d = z.shape
@@ -201,10 +205,7 @@ def _train_mlp(params, z, y, l2, steps):
 def fit_mlp(x, y, l2: float, hidden: int = 64, steps: int = 500, seed: int = 0) -> MLPProbe:
     """A one-hidden-layer ReLU probe on standardised x: full-batch Adam (lr 1e-2, `steps`
     updates) on the mean log-loss plus l2/2 times the squared weights (biases free)."""
-    x = np.asarray(x, np.float64)
-    y = np.asarray(y, np.float64)
-    if x.ndim != 2 or len(x) != len(y) or len(x) == 0:
-        raise ValueError(f"fit_mlp: x {x.shape} and y {y.shape}: allowed [N, D] and [N]")
+    x, y = _checked("fit_mlp", x, y)
     mean, scale = _standardise(x)
     k1, k2 = jax.random.split(jax.random.key(seed))
     d = x.shape[1]

@@ -126,6 +126,13 @@ def sft_examples(
     return out
 
 
+def chunks_by_length(prompts: Sequence[Sequence[int]], size: int) -> list[list[int]]:
+    """Positions of `prompts` in order of length (stable), cut into chunks of `size`: each
+    chunk then pads its prompts to its own longest."""
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    return [order[i : i + size] for i in range(0, len(order), size)]
+
+
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 

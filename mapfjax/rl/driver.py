@@ -118,6 +118,11 @@ class GRPOSettings:
 FINE_BUCKET_BUDGET = 256  # the longest completion budget `train.completion_bucket = "x8"` takes
 
 
+def require_bucket(key: str, rule) -> None:
+    """ValueError naming `key` unless `rule` names a padding rule of `sampler.BUCKETS`."""
+    require(key, rule, rule in BUCKETS, f"one of {', '.join(map(repr, BUCKETS))}")
+
+
 def check_train(t: ml_collections.ConfigDict) -> None:
     """The c.train values nothing else checks before they are divided by or sampled with;
     ValueError naming the key, its value and what is allowed."""
@@ -138,8 +143,7 @@ def check_train(t: ml_collections.ConfigDict) -> None:
     top_p = t.get("top_p", 1.0)
     require("train.top_p", top_p, is_finite_real(top_p) and 0 < top_p <= 1, "a number in (0, 1]")
     for key in ("bucket", "completion_bucket"):  # padding rules: speed only, never the result
-        rule = t.get(key, getattr(rollout.SamplingConfig, key))
-        require(f"train.{key}", rule, rule in BUCKETS, f"one of {', '.join(map(repr, BUCKETS))}")
+        require_bucket(f"train.{key}", t.get(key, getattr(rollout.SamplingConfig, key)))
     # A fine completion rule compiles one update per width: with a long budget, dozens of
     # programs (each costs seconds to compile and holds hundreds of memory maps on CPU).
     rule = t.get("completion_bucket", rollout.SamplingConfig.completion_bucket)

@@ -20,7 +20,7 @@ from mapfjax.models import sampler
 from mapfjax.models import tokenizer as tok_lib
 from mapfjax.rl import grpo
 from mapfjax.rl.batch import GroupBatch, SequenceBatch, make_batch
-from mapfjax.rl.data import encode_prompts
+from mapfjax.rl.data import chunks_by_length, encode_prompts
 from mapfjax.rl.logprobs import completion_logprobs
 
 log = logging.getLogger(__name__)
@@ -353,11 +353,9 @@ def greedy_eval(
     reward_cfg = reward.RewardConfig() if reward_cfg is None else reward_cfg
     cfg = SamplingConfig(max_new_tokens, 0.0, enable_thinking=enable_thinking, bucket=bucket)
     problems = list(problems)
-    lengths = [len(p) for p in encode_prompts(tokenizer, problems, enable_thinking)]
-    order = sorted(range(len(problems)), key=lengths.__getitem__)
+    prompts = encode_prompts(tokenizer, problems, enable_thinking)
     done: dict[int, tuple] = {}  # position in `problems` -> (valid, optimal, failure, ...)
-    for i in range(0, len(order), batch_size):
-        at = order[i : i + batch_size]
+    for at in chunks_by_length(prompts, batch_size):
         chunk = [problems[j] for j in at]
         samples = sample(model, tokenizer, chunk, 1, cfg, None)
         finished = np.asarray(samples.output.finished)[: len(chunk)]

@@ -68,8 +68,10 @@ def test_labels_unrelated_to_the_features_give_chance_and_the_bootstrap_pairs_mo
     assert boot["same"][1].value == boot["same"][1].low == boot["same"][1].high == 0.0
     for est, _ in boot.values():
         assert est.low <= est.value <= est.high and est.n == 600
-    with pytest.raises(ValueError, match="only 0 and 1"):
+    with pytest.raises(ValueError, match="fit_logistic: y must hold only 0 and 1"):
         probe.fit_logistic(x[:3], np.array([0, 2, 1]), 0.1)
+    with pytest.raises(ValueError, match=r"fit_mlp: x \(3, 10\) and y \(2,\)"):
+        probe.fit_mlp(x[:3], np.array([0, 1]), 0.1)
 
 
 @pytest.fixture(scope="module")

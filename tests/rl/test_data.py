@@ -194,3 +194,11 @@ def test_sft_on_traces_lowers_the_loss(tok, problems):
     batches = data.sft_batches(examples, 8, tok_lib.special_ids(tok).pad, seed=0, epochs=30)
     losses = [float(tr.step(b)["loss"]) for b in batches]
     assert len(losses) == 30 and losses[-1] < 0.5 * losses[0], losses
+
+
+def test_chunks_by_length_cover_every_prompt_once_shortest_first():
+    from mapfjax.rl.data import chunks_by_length
+
+    prompts = [[1] * n for n in (5, 2, 9, 2, 7)]
+    assert chunks_by_length(prompts, 2) == [[1, 3], [0, 4], [2]]
+    assert chunks_by_length([], 3) == []
