@@ -107,8 +107,11 @@ def filter_logits(scaled: jax.Array, top_k: int, top_p: jax.Array | float | None
     return jnp.where(scaled >= cutoff, scaled, -jnp.inf)
 
 
-def _pick(logits, key, temperature, top_p, *, greedy, top_k):
-    """One token per row from `logits` f32 [B, V] -> (token [B], logprob [B], logprob_full [B])."""
+def _pick(logits, key, temperature, top_p, *, greedy, top_k, row_ids=None):
+    """One token per row from `logits` f32 [B, V] -> (token [B], logprob [B], logprob_full [B]).
+    row_ids: int32 [B] or None. None draws all rows from `key` at once; given, row r draws from
+    fold_in(key, row_ids[r]), so its token does not depend on which other rows are in the batch
+    (the draws `compact` needs to drop finished rows without changing the others)."""
     if greedy:
         token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
         lp = jax.nn.log_softmax(logits, axis=-1)
@@ -116,7 +119,11 @@ def _pick(logits, key, temperature, top_p, *, greedy, top_k):
         return token, lp, lp
     scaled = logits / temperature
     masked = filter_logits(scaled, top_k, top_p)
-    token = jax.random.categorical(key, masked, axis=-1).astype(jnp.int32)
+    if row_ids is None:
+        token = jax.random.categorical(key, masked, axis=-1).astype(jnp.int32)
+    else:
+        keys = jax.vmap(jax.random.fold_in, (None, 0))(key, row_ids)
+        token = jax.vmap(jax.random.categorical)(keys, masked).astype(jnp.int32)
 
     def at(x):
         return jnp.take_along_axis(jax.nn.log_softmax(x, axis=-1), token[:, None], axis=-1)[:, 0]
@@ -208,12 +215,14 @@ class DecodeState(NamedTuple):
     out: Buffers
 
 
-def _record(out: Buffers, i, logits, key, temperature, top_p, *, greedy, top_k, stops, pad_id):
+def _record(out: Buffers, i, logits, key, temperature, top_p, *, greedy, top_k, stops, pad_id,
+            row_ids=None):  # fmt: skip
     """Samples column i of every row from logits f32 [B, V] into `out`; done rows get
-    pad_id (and log-prob 0)."""
+    pad_id (and log-prob 0). row_ids: see `_pick`."""
     tok, lp, lpf = _pick(
-        logits, jax.random.fold_in(key, i), temperature, top_p, greedy=greedy, top_k=top_k
-    )
+        logits, jax.random.fold_in(key, i), temperature, top_p,
+        greedy=greedy, top_k=top_k, row_ids=row_ids,
+    )  # fmt: skip
     live = ~out.done
     tok = jnp.where(live, tok, pad_id)
     stopped = live & jnp.isin(tok, stops)
@@ -229,7 +238,7 @@ def _record(out: Buffers, i, logits, key, temperature, top_p, *, greedy, top_k, 
 
 _DECODE_STATIC = (
     "graphdef", "max_new_tokens", "greedy", "top_k", "use_top_p", "stop_tokens", "pad_id",
-    "shardings",
+    "shardings", "row_keys",
 )  # fmt: skip
 
 
@@ -241,7 +250,8 @@ def _first_token(logits, done, key, temperature, top_p, *, group_size, **static)
 
 
 def _start(logits, done, key, temperature, top_p, *, group_size, max_new_tokens, greedy,
-           top_k, use_top_p, stop_tokens, pad_id, shardings, graphdef=None):  # fmt: skip
+           top_k, use_top_p, stop_tokens, pad_id, shardings, graphdef=None,
+           row_keys=False):  # fmt: skip
     sh = shardings
     b, n = done.shape[0], max_new_tokens
     out = Buffers(
@@ -260,17 +270,20 @@ def _start(logits, done, key, temperature, top_p, *, group_size, max_new_tokens,
     return _record(
         out, 0, rows, key, temperature, top_p,
         greedy=greedy, top_k=top_k, stops=stops, pad_id=pad_id,
+        row_ids=jnp.arange(b, dtype=jnp.int32) if row_keys else None,
     )  # fmt: skip
 
 
 @functools.partial(jax.jit, static_argnames=_DECODE_STATIC, donate_argnames=("loop",))
 def _decode(
     graphdef, state, layer_params, prefix, loop: DecodeState, key, temperature, top_p,
-    *, max_new_tokens, greedy, top_k, use_top_p, stop_tokens, pad_id, shardings,
+    row_ids=None, *, max_new_tokens, greedy, top_k, use_top_p, stop_tokens, pad_id, shardings,
+    row_keys=False,
 ):  # fmt: skip
     """Decodes columns loop.column, loop.column + 1, ... until every row is done, column
     `max_new_tokens` or the end of the cache window W (column W, whose token is fed at slot
-    W - 1). Returns the `DecodeState` where it stopped."""
+    W - 1). Returns the `DecodeState` where it stopped. With `row_keys`, row r draws its
+    tokens as the call's row row_ids[r] (`_pick`)."""
     _TRACES["decode"] += 1
     model = nnx.merge(graphdef, state)
     window = loop.cache[0][0].shape[2]
@@ -297,6 +310,7 @@ def _decode(
         out = _record(
             s.out, i, logits.astype(jnp.float32), key, temperature, top_p,
             greedy=greedy, top_k=top_k, stops=stops, pad_id=pad_id,
+            row_ids=row_ids if row_keys else None,
         )  # fmt: skip
         return DecodeState(i + 1, cache, out)
 
@@ -317,6 +331,8 @@ def _grow(cache, *, window, shardings):
 
 # The own-token cache's first window (slots) in `generate`; `growth_bytes` plans with the same.
 FIRST_WINDOW = 64
+# `generate(compact=None)` drops finished rows between decode segments above this budget.
+COMPACT_BUDGET = 256
 
 
 def _windows(max_new_tokens: int, first: int) -> list[int]:
@@ -443,6 +459,7 @@ def generate(
     window: int = FIRST_WINDOW,
     split_layers: bool | None = None,
     timings: dict | None = None,
+    compact: bool | None = None,
 ) -> SampleOutput:
     """Sample up to `max_new_tokens` tokens after each prompt (lists of token ids),
     `num_samples` times per prompt: rows i * num_samples ... (i + 1) * num_samples - 1 of the
@@ -465,6 +482,12 @@ def generate(
     not on the mesh are replicated onto it on every call. timings: a dict that receives the
     seconds of the prefill (first token included) and of the decode loop, "prefill_s" and
     "decode_s" (the call then waits for the prefill before decoding; for benchmarks).
+    compact: drop finished rows between decode segments (`_compact_rows`: when the live rows
+    fit in half the batch or less), so that a batch whose longest completion runs to the budget
+    does not decode every row that long; each row then draws its random numbers by its own
+    index (`_pick`), so the tokens drawn do not depend on compaction, but they differ from
+    those of `compact=False` for the same key. None (default): on when max_new_tokens >
+    `COMPACT_BUDGET`, where segments reach long windows and completion lengths vary most.
     """
     config = model.config
     buckets = {"bucket": bucket, "batch_bucket": batch_bucket}
@@ -507,6 +530,7 @@ def generate(
     )
     if split_layers is None:
         split_layers = jax.default_backend() == "cpu"
+    static["row_keys"] = bool(max_new_tokens > COMPACT_BUDGET if compact is None else compact)
 
     # Under the mesh the model's own activation constraints apply too (no-ops without one).
     with _mesh_context(mesh):
@@ -564,6 +588,7 @@ class _Layout:
     group_size: int
     groups: int
     shardings: _Shardings | None
+    mesh: jax.sharding.Mesh | None = None
 
     @property
     def rows(self) -> int:
@@ -577,7 +602,7 @@ class _Layout:
             groups = shards * math.ceil(groups / shards)
         rows = groups * group_size
         sh = _shardings(mesh, config, groups, rows) if mesh is not None else None
-        return cls(prompts, group_size, groups, sh)
+        return cls(prompts, group_size, groups, sh, mesh)
 
 
 def _pad_prompts(prompts, prompt_len: int, layout: _Layout):
@@ -599,24 +624,100 @@ def _pad_prompts(prompts, prompt_len: int, layout: _Layout):
 def _decode_segments(graphdef, state, layer_params, prefix, out: Buffers, draw, layout, dtype,
                      window, static):  # fmt: skip
     """Runs `_decode` once per cache window (`_windows`), growing the rows' cache between
-    segments, until every row is done or the budget is used. Returns (`Buffers`, columns
-    sampled)."""
+    segments, until every row is done or the budget is used. With static["row_keys"] (the
+    call's `compact`), each segment after the first starts by dropping finished rows when
+    that halves the batch or more (`_compact_rows`): the live rows go on with their own copy
+    of their prompt's keys and values, and their buffers are written back into the whole
+    batch's at the end. Returns (`Buffers`, columns sampled)."""
     config = nnx.merge(graphdef, state).config
     n, sh = static["max_new_tokens"], layout.shardings
+    compact = static["row_keys"]
     i, cache = 1, None
+    group_size = layout.group_size
+    rows = layout.rows
+    # With `compact`: where each current row lives in the whole batch (rows: padding), and
+    # the whole batch's buffers once rows have been dropped.
+    where, whole = np.arange(rows), None
     for w in _windows(n, window):
-        if i >= n or bool(jnp.all(out.done)):
+        if i >= n:
             break
+        done = np.asarray(out.done)
+        if done.all():
+            break
+        if compact and cache is not None:
+            keep = _compact_rows(int((~done).sum()), done.shape[0], _batch_shards_of(layout))
+            # Each kept row gets its own copy of its prompt's P keys and values: compact only
+            # when that and the kept rows' W-slot caches take less room than the batch's now.
+            groups, p = prefix.valid.shape
+            if keep < done.shape[0] and keep * (p + w) <= done.shape[0] * w + groups * p:
+                whole = out if whole is None else _put_rows(whole, out, where)
+                pick = np.flatnonzero(~done)
+                pad = np.full(keep - pick.size, np.flatnonzero(done)[0])
+                pick = np.concatenate([pick, pad]).astype(np.int32)
+                where = np.concatenate([where[pick[: keep - pad.size]], np.full(pad.size, rows)])
+                if layout.mesh is not None:
+                    sh = _shardings(layout.mesh, config, keep, keep)
+                    static = {**static, "shardings": sh}
+                cache, prefix, out = _take_rows(
+                    cache, prefix, out, jnp.asarray(pick), group_size=group_size, shardings=sh
+                )
+                group_size = 1
         if cache is None:
-            cache = _empty_cache(layout.rows, w, config, dtype)
+            cache = _empty_cache(rows, w, config, dtype)
             if sh is not None:
                 cache = jax.device_put(cache, sh.kv)
         else:
             cache = _grow(cache, window=w, shardings=sh)
         loop = DecodeState(jnp.int32(i), cache, out)
-        loop = _decode(graphdef, state, layer_params, prefix, loop, *draw, **static)
+        row_ids = jnp.asarray(np.minimum(where, rows - 1), jnp.int32) if compact else None
+        loop = _decode(graphdef, state, layer_params, prefix, loop, *draw, row_ids, **static)
         i, cache, out = int(loop.column), loop.cache, loop.out
+    if whole is not None:
+        out = _put_rows(whole, out, where)
     return out, max(1, min(i, n))
+
+
+def _compact_rows(live: int, rows: int, shards: int) -> int:
+    """How many rows to decode on with when `live` of `rows` are unfinished: the power of
+    two at or above `live` (a multiple of the mesh's batch shards), or `rows` when that is
+    not at most half of it (few row counts, so few compiled decode loops)."""
+    keep = shards * math.ceil(_next_pow2(max(live, 1)) / shards)
+    return keep if 2 * keep <= rows else rows
+
+
+def _batch_shards_of(layout) -> int:
+    return 1 if layout.mesh is None else _batch_shards(layout.mesh)
+
+
+@functools.partial(jax.jit, static_argnames=("group_size", "shardings"))
+def _take_rows(cache, prefix: Prefix, out: Buffers, pick, *, group_size, shardings):
+    """Rows `pick` of the own-token cache and the buffers, each with its own copy of its
+    group's prefix (one row per group after this)."""
+    groups = pick // group_size
+
+    def take(x, idx, sharding=None):
+        x = jnp.take(x, idx, axis=0)
+        return x if sharding is None else _constrain(x, sharding)
+
+    kv = None if shardings is None else shardings.kv
+    cache = jax.tree.map(lambda x: take(x, pick, kv), cache)
+    prefix = Prefix(
+        tuple(take(k, groups, kv) for k in prefix.k),
+        tuple(take(v, groups, kv) for v in prefix.v),
+        take(prefix.valid, groups, None if shardings is None else shardings.groups),
+        take(prefix.lengths, groups, None if shardings is None else shardings.group_vec),
+    )
+    vec = None if shardings is None else shardings.row_vec
+    mat = None if shardings is None else shardings.rows
+    out = jax.tree.map(lambda x: take(x, pick, mat if x.ndim == 2 else vec), out)
+    return cache, prefix, out
+
+
+@jax.jit
+def _put_rows(whole: Buffers, out: Buffers, where) -> Buffers:
+    """`whole` with row where[r] replaced by row r of `out` (rows where[r] out of range,
+    padding, are dropped)."""
+    return jax.tree.map(lambda a, b: a.at[where].set(b, mode="drop"), whole, out)
 
 
 def _empty_cache(rows: int, window: int, config, dtype):

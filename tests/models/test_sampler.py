@@ -386,3 +386,93 @@ def test_decode_windows_grow_and_stop_early(models):
         sampler.generate(ours, PROMPTS, 4, num_samples=0)
     with pytest.raises(ValueError, match="window=0"):
         sampler.generate(ours, PROMPTS, 4, window=0)
+
+
+def _stops_after(free, early: int):
+    """Stop tokens under which every row of `free` ([R, N] tokens drawn without stops) but the
+    last stops within its first `early` tokens, and the last row never does (a row's draws do
+    not depend on the stops, so the same call with them gives these rows cut at their first
+    stop token)."""
+    stops = {int(t) for row in free[:-1] for t in row[:early]} - set(free[-1].tolist())
+    for row in free[:-1]:
+        if not np.array_equal(row, free[-1]):  # greedy rows of one prompt are equal
+            assert np.isin(row[:early], list(stops)).any(), (row, stops)
+    return tuple(sorted(stops))
+
+
+def test_compact_rows_halves_or_keeps():
+    assert sampler._compact_rows(5, 64, 1) == 8
+    assert sampler._compact_rows(32, 64, 1) == 32
+    assert sampler._compact_rows(33, 64, 1) == 64  # 64 rows would not be half
+    assert sampler._compact_rows(0, 16, 1) == 1
+    assert sampler._compact_rows(1, 8, 4) == 4  # a multiple of the mesh's batch shards
+    assert sampler._compact_rows(5, 8, 4) == 8
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_compaction_drops_finished_rows_and_changes_no_row(models, monkeypatch, temperature):
+    """With every row but one finished, decoding goes on with the live rows only; each row's
+    tokens, log-probs, length and finish are those of the same call decoding every row to the
+    end, and each row is still the continuation of its own prompt (transformers' log-probs)."""
+    (ours, ref), _ = models
+    kw = dict(temperature=temperature, key=jax.random.key(4), num_samples=2, window=4)
+    free = sampler.generate(ours, PROMPTS, 40, stop_tokens=(), compact=True, **kw).tokens
+    free = np.asarray(free)
+    kw["stop_tokens"] = _stops_after(free, early=4)
+    kept = []
+    take = sampler._take_rows
+    monkeypatch.setattr(
+        sampler, "_take_rows", lambda *a, **k: kept.append(a[3].shape[0]) or take(*a, **k)
+    )
+    got = sampler.generate(ours, PROMPTS, 40, compact=True, **kw)
+    assert kept and kept[0] <= 2, kept  # 8 rows -> the one or two that go on
+    monkeypatch.setattr(sampler, "_compact_rows", lambda live, rows, shards: rows)
+    whole = sampler.generate(ours, PROMPTS, 40, compact=True, **kw)
+    assert len(kept) == 1  # nothing dropped in the second call
+    np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(whole.tokens))
+    np.testing.assert_array_equal(np.asarray(got.lengths), np.asarray(whole.lengths))
+    np.testing.assert_array_equal(np.asarray(got.finished), np.asarray(whole.finished))
+    np.testing.assert_allclose(got.logprobs, whole.logprobs, atol=1e-5)
+    assert int(got.steps) == int(whole.steps) == 40
+    lengths = np.asarray(got.lengths)
+    assert lengths[-1] == 40 and (lengths[:-2] <= 4).all(), lengths
+    for r, row in enumerate(sampler.to_lists(got)):
+        prompt = PROMPTS[r // 2]
+        ls = hf_log_softmax(ref, prompt + row)
+        want = [ls[len(prompt) - 1 + j, t] for j, t in enumerate(row)]
+        np.testing.assert_allclose(np.asarray(got.logprobs_full)[r, : len(row)], want, atol=1e-4)
+
+
+def test_compaction_on_a_mesh_keeps_a_multiple_of_its_batch_shards(models, monkeypatch):
+    (ours, _), _ = models
+    prompts = PROMPTS + [[7, 8, 9, 10, 11], [1, 2], [42] * 9, [250, 4, 4]]
+    kw = dict(temperature=1.0, key=jax.random.key(6), num_samples=2, window=4, compact=True)
+    free = np.asarray(sampler.generate(ours, prompts, 24, stop_tokens=(), **kw).tokens)
+    kw["stop_tokens"] = _stops_after(free, early=4)
+    plain = sampler.generate(ours, prompts, 24, **kw)
+    kept = []
+    take = sampler._take_rows
+    monkeypatch.setattr(
+        sampler, "_take_rows", lambda *a, **k: kept.append(a[3].shape[0]) or take(*a, **k)
+    )
+    mesh = parallel.make_mesh({"data": 2, "fsdp": 2, "tp": 2})
+    sharded = sampler.generate(ours, prompts, 24, mesh=mesh, **kw)
+    assert kept == [4], kept  # 16 rows, one live: 4, the rows' shards on data x fsdp
+    np.testing.assert_array_equal(np.asarray(sharded.tokens), np.asarray(plain.tokens))
+    np.testing.assert_array_equal(np.asarray(sharded.lengths), np.asarray(plain.lengths))
+    np.testing.assert_allclose(sharded.logprobs, plain.logprobs, atol=1e-5)
+
+
+def test_compaction_is_on_by_default_above_its_budget(models):
+    """compact=None: rows draw by their own index (compaction's draws) only above
+    COMPACT_BUDGET new tokens, so short budgets sample as before."""
+    (ours, _), _ = models
+    prompts = [[5, 17, 3], [9, 1, 44]]
+    n = sampler.COMPACT_BUDGET
+    for budget, compact in ((n, False), (n + 1, True)):
+        kw = dict(temperature=1.0, key=jax.random.key(2), stop_tokens=(), num_samples=2)
+        auto = sampler.generate(ours, prompts, budget, **kw)
+        same = sampler.generate(ours, prompts, budget, compact=compact, **kw)
+        other = sampler.generate(ours, prompts, budget, compact=not compact, **kw)
+        np.testing.assert_array_equal(np.asarray(auto.tokens), np.asarray(same.tokens))
+        assert not np.array_equal(np.asarray(auto.tokens), np.asarray(other.tokens))
