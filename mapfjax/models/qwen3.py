@@ -499,6 +499,11 @@ def _query_chunks(q, segments, chunk, scale, impl):
     return jnp.moveaxis(out, 0, 2).reshape(q.shape)
 
 
+# On CPU, a decode step's attention over a row's own cache of at least this many slots is
+# written as multiply-and-sum rather than as batched matmuls (`_decode_attend`).
+CPU_FUSED_WINDOW = 256
+
+
 def _decode_attend(q: Array, prefix, own, allowed: Array) -> Array:
     """One query per row: q [B, G, K, Q, D]; prefix (kp, vp [B, K, P, D], valid bool [B, P])
     shared by a group's G rows; own (k, v [B, G, K, W, D]) each row's cache, of which slots
@@ -507,14 +512,26 @@ def _decode_attend(q: Array, prefix, own, allowed: Array) -> Array:
     k, v = own
     scale = q.shape[-1] ** -0.5
     f32 = jnp.float32
+    # XLA:CPU runs a row's own-cache products as many tiny batched matmuls, whose cost grows
+    # faster than the window; as a broadcast multiply and sum they fuse into one loop (1.2x
+    # faster per layer at 256 slots, 2x at 1,024, the same below 128; the same result).
+    fused = jax.default_backend() == "cpu" and k.shape[-2] >= CPU_FUSED_WINDOW
     sp = jnp.einsum("bjkqd,bkpd->bjkqp", q, kp.astype(q.dtype), preferred_element_type=f32)
-    so = jnp.einsum("bjkqd,bjkwd->bjkqw", q, k.astype(q.dtype), preferred_element_type=f32)
+    if fused:
+        so = jnp.sum(q[..., None, :].astype(f32) * k[:, :, :, None].astype(f32), axis=-1)
+    else:
+        so = jnp.einsum("bjkqd,bjkwd->bjkqw", q, k.astype(q.dtype), preferred_element_type=f32)
     sp = jnp.where(valid[:, None, None, None, :], sp * scale, _MASKED)
     so = jnp.where(allowed, so * scale, _MASKED)
     probs = jax.nn.softmax(jnp.concatenate([sp, so], axis=-1), axis=-1).astype(q.dtype)
     p = kp.shape[2]
     out = jnp.einsum("bjkqp,bkpd->bjkqd", probs[..., :p], vp.astype(q.dtype))
-    return out + jnp.einsum("bjkqw,bjkwd->bjkqd", probs[..., p:], v.astype(q.dtype))
+    if fused:
+        own = jnp.sum(probs[..., p:, None].astype(f32) * v[:, :, :, None].astype(f32), axis=-2)
+        own = own.astype(q.dtype)
+    else:
+        own = jnp.einsum("bjkqw,bjkwd->bjkqd", probs[..., p:], v.astype(q.dtype))
+    return out + own
 
 
 def _dense(x: Array, w: Array, contract: int = 1, **kw) -> Array:

@@ -8,7 +8,7 @@ import torch
 from flax import nnx
 
 from mapfjax import parallel
-from mapfjax.models import sampler
+from mapfjax.models import qwen3, sampler
 from mapfjax.models.hf import from_pretrained
 from tests.models import hf_fixtures
 
@@ -476,3 +476,23 @@ def test_compaction_is_on_by_default_above_its_budget(models):
         other = sampler.generate(ours, prompts, budget, compact=not compact, **kw)
         np.testing.assert_array_equal(np.asarray(auto.tokens), np.asarray(same.tokens))
         assert not np.array_equal(np.asarray(auto.tokens), np.asarray(other.tokens))
+
+
+def test_long_windows_match_transformers(models, monkeypatch):
+    """Windows of CPU_FUSED_WINDOW slots and more (attention over a row's own cache written as
+    multiply-and-sum on CPU): greedy tokens still transformers', log-probs those of the
+    batched-matmul form."""
+    (ours, ref), _ = models
+    n = 300  # windows 64, 128, 256, 299
+    prompts = PROMPTS[:2]
+    out = sampler.generate(ours, prompts, n, stop_tokens=(), compact=False)
+    for i, p in enumerate(prompts):
+        assert np.asarray(out.tokens)[i].tolist() == hf_greedy(ref, p, n), i
+    monkeypatch.setattr(qwen3, "CPU_FUSED_WINDOW", 10**9)
+    sampler._decode.clear_cache()  # the constant is read when the decode loop is traced
+    before = sampler.trace_counts()["decode"]
+    plain = sampler.generate(ours, prompts, n, stop_tokens=(), compact=False)
+    assert sampler.trace_counts()["decode"] > before
+    sampler._decode.clear_cache()
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(plain.tokens))
+    np.testing.assert_allclose(out.logprobs, plain.logprobs, atol=1e-5)
