@@ -8,7 +8,7 @@ learner on a random model of the same shape and batch (`--tunix`, in its own vir
 
     python benchmarks/bench_grpo.py [--prompts 16 --group 8 --new-tokens 64 --steps 3]
     python benchmarks/bench_grpo.py --model runs/tiny_trace_grid/export_1000 --thinking \
-        --prompts 8 --new-tokens 640 --steps 2
+        --prompts 8 --new-tokens 640 --steps 2 [--length-split 2]
     python benchmarks/bench_grpo.py --tunix --tunix-venv /tmp/tunix-venv
 """
 
@@ -28,6 +28,14 @@ ARGS.add_argument("--steps", type=int, default=3, help="timed steps per side aft
 ARGS.add_argument("--model", default="", help="model directory (default: the shipped tiny)")
 ARGS.add_argument("--thinking", action="store_true", help="the policy writes a trace first")
 ARGS.add_argument("--skip-torch", action="store_true")
+ARGS.add_argument(
+    "--length-split", type=int, default=1,
+    help="also time mapfjax with OptimConfig.length_split = this (> 1): the update in parts "
+    "of groups sorted by length, each padded to its own longest completion",
+)  # fmt: skip
+ARGS.add_argument(
+    "--skip-unshared", action="store_true", help="leave out the one-prompt-per-row path"
+)
 ARGS.add_argument("--tunix", action="store_true", help="also time google-tunix's GRPO step")
 ARGS.add_argument("--tunix-venv", default="~/.cache/mapfjax/tunix-venv")
 
@@ -42,17 +50,19 @@ def puzzles(opts):
     return list(env.generate(jax.random.key(0), cfg, opts.prompts).problems)
 
 
-def time_mapfjax(opts, model, tok, problems, shared: bool) -> dict:
+def time_mapfjax(opts, model, tok, problems, shared: bool, length_split: int = 1) -> dict:
     """Seconds per rollout and per update (best of opts.steps after a warm-up step)."""
     import jax
 
     from mapfjax.env import RewardConfig
     from mapfjax.rl import grpo, rollout
+    from mapfjax.rl.step import split_by_length
     from mapfjax.rl.trainer import OptimConfig, Trainer
 
     g = opts.group
     loss_cfg = grpo.GRPOConfig(group_size=g)
-    trainer = Trainer(model, OptimConfig(lr=1e-5, total_steps=100), "grpo", loss_cfg=loss_cfg)
+    optim = OptimConfig(lr=1e-5, total_steps=100, length_split=length_split)
+    trainer = Trainer(model, optim, "grpo", loss_cfg=loss_cfg)
     if shared:
         sampling = rollout.SamplingConfig(
             max_new_tokens=opts.new_tokens, enable_thinking=opts.thinking
@@ -84,7 +94,7 @@ def time_mapfjax(opts, model, tok, problems, shared: bool) -> dict:
         if step:
             times["rollout"].append(t1 - t0)
             times["update"].append(t2 - t1)
-        tokens = _tokens_processed(batch)
+        tokens = sum(map(_tokens_processed, split_by_length(batch, length_split)))
     out = {k: min(v) for k, v in times.items()}
     out.update(tokens=tokens, mean_len=stats.response_len_mean)
     return out
@@ -197,10 +207,17 @@ def main(argv=None):
         f"{opts.group} samples, {opts.new_tokens} new tokens, fp32, "
         f"{jax.device_count()} {jax.devices()[0].platform} device(s); best of {opts.steps}"
     )
+    paths = [("mapfjax", True, 1)]
+    if opts.length_split > 1:
+        paths.append(
+            (f"mapfjax, update in {opts.length_split} parts by length", True, opts.length_split)
+        )
+    if not opts.skip_unshared:
+        paths.append(("mapfjax, one prompt per row", False, 1))
     results = {}
-    for name, shared in (("mapfjax", True), ("mapfjax, one prompt per row", False)):
+    for name, shared, split in paths:
         model = hf.from_pretrained(path, dtype=jnp.float32)
-        results[name] = time_mapfjax(opts, model, tok, problems, shared)
+        results[name] = time_mapfjax(opts, model, tok, problems, shared, split)
     if not opts.skip_torch:
         results["PyTorch (transformers)"] = time_torch(opts, path, tok, problems)
     ref = results.get("PyTorch (transformers)")

@@ -27,6 +27,13 @@ class OptimConfig:
         scales, the embedding table, or anything whose parameter path names a norm.
     grad_clip: maximum global gradient norm (0 disables clipping).
     accum_steps: micro-batches per update; the batch's rows must divide by it.
+    length_split: cut each batch into this many parts of equal numbers of groups (rows), in
+        order of their longest completion, each padded only to its own longest
+        (`step.split_by_length`), and make one update from their gradients, weighted as
+        accum_steps weighs micro-batches; 1 = the batch as it is. Each part's groups must
+        divide by accum_steps x the mesh's data x fsdp devices, else the batch is used whole.
+        For completions of very different lengths (reasoning traces), which would all be
+        padded to the longest.
     max_bad_steps: `Trainer.step` raises RuntimeError after this many non-finite updates in a
         row (each one is skipped: parameters and optimiser state stay unchanged).
     remat: what each layer keeps for the backward pass: True (its input only, the rest is
@@ -44,6 +51,7 @@ class OptimConfig:
     eps: float = 1e-8
     grad_clip: float = 1.0
     accum_steps: int = 1
+    length_split: int = 1
     max_bad_steps: int = 5
     remat: bool | str | None = None
     schedule: str = "cosine"
@@ -66,6 +74,7 @@ class OptimConfig:
             ("eps", self.eps > 0, "a number > 0"),
             ("grad_clip", self.grad_clip >= 0, "a number >= 0 (0 disables clipping)"),
             ("accum_steps", is_int(self.accum_steps) and self.accum_steps >= 1, "an int >= 1"),
+            ("length_split", is_int(self.length_split) and self.length_split >= 1, "an int >= 1"),
             (
                 "max_bad_steps",
                 is_int(self.max_bad_steps) and self.max_bad_steps >= 1,

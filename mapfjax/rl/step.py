@@ -18,6 +18,7 @@ from flax import nnx
 from jax import lax
 
 from mapfjax import parallel
+from mapfjax.models.sampler import BUCKETS
 from mapfjax.rl.batch import GroupBatch, SequenceBatch, row_view
 from mapfjax.rl.grpo import GRPOConfig, grpo_loss, masked_mean
 from mapfjax.rl.logprobs import completion_logprobs
@@ -169,29 +170,12 @@ def _constrain_rows(batch):
     return jax.tree.map(lambda x: parallel.constrain(x, ("batch",) + (None,) * (x.ndim - 1)), batch)
 
 
-def train_step(
-    state: TrainState,
-    batch: SequenceBatch,
-    rest,
-    *,
-    graphdef,
-    loss: Loss,
-    loss_cfg,
-    tx: optax.GradientTransformation,
-    accum_steps: int,
-    remat: bool | str | None,
-    schedule: optax.Schedule,
-) -> tuple[TrainState, dict[str, Array]]:
-    """One optimiser update on `batch` (pure; jit it with the keyword arguments static).
-
-    With accum_steps = A the B rows are cut into A micro-batches (`_split_micro`) scanned with
-    gradients accumulated as sum_k (w_k / sum w) * grad L_k, w_k = `loss.weighting` on
-    micro-batch k (its normaliser), which equals the gradient of the full-batch loss for
-    token-mean and sequence-mean aggregations. A non-finite loss or gradient leaves params
-    and optimiser state unchanged and counts the step in bad_steps / skipped. remat: the
-    model's remat setting for this step (True, False or a `qwen3.REMAT_POLICIES` name; None
-    keeps the model's own).
-    """
+def batch_grads(
+    params, batch, rest, *, graphdef, loss: Loss, loss_cfg, accum_steps: int, remat
+) -> tuple[Array, dict[str, Array], Any, Array]:
+    """(loss, metrics, gradients, weight) of `batch` under `params` (pure): the first half of
+    `train_step`. weight: `loss.weighting` of the batch, its share when several batches make
+    one update (`Trainer` with OptimConfig.length_split)."""
 
     def micro_loss(params, mb):
         model = nnx.merge(graphdef, params, rest)
@@ -201,29 +185,37 @@ def train_step(
 
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
     if accum_steps == 1:
-        (loss_value, metrics), grads = grad_fn(state.params, batch)
-    else:
-        micro = _split_micro(batch, accum_steps)
-        # f32 [A] normalisers; counts, so their sum is exactly the full batch's.
-        ws = jax.vmap(lambda mb: loss.weighting(mb, loss_cfg))(micro)
-        total = jnp.sum(ws)
-        ws = ws / jnp.where(total > 0, total, 1.0)
+        (loss_value, metrics), grads = grad_fn(params, batch)
+        return loss_value, metrics, grads, loss.weighting(batch, loss_cfg)
+    micro = _split_micro(batch, accum_steps)
+    # f32 [A] normalisers; counts, so their sum is exactly the full batch's.
+    ws = jax.vmap(lambda mb: loss.weighting(mb, loss_cfg))(micro)
+    total = jnp.sum(ws)
+    ws = ws / jnp.where(total > 0, total, 1.0)
 
-        def body(carry, xs):
-            g_acc, l_acc = carry
-            mb, w = xs
-            mb = _constrain_rows(mb)
-            (lk, m), g = grad_fn(state.params, mb)
-            g_acc = jax.tree.map(lambda a, b: a + w * b.astype(jnp.float32), g_acc, g)
-            return (g_acc, l_acc + w * lk), m
+    def body(carry, xs):
+        g_acc, l_acc = carry
+        mb, w = xs
+        mb = _constrain_rows(mb)
+        (lk, m), g = grad_fn(params, mb)
+        g_acc = jax.tree.map(lambda a, b: a + w * b.astype(jnp.float32), g_acc, g)
+        return (g_acc, l_acc + w * lk), m
 
-        # Accumulate in fp32 (bf16 sums of many micro-batches lose the small ones).
-        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
-        (grads, loss_value), ms = lax.scan(body, (zeros, jnp.float32(0.0)), (micro, ws))
-        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
-        metrics = _combine(ms, ws)
-        metrics["loss"] = loss_value
+    # Accumulate in fp32 (bf16 sums of many micro-batches lose the small ones).
+    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+    (grads, loss_value), ms = lax.scan(body, (zeros, jnp.float32(0.0)), (micro, ws))
+    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+    metrics = _combine(ms, ws)
+    metrics["loss"] = loss_value
+    return loss_value, metrics, grads, total
 
+
+def apply_grads(
+    state: TrainState, grads, loss_value, metrics, *, tx, schedule
+) -> tuple[TrainState, dict[str, Array]]:
+    """The optimiser update from `grads` (pure): the second half of `train_step`. A
+    non-finite loss or gradient leaves params and optimiser state unchanged and counts the
+    step in bad_steps / skipped."""
     grad_norm = optax.tree.norm(grads)
     ok = jnp.isfinite(loss_value) & jnp.isfinite(grad_norm)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -248,6 +240,85 @@ def train_step(
         update_skipped=jnp.where(ok, 0.0, 1.0),
     )
     return new_state, metrics
+
+
+def train_step(
+    state: TrainState,
+    batch: SequenceBatch,
+    rest,
+    *,
+    graphdef,
+    loss: Loss,
+    loss_cfg,
+    tx: optax.GradientTransformation,
+    accum_steps: int,
+    remat: bool | str | None,
+    schedule: optax.Schedule,
+) -> tuple[TrainState, dict[str, Array]]:
+    """One optimiser update on `batch` (pure; jit it with the keyword arguments static).
+
+    With accum_steps = A the B rows are cut into A micro-batches (`_split_micro`) scanned with
+    gradients accumulated as sum_k (w_k / sum w) * grad L_k, w_k = `loss.weighting` on
+    micro-batch k (its normaliser), which equals the gradient of the full-batch loss for
+    token-mean and sequence-mean aggregations. A non-finite loss or gradient leaves params
+    and optimiser state unchanged and counts the step in bad_steps / skipped. remat: the
+    model's remat setting for this step (True, False or a `qwen3.REMAT_POLICIES` name; None
+    keeps the model's own).
+    """
+    loss_value, metrics, grads, _ = batch_grads(
+        state.params, batch, rest, graphdef=graphdef, loss=loss, loss_cfg=loss_cfg,
+        accum_steps=accum_steps, remat=remat,
+    )  # fmt: skip
+    return apply_grads(state, grads, loss_value, metrics, tx=tx, schedule=schedule)
+
+
+def split_by_length(batch, parts: int) -> list:
+    """`batch` as `parts` batches of equal numbers of groups (rows, for a `SequenceBatch`)
+    in order of their longest completion, each cut to its own completion width (the
+    `pow2_mid` bucket of its longest completion, at most the batch's T), so that short
+    completions are not padded to the longest of the whole batch. Host (NumPy) leaves out.
+    One batch, the given one, when parts == 1 or the groups do not divide into `parts`."""
+    n = np.shape(batch.advantages)[0]
+    if parts == 1 or n % parts:
+        return [batch]
+    host = jax.tree.map(np.asarray, batch)
+    group = isinstance(batch, GroupBatch)
+    if group:
+        lengths = host.attention_mask.sum(-1).max(-1)
+    else:
+        lengths = host.attention_mask[:, batch.prompt_len :].sum(-1)
+    order = np.argsort(lengths, kind="stable").reshape(parts, -1)
+    out = []
+    for rows in order:
+        width = min(batch.completion_len, BUCKETS["pow2_mid"](max(int(lengths[rows].max()), 1)))
+
+        def cut(x, rows=rows, width=width):
+            return None if x is None else x[rows][..., :width]
+
+        if group:
+            part = host.replace(
+                prompt_tokens=host.prompt_tokens[rows],
+                prompt_mask=host.prompt_mask[rows],
+                tokens=cut(host.tokens),
+                attention_mask=cut(host.attention_mask),
+                loss_mask=cut(host.loss_mask),
+                old_logprobs=cut(host.old_logprobs),
+                advantages=host.advantages[rows],
+                ref_logprobs=cut(host.ref_logprobs),
+            )
+        else:
+            end = batch.prompt_len + width
+            part = host.replace(
+                tokens=host.tokens[rows][:, :end],
+                attention_mask=host.attention_mask[rows][:, :end],
+                positions=host.positions[rows][:, :end],
+                loss_mask=cut(host.loss_mask),
+                old_logprobs=cut(host.old_logprobs),
+                advantages=host.advantages[rows],
+                ref_logprobs=cut(host.ref_logprobs),
+            )
+        out.append(part)
+    return out
 
 
 def batch_shardings(batch: SequenceBatch, mesh, rules):
@@ -424,6 +495,49 @@ def jitted_step(graphdef, loss: Loss, loss_cfg, optim: OptimConfig, treedef, sha
         schedule=lr_schedule(optim),
     )
     return jax.jit(step, donate_argnums=0, out_shardings=(state_shardings, None))
+
+
+@functools.lru_cache(maxsize=32)
+def jitted_parts(graphdef, loss: Loss, loss_cfg, optim: OptimConfig, treedef, sharding_leaves):
+    """(grads, accumulate, apply): one update from several batches of different shapes
+    (`split_by_length`), jitted per shape. grads(params, batch, rest) -> (loss, metrics,
+    gradients, weight) of one batch; accumulate(acc, loss, gradients, weight) adds it to acc
+    (None at first) as weight-scaled fp32 sums; apply(state, acc, metrics, weights) divides
+    by the total weight, combines the batches' metrics and updates: the gradient and loss of
+    the batches taken together, as `train_step`'s micro-batches give them."""
+    state_shardings = jax.tree.unflatten(treedef, sharding_leaves)
+    f32 = jnp.float32
+    grads = jax.jit(
+        functools.partial(
+            batch_grads, graphdef=graphdef, loss=loss, loss_cfg=loss_cfg,
+            accum_steps=optim.accum_steps, remat=optim.remat,
+        )  # fmt: skip
+    )
+
+    def accumulate(acc, loss_value, g, weight):
+        if acc is None:
+            zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, f32), g)
+            acc = (zeros, f32(0.0), f32(0.0))
+        total, loss_sum, weights = acc
+        total = jax.tree.map(lambda a, b: a + weight * b.astype(f32), total, g)
+        return total, loss_sum + weight * loss_value, weights + weight
+
+    def apply(state, acc, metrics, weights):
+        total, loss_sum, w = acc
+        norm = jnp.where(w > 0, w, 1.0)
+        g = jax.tree.map(lambda a, p: (a / norm).astype(p.dtype), total, state.params)
+        stacked = {k: jnp.stack([m[k] for m in metrics]) for k in metrics[0]}
+        combined = _combine(stacked, jnp.stack(weights))
+        return apply_grads(
+            state, g, loss_sum / norm, combined, tx=make_optimizer(optim),
+            schedule=lr_schedule(optim),
+        )  # fmt: skip
+
+    return (
+        grads,
+        jax.jit(accumulate, donate_argnums=0),
+        jax.jit(apply, donate_argnums=0, out_shardings=(state_shardings, None)),
+    )
 
 
 @functools.lru_cache(maxsize=32)

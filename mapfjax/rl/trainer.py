@@ -4,6 +4,7 @@ The names of `optim` and `step` are re-exported here."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from typing import Any
@@ -25,10 +26,12 @@ from mapfjax.rl.step import (
     batch_shardings,
     grpo_token_loss,
     jitted_logprobs,
+    jitted_parts,
     lower_train_step,
     register_loss,
     resolve_loss,
     setup_step,
+    split_by_length,
     train_state_shardings,
     train_step,
 )
@@ -95,6 +98,7 @@ class Trainer:
         self._logprobs = jitted_logprobs(self.graphdef)
         self._checkpointers: dict[str, Any] = {}
         self._warned_rows = False
+        self._parts = None  # the jitted pieces of a length-split update, made on first use
 
     # ---------------------------------------------------------------- placement
 
@@ -135,8 +139,12 @@ class Trainer:
         batch = self.place_batch(batch)
         if self.ref_params is not None and batch.ref_logprobs is None:
             batch = batch.replace(ref_logprobs=self.reference_logprobs(batch))
-        with self._in_mesh():
-            self.state, metrics = self._step(self.state, batch, self.rest)
+        parts = split_by_length(batch, self.optim.length_split)
+        if len(parts) > 1 and (rows // len(parts)) % (self.optim.accum_steps * shards) == 0:
+            metrics = self._step_parts(parts)
+        else:
+            with self._in_mesh():
+                self.state, metrics = self._step(self.state, batch, self.rest)
         out = {k: float(v) for k, v in jax.device_get(metrics).items()}
         out.update(
             step=int(self.state.step),
@@ -155,6 +163,25 @@ class Trainer:
                 f"{self.optim.max_bad_steps} at step {out['step']}; parameters are those of the "
                 "last finite update. Lower the learning rate or check the batch for inf/NaN."
             )
+        return out
+
+    def _step_parts(self, parts) -> dict:
+        """One update from the gradients of several batches (`OptimConfig.length_split`)."""
+        if self._parts is None:
+            leaves, treedef = jax.tree.flatten(self.state_shardings)
+            optim = dataclasses.replace(self.optim, max_bad_steps=1)
+            self._parts = jitted_parts(
+                self.graphdef, self.loss, self.loss_cfg, optim, treedef, tuple(leaves)
+            )
+        grads, accumulate, apply = self._parts
+        acc, metrics, weights = None, [], []
+        with self._in_mesh():
+            for part in parts:
+                loss_value, m, g, w = grads(self.state.params, self.place_batch(part), self.rest)
+                acc = accumulate(acc, loss_value, g, w)
+                metrics.append(m)
+                weights.append(w)
+            self.state, out = apply(self.state, acc, metrics, weights)
         return out
 
     def lower_step(self, batch: SequenceBatch):

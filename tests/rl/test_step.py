@@ -1,12 +1,15 @@
 """The loss registry of the train step: a loss without a micro-batch weighting is refused, and
 a registered weighting decides how accumulated micro-batches combine."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
+from mapfjax import parallel
 from mapfjax.models.qwen3 import PRESETS, Qwen3
 from mapfjax.rl import step as step_lib
 from mapfjax.rl.batch import make_batch
@@ -78,3 +81,64 @@ def test_equal_weighting_averages_micro_batch_losses(registry):
     np.testing.assert_allclose(
         Trainer(_model(), optim, "sft").step(batch)["loss"], token_mean, rtol=1e-5
     )
+
+
+def _ragged_group_batch(seed=0, groups=4, g=3):
+    """A GroupBatch whose groups' completions have very different lengths (1-4 vs 20-30)."""
+    rng = np.random.default_rng(seed)
+    prompts, comps = [], []
+    for i in range(groups):
+        p = list(rng.integers(1, CFG.vocab_size, int(rng.integers(3, 9))))
+        short = i % 2 == 0
+        for _ in range(g):
+            n = int(rng.integers(1, 5) if short else rng.integers(20, 31))
+            prompts.append(p)
+            comps.append(list(rng.integers(1, CFG.vocab_size, n)))
+    n = len(comps)
+    return make_batch(
+        prompts, comps, 0, "pow2", "pow2",
+        old_logprobs=[list(-rng.random(len(c))) for c in comps],
+        advantages=rng.standard_normal(n), group_size=g, shared_prefix=True,
+    )  # fmt: skip
+
+
+def test_split_by_length_cuts_each_part_to_its_own_longest():
+    batch = _ragged_group_batch()
+    assert batch.completion_len == 32
+    parts = step_lib.split_by_length(batch, 2)
+    assert [p.completion_len for p in parts] == [4, 32]  # pow2_mid of 4 and of <= 30
+    host = jax.tree.map(np.asarray, batch)
+    rows = [
+        np.flatnonzero((host.prompt_tokens == pt).all(1))[0]
+        for p in parts
+        for pt in p.prompt_tokens
+    ]
+    assert sorted(rows) == [0, 1, 2, 3] and set(rows[:2]) == {0, 2}  # the short groups first
+    for part, idx in zip(parts, (rows[:2], rows[2:]), strict=True):
+        w = part.completion_len
+        np.testing.assert_array_equal(part.tokens, host.tokens[idx][..., :w])
+        np.testing.assert_array_equal(part.loss_mask, host.loss_mask[idx][..., :w])
+        np.testing.assert_array_equal(part.advantages, host.advantages[idx])
+        assert not host.loss_mask[idx][..., w:].any()  # nothing in the loss was cut
+    assert step_lib.split_by_length(batch, 3) == [batch]  # 4 groups do not split in 3
+
+
+@pytest.mark.parametrize("accum, sharded", [(1, False), (2, False), (1, True)])
+def test_a_length_split_update_equals_the_whole_batch_update(accum, sharded):
+    """OptimConfig.length_split: the update from the parts' gradients equals one update on the
+    whole batch (token-mean GRPO loss, with and without micro-batches inside each part, on one
+    device and with each part's groups over 4 data x fsdp devices)."""
+    batch = _ragged_group_batch(groups=8)
+    mesh = parallel.make_mesh({"data": 2, "fsdp": 2}, jax.devices()[:4]) if sharded else None
+    optim = OptimConfig(lr=1e-3, total_steps=4, accum_steps=accum)
+    whole = Trainer(_model(), optim, "grpo", mesh=mesh)
+    split = Trainer(_model(), dataclasses.replace(optim, length_split=2), "grpo", mesh=mesh)
+    for _ in range(2):  # the second step from the updated parameters and optimiser state
+        a, b = whole.step(batch), split.step(batch)
+        for k in ("loss", "grad_norm", "entropy", "lr"):
+            np.testing.assert_allclose(b[k], a[k], rtol=2e-5, atol=1e-7, err_msg=k)
+    jax.tree.map(
+        lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6),
+        split.state.params, whole.state.params,
+    )  # fmt: skip
+    assert split._parts is not None and whole._parts is None
