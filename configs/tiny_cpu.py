@@ -122,6 +122,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
             "eps": 1e-8,
             "grad_clip": 1.0,
             "accum_steps": 1,
+            "length_split": 1,  # 2+: the update in parts by completion length (traces)
             "max_bad_steps": 5,
         }
     )

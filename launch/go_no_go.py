@@ -81,6 +81,11 @@ _MISMATCHED = flags.DEFINE_enum(
     "the mismatched arm's training puzzles: 3x3 maps only (wait ratio as --wait_ratio), or "
     "3x3-6x6 with none that needs a wait (arm mismatched_<name>)",
 )
+_LENGTH_SPLIT = flags.DEFINE_integer(
+    "length_split", 0,
+    "the update in this many parts by completion length (optim.length_split; 0: 2 with "
+    "--thinking, whose traces vary most in length, else 1)",
+)  # fmt: skip
 _TRACE_LOSS = flags.DEFINE_enum(
     "trace_loss", "all", list(TRACE_LOSSES), "what of a thinking response GRPO trains"
 )
@@ -154,6 +159,7 @@ def arm_config(sizes, wait_ratio: float | None = None):
     c.train.max_new_tokens = c.validation.max_new_tokens = tokens
     if tokens > FINE_BUCKET_BUDGET:  # a trace's 100-640 tokens: power-of-two widths, as measured
         c.train.completion_bucket = "pow2"
+    c.optim.length_split = _LENGTH_SPLIT.value or (2 if _THINKING.value else 1)
     return c
 
 

@@ -509,8 +509,12 @@ def jitted_parts(graphdef, loss: Loss, loss_cfg, optim: OptimConfig, treedef, sh
     f32 = jnp.float32
     grads = jax.jit(
         functools.partial(
-            batch_grads, graphdef=graphdef, loss=loss, loss_cfg=loss_cfg,
-            accum_steps=optim.accum_steps, remat=optim.remat,
+            batch_grads,
+            graphdef=graphdef,
+            loss=loss,
+            loss_cfg=loss_cfg,
+            accum_steps=optim.accum_steps,
+            remat=optim.remat,
         )  # fmt: skip
     )
 

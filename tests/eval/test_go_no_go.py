@@ -71,11 +71,14 @@ def test_flags_reach_the_arm_config(args, want):
 
 def test_a_thinking_arm_pads_completions_to_powers_of_two_and_its_settings_load():
     """The CPU config's multiples of 8 would compile an update per 8 tokens of a 640-token
-    trace budget; a thinking arm goes back to power-of-two widths and passes the checks."""
+    trace budget; a thinking arm goes back to power-of-two widths, passes the checks and
+    updates in two parts by completion length."""
     probe = _PROBE.split("print(")[0] + (
         "from mapfjax.rl import driver\n"
         "s = driver.GRPOSettings.from_config(c)\n"
-        "print(json.dumps([s.sampling.completion_bucket, s.sampling.max_new_tokens]))\n"
+        "o = driver.optim_config(c, 10, 1)\n"
+        "print(json.dumps([s.sampling.completion_bucket, s.sampling.max_new_tokens, "
+        "o.length_split]))\n"
     )
     got = []
     for args in ([], ["--thinking"]):
@@ -84,7 +87,7 @@ def test_a_thinking_arm_pads_completions_to_powers_of_two_and_its_settings_load(
         )
         assert out.returncode == 0, out.stderr
         got.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    assert got == [["x8", 64], ["pow2", 640]]
+    assert got == [["x8", 64, 1], ["pow2", 640, 2]]  # traces: the update in 2 parts by length
 
 
 def test_groups_set_the_update_batch_and_the_round_budget():
