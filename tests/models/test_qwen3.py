@@ -231,9 +231,10 @@ def test_chunked_attention_equals_full(model):
     nnx.update(chunked, nnx.state(model))
     tokens = _tokens(2, 12, seed=8)
     mask = jnp.arange(12)[None, :] >= jnp.array([[0], [5]])
+    real = np.asarray(mask)  # padding positions attend to nothing: their outputs are arbitrary
     np.testing.assert_allclose(
-        np.asarray(run(chunked, tokens, mask)[0]),
-        np.asarray(run(model, tokens, mask)[0]),
+        np.asarray(run(chunked, tokens, mask)[0])[real],
+        np.asarray(run(model, tokens, mask)[0])[real],
         atol=1e-5,
     )
 
