@@ -282,8 +282,8 @@ def _decode(
 ):  # fmt: skip
     """Decodes columns loop.column, loop.column + 1, ... until every row is done, column
     `max_new_tokens` or the end of the cache window W (column W, whose token is fed at slot
-    W - 1). Returns the `DecodeState` where it stopped. With `row_keys`, row r draws its
-    tokens as the call's row row_ids[r] (`_pick`)."""
+    W - 1). Returns the `DecodeState` where it stopped. row_ids: given (with `row_keys`, the
+    first token's draws), row r draws its tokens as the call's row row_ids[r] (`_pick`)."""
     _TRACES["decode"] += 1
     model = nnx.merge(graphdef, state)
     window = loop.cache[0][0].shape[2]
@@ -309,8 +309,7 @@ def _decode(
             cache = jax.tree.map(lambda x: _constrain(x, shardings.kv), cache)
         out = _record(
             s.out, i, logits.astype(jnp.float32), key, temperature, top_p,
-            greedy=greedy, top_k=top_k, stops=stops, pad_id=pad_id,
-            row_ids=row_ids if row_keys else None,
+            greedy=greedy, top_k=top_k, stops=stops, pad_id=pad_id, row_ids=row_ids,
         )  # fmt: skip
         return DecodeState(i + 1, cache, out)
 

@@ -122,6 +122,13 @@ class Trainer:
 
         Raises RuntimeError when the last `max_bad_steps` updates in a row were non-finite.
         """
+        return self._update(self._prepare(batch))
+
+    def _prepare(self, batch: SequenceBatch) -> list:
+        """`batch` checked and placed on the mesh with its reference log-probs (when the loss
+        has a KL term), as one batch or, with OptimConfig.length_split, as its parts by
+        completion length (`split_by_length`, cut on the host before placing): what one or
+        several updates (`train_on`) run on."""
         rows = np.shape(batch.tokens)[0]
         if rows % self.optim.accum_steps:
             raise ValueError(
@@ -136,15 +143,24 @@ class Trainer:
                 "are replicated (slow, memory-hungry); use rows per micro-batch divisible by %d",
                 rows // self.optim.accum_steps, shards, shards,
             )  # fmt: skip
-        batch = self.place_batch(batch)
-        if self.ref_params is not None and batch.ref_logprobs is None:
-            batch = batch.replace(ref_logprobs=self.reference_logprobs(batch))
         parts = split_by_length(batch, self.optim.length_split)
-        if len(parts) > 1 and (rows // len(parts)) % (self.optim.accum_steps * shards) == 0:
-            metrics = self._step_parts(parts)
-        else:
+        if (rows // len(parts)) % (self.optim.accum_steps * shards):
+            parts = [batch]
+        placed = []
+        for part in parts:
+            part = self.place_batch(part)
+            if self.ref_params is not None and part.ref_logprobs is None:
+                part = part.replace(ref_logprobs=self.reference_logprobs(part))
+            placed.append(part)
+        return placed
+
+    def _update(self, parts: list) -> dict[str, float]:
+        """One update on prepared batches (`_prepare`); host metrics."""
+        if len(parts) == 1:
             with self._in_mesh():
-                self.state, metrics = self._step(self.state, batch, self.rest)
+                self.state, metrics = self._step(self.state, parts[0], self.rest)
+        else:
+            metrics = self._step_parts(parts)
         out = {k: float(v) for k, v in jax.device_get(metrics).items()}
         out.update(
             step=int(self.state.step),
@@ -166,7 +182,7 @@ class Trainer:
         return out
 
     def _step_parts(self, parts) -> dict:
-        """One update from the gradients of several batches (`OptimConfig.length_split`)."""
+        """One update from the gradients of several placed batches (OptimConfig.length_split)."""
         if self._parts is None:
             leaves, treedef = jax.tree.flatten(self.state_shardings)
             optim = dataclasses.replace(self.optim, max_bad_steps=1)
@@ -177,7 +193,7 @@ class Trainer:
         acc, metrics, weights = None, [], []
         with self._in_mesh():
             for part in parts:
-                loss_value, m, g, w = grads(self.state.params, self.place_batch(part), self.rest)
+                loss_value, m, g, w = grads(self.state.params, part, self.rest)
                 acc = accumulate(acc, loss_value, g, w)
                 metrics.append(m)
                 weights.append(w)
@@ -196,10 +212,8 @@ class Trainer:
         the sampling policy, so from the second iteration on the ratio moves away from 1."""
         if not is_int(num_iterations) or num_iterations < 1:
             raise ValueError(f"num_iterations={num_iterations!r}: allowed an int >= 1")
-        batch = self.place_batch(batch)
-        if self.ref_params is not None and batch.ref_logprobs is None:
-            batch = batch.replace(ref_logprobs=self.reference_logprobs(batch))
-        return [self.step(batch) for _ in range(num_iterations)]
+        parts = self._prepare(batch)  # placed (and split) once for every iteration
+        return [self._update(parts) for _ in range(num_iterations)]
 
     def logprobs(self, batch: SequenceBatch, temperature: float | None = None):
         """Current-policy (logp, entropy) f32[B, T] of the completion tokens (no gradient)."""
