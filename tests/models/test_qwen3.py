@@ -248,13 +248,17 @@ def test_chunked_attention_equals_full(model):
         np.testing.assert_allclose(np.asarray(a[...]), np.asarray(b[...]), atol=1e-5, err_msg=p)
 
 
-def test_cpu_row_blocks_and_query_chunks_equal_whole_rows(model, monkeypatch):
+@pytest.mark.parametrize("chunk", [4, 5])
+def test_cpu_row_blocks_and_query_chunks_equal_whole_rows(model, monkeypatch, chunk):
     """CPU's default attention layout (blocks of rows, each in query chunks) against one block
     of whole rows: logits and gradients of a left-padded causal batch, and hidden states of a
-    shared prefix + extend batch."""
-    monkeypatch.setattr(qwen3, "CPU_QUERY_CHUNK", 4)
+    shared prefix + extend batch. Chunk 5 divides neither length: causal inputs are then cut
+    with a shorter last chunk."""
+    monkeypatch.setattr(qwen3, "CPU_QUERY_CHUNK", chunk)
     monkeypatch.setattr(qwen3, "CPU_SCORE_BLOCK", 64)
-    assert qwen3._cpu_query_chunk(12, None) == 4 and qwen3._cpu_query_chunk(12, 0) == 0
+    assert qwen3._cpu_query_chunk(12, None) == (4 if chunk == 4 else 0)
+    assert qwen3._cpu_query_chunk(12, None, causal=True) == chunk
+    assert qwen3._cpu_query_chunk(12, 0, causal=True) == 0
     chunked, blocks = [], []  # what the paths under test were called with / returned
     real_chunks, real_blocks = qwen3._query_chunks, qwen3._row_blocks
 
