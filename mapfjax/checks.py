@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import math
+from collections.abc import Iterable
 
 
 def is_int(x) -> bool:
@@ -23,6 +25,18 @@ def is_finite_real(x) -> bool:
         return math.isfinite(x)
     except OverflowError:
         return False
+
+
+def did_you_mean(names: Iterable[str], allowed: Iterable[str]) -> str:
+    """ "; did you mean 'X'?" for the first of `names` (unknown keys, probably typos) with a
+    close match X among `allowed` (difflib's ratio >= 0.6), else "": the end of an error
+    message that already lists what is allowed."""
+    allowed = [str(a) for a in allowed]
+    for name in names:
+        close = difflib.get_close_matches(str(name), allowed, n=1)
+        if close:
+            return f"; did you mean {close[0]!r}?"
+    return ""
 
 
 def require(key: str, value, ok: bool, allowed: str) -> None:

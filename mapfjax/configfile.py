@@ -10,6 +10,8 @@ import types
 
 import ml_collections
 
+from mapfjax.checks import did_you_mean
+
 # The directory holding the mapfjax package: the repository root in a source checkout (and an
 # editable install), site-packages when mapfjax is installed from a wheel.
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -51,13 +53,15 @@ def get_config(path, *arg):
 
 def key_path(cfg: ml_collections.ConfigDict, dotted: str) -> tuple[ml_collections.ConfigDict, str]:
     """(the ConfigDict holding it, its last part) of a dotted key such as 'train.group_size';
-    ValueError naming the first part that is not there and the keys allowed at that level."""
+    ValueError naming the first part that is not there, the keys allowed at that level and the
+    closest of them to a typo."""
     node, parts = cfg, dotted.split(".")
     for i, part in enumerate(parts):
         if not isinstance(node, ml_collections.ConfigDict) or part not in node:
             allowed = sorted(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
             where = ".".join(parts[:i]) or "<top>"
-            raise ValueError(f"no key {part!r} under {where}; allowed: {allowed}")
+            hint = did_you_mean([part], allowed)
+            raise ValueError(f"no key {part!r} under {where}; allowed: {allowed}{hint}")
         if i < len(parts) - 1:
             node = node[part]
     return node, parts[-1]

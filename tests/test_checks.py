@@ -31,3 +31,25 @@ def test_finite_reals(value):
 @pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan, 10**400, True, "1", None])
 def test_infinite_huge_or_non_numbers_are_not_finite_reals(value):
     assert not checks.is_finite_real(value)
+
+
+def test_did_you_mean_names_the_closest_allowed_key_or_nothing():
+    assert checks.did_you_mean(["hole_ration"], ["data_ratio", "hole_ratio"]) == (
+        "; did you mean 'hole_ratio'?"
+    )
+    assert checks.did_you_mean(["zzz", "wiat_ratio"], ["hole_ratio", "wait_ratio"]) == (
+        "; did you mean 'wait_ratio'?"  # the first unknown key with a close match
+    )
+    assert checks.did_you_mean(["zzz"], ["hole_ratio"]) == ""
+
+
+def test_env_config_typo_gets_a_suggestion():
+    from mapfjax.env.config import ConfigError, default_config, validate
+
+    c = default_config(2, sizes=(3,))
+    c.sizes.s3.hole_ration = 0.2
+    with pytest.raises(
+        ConfigError,
+        match=r"sizes.s3: unknown key\(s\) \['hole_ration'\].*did you mean 'hole_ratio'\?",
+    ):
+        validate(c)

@@ -50,8 +50,13 @@ def test_key_path_names_the_missing_part_and_the_keys_allowed_there():
         configfile.key_path(cfg, "train.steps")
     with pytest.raises(ValueError, match=r"no key 'x' under train.group_size; allowed: \[\]"):
         configfile.key_path(cfg, "train.group_size.x")
-    with pytest.raises(ValueError, match=r"no key 'trian' under <top>"):
+    with pytest.raises(ValueError, match=r"no key 'trian' under <top>.*did you mean 'train'\?$"):
         configfile.key_path(cfg, "trian.steps")
+    with pytest.raises(ValueError, match=r"did you mean 'temperature'\?$"):
+        configfile.key_path(cfg, "train.temprature")
+    with pytest.raises(ValueError) as e:  # nothing close: no guess
+        configfile.key_path(cfg, "train.zzzzzz")
+    assert "did you mean" not in str(e.value)
 
 
 @pytest.mark.parametrize("script", ["train.py", "train_tiny.py"])

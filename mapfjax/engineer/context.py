@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 import ml_collections
 
+from mapfjax.checks import did_you_mean
 from mapfjax.env.config import RATIO_FIELDS, flatten, key_size, size_key
 from mapfjax.env.types import FAILURE_NAMES
 from mapfjax.stats import markdown_table, merge, tally
@@ -425,7 +426,10 @@ def check_modules(modules: ml_collections.ConfigDict | Mapping[str, Any]) -> dic
     d = modules.to_dict() if isinstance(modules, ml_collections.ConfigDict) else dict(modules)
     unknown = sorted(set(d) - set(MODULES))
     if unknown:
-        raise ValueError(f"modules: unknown module(s) {unknown}; allowed: {sorted(MODULES)}")
+        raise ValueError(
+            f"modules: unknown module(s) {unknown}; allowed: {sorted(MODULES)}"
+            + did_you_mean(unknown, MODULES)
+        )
     out = {}
     for name, opts in d.items():
         opts = dict(opts) if isinstance(opts, Mapping) else {"enabled": opts}
@@ -433,6 +437,7 @@ def check_modules(modules: ml_collections.ConfigDict | Mapping[str, Any]) -> dic
         if extra:
             raise ValueError(
                 f"modules.{name}: unknown option(s) {extra}; allowed: {list(MODULE_OPTIONS[name])}"
+                + did_you_mean(extra, MODULE_OPTIONS[name])
             )
         if not isinstance(opts.get("enabled", False), bool):
             raise ValueError(f"modules.{name}.enabled = {opts['enabled']!r}; allowed: True/False")

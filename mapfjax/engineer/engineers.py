@@ -702,7 +702,10 @@ def make_engineer(config: ml_collections.ConfigDict | Mapping[str, Any], **injec
     fields = {f.name for f in dataclasses.fields(cls)} - {"name"}
     unknown = sorted(k for k in set(d) | set(inject) if k not in fields)
     if unknown:
-        raise ValueError(f"engineer ({name}): unknown key(s) {unknown}; allowed: {sorted(fields)}")
+        raise ValueError(
+            f"engineer ({name}): unknown key(s) {unknown}; allowed: {sorted(fields)}"
+            + checks.did_you_mean(unknown, fields)
+        )
     for k in ("steps",):
         if k in d:
             d[k] = tuple(d[k])

@@ -14,7 +14,7 @@ from typing import Any
 
 import ml_collections
 
-from mapfjax.checks import is_finite_real, is_int
+from mapfjax.checks import did_you_mean, is_finite_real, is_int
 
 PAPER_SIZES = tuple(range(3, 11))  # 3x3 .. 10x10 [paper]
 RATIO_FIELDS = ("data_ratio", "hole_ratio", "wait_ratio")
@@ -111,7 +111,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
     c = config
     unknown = sorted(set(c.keys()) - set(TOP_LEVEL_KEYS))
     if unknown:
-        raise ConfigError(f"unknown key(s) {unknown}; allowed: {list(TOP_LEVEL_KEYS)}")
+        raise ConfigError(
+            f"unknown key(s) {unknown}; allowed: {list(TOP_LEVEL_KEYS)}"
+            + did_you_mean(unknown, TOP_LEVEL_KEYS)
+        )
     for key in TOP_LEVEL_KEYS:
         if key not in c:
             raise ConfigError(f"missing key {key!r}")
@@ -138,7 +141,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
             )
         extra = sorted(set(entry.keys()) - set(RATIO_FIELDS))
         if extra:
-            raise ConfigError(f"sizes.{key}: unknown key(s) {extra}; allowed: {list(RATIO_FIELDS)}")
+            raise ConfigError(
+                f"sizes.{key}: unknown key(s) {extra}; allowed: {list(RATIO_FIELDS)}"
+                + did_you_mean(extra, RATIO_FIELDS)
+            )
         for field in RATIO_FIELDS:
             if field not in entry:
                 raise ConfigError(f"sizes.{key}.{field} is missing")
@@ -157,7 +163,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
     for group, keys in (("oracle", ORACLE_KEYS), ("pool", POOL_KEYS)):
         extra = sorted(set(c[group].keys()) - set(keys))
         if extra:
-            raise ConfigError(f"{group}: unknown key(s) {extra}; allowed: {list(keys)}")
+            raise ConfigError(
+                f"{group}: unknown key(s) {extra}; allowed: {list(keys)}"
+                + did_you_mean(extra, keys)
+            )
     if not c.pool.oversample >= 1.0:
         raise ConfigError(f"pool.oversample = {c.pool.oversample!r}; allowed: >= 1")
     if not 0.0 <= c.pool.wait_bias <= 1.0:

@@ -12,6 +12,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from mapfjax.checks import did_you_mean
 from mapfjax.env import answer, simulate
 
 DATA_SOURCE = "mapf_frozenlake"  # verl's `data_source` column for this environment
@@ -175,7 +176,10 @@ _REWARD_FIELDS = tuple(f.name for f in dataclasses.fields(RewardConfig))
 def _reward_config(kwargs: Mapping) -> RewardConfig:
     unknown = sorted(set(kwargs) - set(_REWARD_FIELDS))
     if unknown:
-        raise ValueError(f"unknown reward setting(s) {unknown}; allowed: {list(_REWARD_FIELDS)}")
+        raise ValueError(
+            f"unknown reward setting(s) {unknown}; allowed: {list(_REWARD_FIELDS)}"
+            + did_you_mean(unknown, _REWARD_FIELDS)
+        )
     return RewardConfig(**kwargs)
 
 
