@@ -81,6 +81,14 @@ _MISMATCHED = flags.DEFINE_enum(
     "the mismatched arm's training puzzles: 3x3 maps only (wait ratio as --wait_ratio), or "
     "3x3-6x6 with none that needs a wait (arm mismatched_<name>)",
 )
+_MISMATCHED_WHEN = flags.DEFINE_enum(
+    "mismatched_when",
+    "always",
+    ["always", "gain"],
+    "always: run the mismatched arm after the matched one; gain: only when the matched arm "
+    "meets the gate's first two criteria (the start parses, the gain is large enough with its "
+    "interval above 0), else the verdict says it was not run (saves its budget on a NO-GO)",
+)
 _LENGTH_SPLIT = flags.DEFINE_integer(
     "length_split", 0,
     "the update in this many parts by completion length (optim.length_split; 0: 2 with "
@@ -176,6 +184,11 @@ def main(argv):
         other = f"mismatched_{_MISMATCHED.value}"
         arms = [("matched", HELD_OUT_SIZES, None), (other, *MISMATCHES[_MISMATCHED.value])]
         for name, sizes, wait in arms:
+            if runs and _MISMATCHED_WHEN.value == "gain":
+                first_two = gate.evaluate(runs[0], None)[0][:2]
+                if not all(c.passed for c in first_two):
+                    runs.append(None)
+                    break
             loop.run(arm_config(sizes, wait), work / name)
             report.write_report(work / name)
             runs.append(report.export_run(work / name, out / name))

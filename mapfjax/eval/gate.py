@@ -60,19 +60,26 @@ def evaluate(
     """(the criteria, table rows [model, greedy valid %, vs start], notes) for the two runs
     (and a reference run directory whose *start* validation is the reference model). Raises
     ValueError, naming the directories, when the runs start from different policies or were
-    validated on different puzzles."""
-    matched, mismatched = pathlib.Path(matched), pathlib.Path(mismatched)
+    validated on different puzzles. mismatched None: that arm was not run (`go_no_go.py
+    --mismatched_when gain` after a matched arm that misses the first two criteria); its
+    criterion then fails as "not run"."""
+    matched = pathlib.Path(matched)
     start_rows, end_rows = _start_and_end(matched)
-    other_start_rows, other_end_rows = _start_and_end(mismatched)
     base, end = valid_by_id(start_rows), valid_by_id(end_rows)
-    other_start, other_end = valid_by_id(other_start_rows), valid_by_id(other_end_rows)
-    for where, by_id in [(mismatched, other_start), (mismatched, other_end), (matched, end)]:
-        if set(by_id) != set(base):
-            raise ValueError(f"{where} was validated on other puzzles than {matched}/start")
-    if other_start != base:
-        raise ValueError(f"{matched} and {mismatched} do not start from the same policy")
+    if set(end) != set(base):
+        raise ValueError(f"{matched} was validated on other puzzles than {matched}/start")
+    other_end = None
+    if mismatched is not None:
+        mismatched = pathlib.Path(mismatched)
+        other_start_rows, other_end_rows = _start_and_end(mismatched)
+        other_start, other_end = valid_by_id(other_start_rows), valid_by_id(other_end_rows)
+        if set(other_start) != set(base) or set(other_end) != set(base):
+            raise ValueError(f"{mismatched} was validated on other puzzles than {matched}/start")
+        if other_start != base:
+            raise ValueError(f"{matched} and {mismatched} do not start from the same policy")
     parsed = _parse_rate(start_rows)
-    gain, apart = paired_change(end, base), paired_change(end, other_end)
+    gain = paired_change(end, base)
+    apart = None if other_end is None else paired_change(end, other_end)
     pct = lambda x: f"{100 * x:g} %"
     criteria = [
         Criterion(
@@ -84,8 +91,9 @@ def evaluate(
             f">= +{100 * min_gain:g}, interval above 0", gain.value >= min_gain and gain.low > 0,
         ),
         Criterion(
-            "matched vs mismatched (paired, points)", stats.interval_text(apart, signed=True),
-            "interval excludes 0", apart.low > 0 or apart.high < 0,
+            "matched vs mismatched (paired, points)",
+            "not run" if apart is None else stats.interval_text(apart, signed=True),
+            "interval excludes 0", apart is not None and (apart.low > 0 or apart.high < 0),
         ),
     ]  # fmt: skip
     notes: list[str] = []
@@ -94,8 +102,11 @@ def evaluate(
     rows = [
         ["start", rate(base), "-"],
         [f"GRPO, matched ({matched.name})", rate(end), vs_start(end)],
-        [f"GRPO, mismatched ({mismatched.name})", rate(other_end), vs_start(other_end)],
     ]
+    if other_end is not None:
+        rows.append([f"GRPO, mismatched ({mismatched.name})", rate(other_end), vs_start(other_end)])
+    else:
+        notes.append("The mismatched arm was not run: the matched arm misses the gate before it.")
     if reference is not None:
         found = validation_rows(pathlib.Path(reference))
         if not found or found[0][0] != "start":

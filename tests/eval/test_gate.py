@@ -195,3 +195,16 @@ def test_gate_summary_script_writes_the_table_and_the_picture(tmp_path):
 def test_an_arm_started_from_a_recipes_export_is_named_with_its_run():
     assert gate._policy_name("/r/runs/tiny_trace_long/export") == "tiny_trace_long/export"
     assert gate._policy_name("/r/runs/tiny_trace_grid/export_aw10_6000") == "export_aw10_6000"
+
+
+def test_a_mismatched_arm_not_run_fails_its_criterion_and_says_so(tmp_path):
+    start = _draw(0.3, seed=1)
+    matched, _ = _runs(tmp_path, start, start | _draw(0.15, seed=2), start)
+    criteria, rows, notes = gate.evaluate(matched, None)
+    assert [c.passed for c in criteria] == [True, True, False]
+    assert criteria[2].measured == "not run" and len(rows) == 2
+    assert any("not run" in n for n in notes)
+    assert gate.markdown(criteria, rows, notes, 400).startswith("**NO-GO**")
+    _write(matched, "round_0", _draw(0.3, n=399))  # other puzzles at the end: refused
+    with pytest.raises(ValueError, match="validated on other puzzles"):
+        gate.evaluate(matched, None)

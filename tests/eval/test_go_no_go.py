@@ -205,3 +205,55 @@ def test_held_out_seed_draws_fresh_puzzles_and_the_default_is_the_gates():
     was chosen on; another seed draws fresh puzzles of the same kind for a claim."""
     got = _probe_fields("c.validation.seed", [], ["--held_out_seed=12348"])
     assert got == [[12345], [12348]]
+
+
+_FLOW = """
+import importlib.util, json, pathlib, sys
+from absl import flags
+from mapfjax.engineer import loop
+from mapfjax.eval import report
+spec = importlib.util.spec_from_file_location("go_no_go", "launch/go_no_go.py")
+m = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(m)
+gain = sys.argv[1] == "gain"
+ran = []
+
+def fake_run(cfg, workdir):  # start: 30 of 100 valid; the matched arm gains 20 or nothing
+    ran.append(workdir.name)
+    ends = {"matched": 50 if gain else 30, "mismatched_3x3": 30}
+    for label, k in [("start", 30), ("round_0", ends[workdir.name])]:
+        d = workdir / label
+        d.mkdir(parents=True, exist_ok=True)
+        rows = [{"id": f"p{i}", "valid": i < k, "failure": None} for i in range(100)]
+        (d / "validation.json").write_text(json.dumps({"rows": rows}))
+    (workdir / "round_0" / "record.json").write_text("{}")
+
+loop.run = fake_run
+report.write_report = lambda workdir: None
+flags.FLAGS(["go_no_go", "--policy=p", *sys.argv[2:]])
+code = m.main([])
+print(json.dumps([code, ran]))
+"""
+
+
+@pytest.mark.parametrize(
+    "gain, when, want_runs, want_code",
+    [
+        ("none", "gain", ["matched"], 1),  # no gain: the mismatched arm is not run
+        ("gain", "gain", ["matched", "mismatched_3x3"], 0),
+        ("none", "always", ["matched", "mismatched_3x3"], 1),
+    ],
+)
+def test_mismatched_when_gain_runs_that_arm_only_after_a_passing_matched_arm(
+    tmp_path, gain, when, want_runs, want_code
+):
+    out = subprocess.run(
+        [sys.executable, "-c", _FLOW, gain, f"--workdir={tmp_path / 'w'}",
+         f"--out={tmp_path / 'o'}", f"--mismatched_when={when}"],
+        cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    code, ran = json.loads(out.stdout.strip().splitlines()[-1])
+    assert ran == want_runs and code == want_code
+    verdict = (tmp_path / "o" / "verdict.md").read_text()
+    assert ("not run" in verdict) == (want_runs == ["matched"])
