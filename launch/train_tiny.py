@@ -10,6 +10,7 @@ import sys
 import time
 
 import jax.numpy as jnp
+import tqdm
 from absl import app, logging
 from flax import nnx
 from ml_collections import config_flags
@@ -29,12 +30,18 @@ def fit(trainer, ckpt, total, batches, every, log, name):  # resumes from ckpt; 
     if ckpt.exists() and any(p.name.isdigit() for p in ckpt.iterdir()):
         trainer.restore(ckpt)
     t0, start = time.time(), int(trainer.state.step)
+    # A bar with the rate and time left (every 30 s when the output is a log file).
+    bar = tqdm.tqdm(total=total, initial=start, desc=name, dynamic_ncols=True,
+                    mininterval=0.5 if sys.stderr.isatty() else 30)  # fmt: skip
     for step, (batch, extra) in zip(range(start, total), batches(start)):
         m = trainer.step(batch) | extra
         log.write(json.dumps({"phase": name, "s": round(time.time() - t0, 1)} | m) + "\n")
+        bar.update(1)
+        bar.set_postfix(loss=f"{m['loss']:.4f}", refresh=False)
         if (step + 1) % every == 0 or step + 1 == total:
             trainer.save(ckpt, wait=True)
-            print(f"{name} {step + 1}/{total} loss {m['loss']:.4f} {time.time() - t0:.0f}s")
+            bar.write(f"{name} {step + 1}/{total} loss {m['loss']:.4f} {time.time() - t0:.0f}s")
+    bar.close()
 
 
 def main(_):

@@ -27,13 +27,17 @@ def test_quick_run_exports_a_loadable_validated_model(tmp_path, one_device_env):
     ]
     env = {**one_device_env, "PYTHONPATH": str(ROOT)}
 
+    errs = []
+
     def run():
-        subprocess.run(cmd, check=True, env=env, capture_output=True, timeout=900, cwd=ROOT)
+        p = subprocess.run(cmd, check=True, env=env, capture_output=True, timeout=900, cwd=ROOT)
+        errs.append(p.stderr.decode())
         sft = (work / "log.jsonl").read_text().splitlines()
         grpo = (work / "grpo" / "metrics.jsonl").read_text().splitlines()
         return [json.loads(line) for line in sft], [json.loads(line) for line in grpo]
 
     log, grpo = run()
+    assert "sft: 100%" in errs[0] and "16/16" in errs[0]  # the SFT stages' progress bar
     assert [r["phase"] for r in log] == ["sft"] * 16
     assert [r["step"] for r in log] == [*range(1, 17)]
     # GRPO runs through the shared driver: its steps, the phase position and dynamic-sampling
