@@ -15,6 +15,8 @@ import sys
 
 from absl import app, flags
 
+from mapfjax import hostalloc
+
 _CKPT = flags.DEFINE_string("checkpoint", None, "Hugging Face Qwen3 checkpoint directory")
 _API = flags.DEFINE_string("api_model", None, "OpenAI-compatible model name (instead of a ckpt)")
 _API_URL = flags.DEFINE_string("api_base_url", "", "endpoint; default $OPENAI_BASE_URL")
@@ -76,4 +78,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    hostalloc.use_tcmalloc()  # tcmalloc when installed: XLA:CPU's buffers
     app.run(main)

@@ -12,6 +12,8 @@ import sys
 
 from absl import app, flags
 
+from mapfjax import hostalloc
+
 _CKPT = flags.DEFINE_string("checkpoint", None, "Hugging Face Qwen3 checkpoint directory")
 _AGENTS = flags.DEFINE_integer("agents", 2, "agents per puzzle")
 _SIZES = flags.DEFINE_string("sizes", "3-10", "map sizes: N-M and/or comma-separated N")
@@ -74,4 +76,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    hostalloc.use_tcmalloc()  # tcmalloc when installed: XLA:CPU's buffers
     app.run(main)

@@ -17,6 +17,7 @@ import sys
 from absl import app, flags
 from absl import logging as absl_logging
 
+from mapfjax import hostalloc
 from mapfjax.rl.driver import FINE_BUCKET_BUDGET, OBJECTIVES
 from mapfjax.rl.rollout import TRACE_LOSSES
 
@@ -204,4 +205,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    hostalloc.use_tcmalloc()  # tcmalloc when installed: XLA:CPU's buffers
     app.run(main)

@@ -18,7 +18,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from mapfjax import configfile, files, stats  # noqa: E402
+from mapfjax import configfile, files, hostalloc, stats  # noqa: E402
 from mapfjax.engineer.settings import ValidationSettings  # noqa: E402
 from mapfjax.env import io  # noqa: E402
 from mapfjax.eval import probe  # noqa: E402
@@ -154,4 +154,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    hostalloc.use_tcmalloc()  # tcmalloc when installed: XLA:CPU's buffers
     sys.exit(main())

@@ -17,7 +17,7 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from mapfjax import configfile
+from mapfjax import configfile, hostalloc
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "sweep definition (ml-collections)")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/sweep", "one subdirectory per run")
@@ -79,4 +79,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    hostalloc.use_tcmalloc()  # tcmalloc when installed: XLA:CPU's buffers
     app.run(main, flags_parser=configfile.parse_flags)

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from mapfjax import configfile  # noqa: E402
+from mapfjax import configfile, hostalloc  # noqa: E402
 from mapfjax.env import io, text, trace  # noqa: E402
 from mapfjax.models import bpe, qwen3  # noqa: E402
 from mapfjax.models import tokenizer as tok_lib  # noqa: E402
@@ -129,4 +129,5 @@ def main():
 
 
 if __name__ == "__main__":
+    hostalloc.use_tcmalloc()  # tcmalloc when installed: XLA:CPU's buffers
     main()

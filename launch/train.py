@@ -13,7 +13,7 @@ from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
-from mapfjax import configfile
+from mapfjax import configfile, hostalloc
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "ml-collections config file")
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (created; reused to resume)")
@@ -45,4 +45,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    hostalloc.use_tcmalloc()  # tcmalloc when installed: XLA:CPU's buffers
     app.run(main, flags_parser=configfile.parse_flags)

@@ -16,7 +16,7 @@ from flax import nnx
 from ml_collections import config_flags
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from mapfjax import configfile, files, parallel  # noqa: E402
+from mapfjax import configfile, files, hostalloc, parallel  # noqa: E402
 from mapfjax.models import bpe, hf, qwen3  # noqa: E402
 from mapfjax.models import tokenizer as tok_lib  # noqa: E402
 from mapfjax.rl import data, driver, recipe, rollout  # noqa: E402
@@ -106,4 +106,5 @@ def main(_):
 
 
 if __name__ == "__main__":
+    hostalloc.use_tcmalloc()  # tcmalloc when installed: XLA:CPU's buffers
     app.run(main, flags_parser=configfile.parse_flags)

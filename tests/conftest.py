@@ -9,6 +9,9 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Launch scripts started by the tests keep the default allocator, as on a machine without
+# tcmalloc (mapfjax/hostalloc.py); tests/test_hostalloc.py tests the restart itself.
+os.environ.setdefault("MAPFJAX_TCMALLOC", "0")
 # One persistent compilation cache for the whole run, in-process and in the subprocesses the
 # end-to-end tests start (they inherit the environment): the same tiny programs are compiled
 # by many tests, and compiling is most of a smoke loop's time on 2 cores. Set
