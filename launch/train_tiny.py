@@ -30,6 +30,8 @@ def fit(trainer, ckpt, total, batches, every, log, name):  # resumes from ckpt; 
     if ckpt.exists() and any(p.name.isdigit() for p in ckpt.iterdir()):
         trainer.restore(ckpt)
     t0, start = time.time(), int(trainer.state.step)
+    if start >= total:  # a stage finished before
+        return
     # A bar with the rate and time left (every 30 s when the output is a log file).
     bar = tqdm.tqdm(total=total, initial=start, desc=name, dynamic_ncols=True,
                     mininterval=0.5 if sys.stderr.isatty() else 30)  # fmt: skip
