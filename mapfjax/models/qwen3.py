@@ -418,11 +418,12 @@ def _row_blocks(rows: int, per_row: int, block: int | None) -> int:
 def _cpu_query_chunk(queries: int, block: int | None, causal: bool = False) -> int:
     """The query chunk within a row block: `CPU_QUERY_CHUNK` where the row blocks are CPU's
     default (block None) and the input is longer, else 0 (whole rows). Without a causal
-    segment the chunk must divide the input; with one the last chunk may be shorter."""
+    segment the chunk must divide the input; with one the last chunk may be shorter, for an
+    input of at least two chunks (a short one gains little from being cut)."""
     if block is not None or jax.default_backend() != "cpu":
         return 0
     k = CPU_QUERY_CHUNK
-    return k if queries > k and (causal or queries % k == 0) else 0
+    return k if queries > k and (queries % k == 0 or causal and queries >= 2 * k) else 0
 
 
 def attention(

@@ -259,6 +259,7 @@ def test_cpu_row_blocks_and_query_chunks_equal_whole_rows(model, monkeypatch, ch
     assert qwen3._cpu_query_chunk(12, None) == (4 if chunk == 4 else 0)
     assert qwen3._cpu_query_chunk(12, None, causal=True) == chunk
     assert qwen3._cpu_query_chunk(12, 0, causal=True) == 0
+    assert qwen3._cpu_query_chunk(9, None, causal=True) == (chunk if chunk == 4 else 0)
     chunked, blocks = [], []  # what the paths under test were called with / returned
     real_chunks, real_blocks = qwen3._query_chunks, qwen3._row_blocks
 
@@ -298,4 +299,5 @@ def test_cpu_row_blocks_and_query_chunks_equal_whole_rows(model, monkeypatch, ch
 
     hb, hw = (np.asarray(nnx.jit(extended)(m)) for m in (model, whole))
     np.testing.assert_allclose(hb[np.asarray(cmask)], hw[np.asarray(cmask)], atol=1e-5)
-    assert 12 in chunked and 8 in chunked and max(blocks) > 1  # the paths under test ran
+    # the paths under test ran (8 queries are under two chunks of 5: whole rows)
+    assert 12 in chunked and (8 in chunked) == (chunk == 4) and max(blocks) > 1
