@@ -27,7 +27,7 @@ def library() -> str | None:
     return None
 
 
-def restart_command(
+def restart_environment(
     environ: dict[str, str], lib: str | None, platform: str = sys.platform
 ) -> dict[str, str] | None:
     """The environment to restart the process with, tcmalloc preloaded; None when it should
@@ -44,9 +44,9 @@ def restart_command(
 
 def use_tcmalloc() -> None:
     """Restart this script with tcmalloc preloaded (see the module docstring); returns
-    without doing anything when `restart_command` says so. The same arguments, the same
+    without doing anything when `restart_environment` says so. The same arguments, the same
     process id; a line on stderr says what happened."""
-    env = restart_command(dict(os.environ), library())
+    env = restart_environment(dict(os.environ), library())
     if env is None:
         return
     print(

@@ -12,17 +12,17 @@ LIB = "libtcmalloc_minimal.so.4"
 
 
 def test_restart_environment_preloads_tcmalloc_once():
-    env = hostalloc.restart_command({"PATH": "/bin"}, LIB, "linux")
+    env = hostalloc.restart_environment({"PATH": "/bin"}, LIB, "linux")
     assert env["LD_PRELOAD"] == LIB and env["PATH"] == "/bin"
     assert int(env["TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD"]) >= 1 << 40
     # another preload is kept, after it
-    env = hostalloc.restart_command({"LD_PRELOAD": "libx.so"}, LIB, "linux")
+    env = hostalloc.restart_environment({"LD_PRELOAD": "libx.so"}, LIB, "linux")
     assert env["LD_PRELOAD"] == f"{LIB} libx.so"
     # the restarted process (or one the loader refused the preload for) does not restart again
-    assert hostalloc.restart_command(env, LIB, "linux") is None
+    assert hostalloc.restart_environment(env, LIB, "linux") is None
     # a threshold the user set is theirs
-    env = hostalloc.restart_command({"TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD": "5"}, LIB, "linux")
-    assert env["TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD"] == "5"
+    threshold = {"TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD": "5"}
+    assert hostalloc.restart_environment(threshold, LIB, "linux")[next(iter(threshold))] == "5"
 
 
 @pytest.mark.parametrize(
@@ -34,7 +34,7 @@ def test_restart_environment_preloads_tcmalloc_once():
     ],
 )
 def test_no_restart(environ, lib, platform):
-    assert hostalloc.restart_command(environ, lib, platform) is None
+    assert hostalloc.restart_environment(environ, lib, platform) is None
 
 
 _CHILD = (
