@@ -32,9 +32,12 @@ def fit(trainer, ckpt, total, batches, every, log, name):  # resumes from ckpt; 
     t0, start = time.time(), int(trainer.state.step)
     if start >= total:  # a stage finished before
         return
-    # A bar with the rate and time left (every 30 s when the output is a log file).
+    # A bar with the rate and time left (every 30 s when the output is a log file). It prints
+    # only from update() here: tqdm's monitor thread would refresh it after maxinterval, also
+    # while a checkpoint write sends stderr to the checkpoint's errors.log.
     bar = tqdm.tqdm(total=total, initial=start, desc=name, dynamic_ncols=True,
-                    mininterval=0.5 if sys.stderr.isatty() else 30)  # fmt: skip
+                    mininterval=0.5 if sys.stderr.isatty() else 30,
+                    maxinterval=float("inf"))  # fmt: skip
     for step, (batch, extra) in zip(range(start, total), batches(start)):
         m = trainer.step(batch) | extra
         log.write(json.dumps({"phase": name, "s": round(time.time() - t0, 1)} | m) + "\n")

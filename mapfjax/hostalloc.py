@@ -3,8 +3,9 @@ buffers on every step, which glibc's malloc hands back to the kernel each time (
 system time); tcmalloc keeps them. On 2 CPU cores a trace-length GRPO update ran 1.15x and an
 SFT update 1.2x faster with it preloaded (docs/training.md). `use_tcmalloc()` restarts the
 running script with it preloaded when it is installed (Debian/Ubuntu: `apt install
-libtcmalloc-minimal4`) and not loaded yet; `MAPFJAX_TCMALLOC=0` turns that off. Imports
-nothing heavy, so that a launch script calls it before importing JAX."""
+libtcmalloc-minimal4`) and not loaded yet; `MAPFJAX_TCMALLOC=0` turns that off. Launch
+scripts call it first under `if __name__ == "__main__"`, before any work (a restart then costs
+only their imports); it imports nothing of mapfjax, so any module may use it."""
 
 from __future__ import annotations
 
