@@ -12,11 +12,16 @@ import pathlib
 import sys
 import time
 
-import jax.numpy as jnp
-from flax import nnx
-
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from mapfjax import configfile, hostalloc  # noqa: E402
+from mapfjax import hostalloc  # noqa: E402
+
+if __name__ == "__main__":
+    hostalloc.use_tcmalloc()  # before JAX is imported: a restart costs only the lines above
+
+import jax.numpy as jnp  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from mapfjax import configfile  # noqa: E402
 from mapfjax.env import io, text, trace  # noqa: E402
 from mapfjax.models import bpe, qwen3  # noqa: E402
 from mapfjax.models import tokenizer as tok_lib  # noqa: E402
@@ -129,5 +134,4 @@ def main():
 
 
 if __name__ == "__main__":
-    hostalloc.use_tcmalloc()  # tcmalloc when installed: XLA:CPU's buffers
     main()

@@ -9,14 +9,19 @@ import pathlib
 import sys
 import time
 
-import jax.numpy as jnp
-import tqdm
-from absl import app, logging
-from flax import nnx
-from ml_collections import config_flags
-
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from mapfjax import configfile, files, hostalloc, parallel  # noqa: E402
+from mapfjax import hostalloc  # noqa: E402
+
+if __name__ == "__main__":
+    hostalloc.use_tcmalloc()  # before JAX is imported: a restart costs only the lines above
+
+import jax.numpy as jnp  # noqa: E402
+import tqdm  # noqa: E402
+from absl import app, logging  # noqa: E402
+from flax import nnx  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from mapfjax import configfile, files, parallel  # noqa: E402
 from mapfjax.models import bpe, hf, qwen3  # noqa: E402
 from mapfjax.models import tokenizer as tok_lib  # noqa: E402
 from mapfjax.rl import data, driver, recipe, rollout  # noqa: E402
@@ -111,5 +116,4 @@ def main(_):
 
 
 if __name__ == "__main__":
-    hostalloc.use_tcmalloc()  # tcmalloc when installed: XLA:CPU's buffers
     app.run(main, flags_parser=configfile.parse_flags)
