@@ -18,8 +18,12 @@ from absl import app, flags
 from absl import logging as absl_logging
 
 from mapfjax import hostalloc
-from mapfjax.rl.driver import FINE_BUCKET_BUDGET, OBJECTIVES
-from mapfjax.rl.rollout import TRACE_LOSSES
+
+if __name__ == "__main__":
+    hostalloc.use_tcmalloc()  # before JAX is imported: a restart costs only the lines above
+
+from mapfjax.rl.driver import FINE_BUCKET_BUDGET, OBJECTIVES  # noqa: E402
+from mapfjax.rl.rollout import TRACE_LOSSES  # noqa: E402
 
 _POLICY = flags.DEFINE_string("policy", None, "model directory (HF files) to start from")
 _THINKING = flags.DEFINE_bool("thinking", False, "the policy writes a reasoning trace first")
@@ -205,5 +209,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    hostalloc.use_tcmalloc()  # tcmalloc when installed: XLA:CPU's buffers
     app.run(main)
