@@ -154,6 +154,9 @@ def test_shipped_tiny_model_loads_and_matches_transformers():
     logits = np.asarray(ours(jnp.asarray(ids))[0][0])
     ref_model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
     assert ref_model.generation_config.eos_token_id == tok_lib.special_ids(tok).im_end
+    # One thread, as tests/models/hf_fixtures.py says: with two, PyTorch's rotary cos/sin is
+    # now and then 1.5e-4 off for the later positions and this comparison fails by 3e-3.
+    torch.set_num_threads(1)
     with torch.no_grad():
         ref = ref_model(torch.tensor(ids)).logits[0].numpy()
     np.testing.assert_allclose(logits, ref, atol=2e-4, rtol=1e-4)
