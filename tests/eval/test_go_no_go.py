@@ -124,6 +124,28 @@ def test_optimal_bonus_sets_the_reward():
 
 
 @pytest.mark.parametrize(
+    "args, want",
+    [
+        (["--groups=32"], 1),  # 64-token answers: the update whole
+        (["--thinking", "--groups=8"], 1),  # two parts of 4 groups
+        (["--thinking", "--groups=32"], 4),  # two parts of 16 groups, each in 4 micro-batches
+        (["--thinking", "--groups=32", "--length_split=1"], 8),
+        (["--thinking", "--groups=12"], 2),  # parts of 6 groups: 2 micro-batches of 3
+        (["--thinking", "--groups=32", "--accum_steps=2"], 2),
+    ],
+)
+def test_a_thinking_update_runs_in_micro_batches_of_at_most_four_groups(args, want):
+    """A 640-token update of 16 groups in one piece peaked at 20 GB resident on the CPU: the
+    micro-batches keep the peak of the backward pass small, with the same gradient."""
+    probe = _PROBE.replace("c.train.objective, c.train.temperature]", "c.optim.accum_steps]")
+    out = subprocess.run(
+        [sys.executable, "-c", probe, *args], cwd=ROOT, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1])[-1] == want
+
+
+@pytest.mark.parametrize(
     "args, wants",
     [
         (["--wait_ratio=1.5"], ["--wait_ratio=1.5", "in [0, 1]"]),
@@ -133,6 +155,10 @@ def test_optimal_bonus_sets_the_reward():
         (
             ["--objective=rft", "--kl_coef=0.1"],
             ["kl_coef=0.1, objective=rft", "--objective rft takes none"],
+        ),
+        (
+            ["--thinking", "--groups=32", "--accum_steps=3"],
+            ["accum_steps=3, groups=32", "--accum_steps: must divide the groups of each part"],
         ),
     ],
 )
