@@ -159,10 +159,15 @@ def verdict_name(mismatched: str) -> str:
     return "verdict.md" if mismatched == "3x3" else f"verdict_{mismatched}.md"
 
 
+def _length_split(v) -> int:
+    """optim.length_split from the flags' values: --length_split, or 2 with --thinking."""
+    return v["length_split"] or (2 if v["thinking"] else 1)
+
+
 def _part_groups(v) -> int:
     """Groups in each part of an update (`step.split_by_length` uses the batch whole when
     its groups do not divide into the parts)."""
-    groups, parts = v["groups"], v["length_split"] or (2 if v["thinking"] else 1)
+    groups, parts = v["groups"], _length_split(v)
     return groups // parts if groups % parts == 0 else groups
 
 
@@ -204,9 +209,9 @@ def arm_config(sizes, wait_ratio: float | None = None):
     c.train.max_new_tokens = c.validation.max_new_tokens = tokens
     if tokens > FINE_BUCKET_BUDGET:  # a trace's 100-640 tokens: power-of-two widths, as measured
         c.train.completion_bucket = "pow2"
-    c.optim.length_split = _LENGTH_SPLIT.value or (2 if _THINKING.value else 1)
-    part = _part_groups({k: flags.FLAGS[k].value for k in ("groups", "length_split", "thinking")})
-    c.optim.accum_steps = _ACCUM.value or (micro_batches(part) if _THINKING.value else 1)
+    v = {k: flags.FLAGS[k].value for k in ("groups", "length_split", "thinking")}
+    c.optim.length_split = _length_split(v)
+    c.optim.accum_steps = _ACCUM.value or (micro_batches(_part_groups(v)) if _THINKING.value else 1)
     return c
 
 
