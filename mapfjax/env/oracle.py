@@ -467,14 +467,26 @@ def _finish(m: GridMap, t0: float, status: str, cell_paths, nodes: int, method: 
 _POOL: dict = {}  # processes -> the live worker pool, reused across calls
 
 
+def _host_only() -> None:
+    """A worker's initializer: its JAX stays on the CPU. The search is plain Python, but a
+    worker that meets a JAX array (unpickling a problem) would otherwise start its own
+    accelerator client, and on a GPU each claims a share of the memory the parent holds: they
+    run out of memory and fail."""
+    import jax
+
+    jax.config.update("jax_platforms", "cpu")
+
+
 def _pool(processes: int):
     """A spawned worker pool kept for later calls: starting one costs seconds, because each
     worker imports JAX through the package. Spawned, never forked: the parent may already
-    run JAX's threads, which do not survive a fork."""
+    run JAX's threads, which do not survive a fork. Its workers compute on the host
+    (`_host_only`)."""
     pool = _POOL.get(processes)
     if pool is None:
         _drop_pools()
-        pool = _POOL[processes] = multiprocessing.get_context("spawn").Pool(processes)
+        ctx = multiprocessing.get_context("spawn")
+        pool = _POOL[processes] = ctx.Pool(processes, initializer=_host_only)
         atexit.register(_drop_pools)  # before interpreter teardown, which breaks Pool.__del__
     return pool
 

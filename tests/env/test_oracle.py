@@ -388,3 +388,21 @@ def test_solve_many_matches_in_process_results():
     assert [s.soc for s in one] == [oracle.solve(p).soc for p in problems]
     with pytest.raises(ValueError, match="processes"):
         oracle.solve_many(problems, processes=0)
+
+
+def _worker_platforms(_) -> str:
+    import jax
+
+    return jax.config.jax_platforms
+
+
+def test_oracle_workers_stay_on_the_host(monkeypatch):
+    # On a GPU machine a worker that started its own CUDA client ran out of memory beside the
+    # parent's: the pool's workers are pinned to the CPU, whatever the environment says (the
+    # test suite's JAX_PLATFORMS=cpu would otherwise reach the spawned workers by inheritance).
+    monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+    oracle._drop_pools()  # a fresh pool, spawned with this environment
+    try:
+        assert oracle._pool(2).map(_worker_platforms, range(4)) == ["cpu"] * 4
+    finally:
+        oracle._drop_pools()  # later tests spawn theirs with the suite's environment
