@@ -74,7 +74,10 @@ def main(_):
     log = open(work / "log.jsonl", "a", buffering=1)  # line-buffered: tail -f works
     b = c.sft.batch_size
     targets = data.coordinate_targets(tok, d.sft) if c.sft.coordinate_targets else None
-    batches = lambda s: data.sft_batches(d.sft, b, pad, c.seed, None, s, targets=targets)
+    pad_to = c.sft.completion_multiple  # fewer compiled shapes on an accelerator
+    batches = lambda s: data.sft_batches(
+        d.sft, b, pad, c.seed, None, s, targets=targets, completion_multiple=pad_to
+    )
     sft_batches = lambda s: ((x, {}) for x in batches(s))
     thinking = bool(c.get("thinking", False))
     sft_cfg = SFTConfig(  # the answer after a trace may weigh more than the trace's tokens

@@ -67,6 +67,7 @@ def check_recipe(cfg) -> None:
 
     for key, least in (("seed", 0), ("processes", 0), ("sft.instances", 1),
                        ("sft.checkpoint_every", 1), ("sft.log_every", 1),
+                       ("sft.completion_multiple", 1),
                        ("validation.per_size", 1), ("validation.max_new_tokens", 1),
                        ("validation.batch_size", 1), ("rl.train.steps", 0)):  # fmt: skip
         at_least(key, least)

@@ -67,6 +67,15 @@ def test_batches_mask_answer_and_end_of_turn(tok, problems):
     assert not batch.advantages.any() and not batch.old_logprobs.any()
 
 
+def test_a_long_completion_multiple_gives_one_completion_shape(tok, problems):
+    # The recipe's `sft.completion_multiple`: an accelerator run compiles one completion length.
+    examples = data.sft_examples(tok, problems)
+    pad = tok_lib.special_ids(tok).pad
+    lengths = {b.completion_len for b in data.sft_batches(examples, 2, pad, seed=0)}
+    one = {b.completion_len for b in data.sft_batches(examples, 2, pad, completion_multiple=1152)}
+    assert one == {1152} and max(lengths) <= 1152 and all(t % 64 == 0 for t in lengths)
+
+
 def test_coordinate_targets_spell_starts_and_goals(tok, problems):
     examples = data.sft_examples(tok, problems)
     targets = data.coordinate_targets(tok, examples)
