@@ -28,6 +28,18 @@ if os.environ.get("MAPFJAX_COMPILATION_CACHE", "").strip().lower() not in ("off"
 import pytest  # noqa: E402
 
 
+def pytest_sessionstart(session):
+    """Stop at once, in one line, when the launch scripts the tests start would import another
+    checkout's mapfjax (`tests/install.py`), instead of failing every end-to-end test."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the controller checks, once
+        return
+    from tests.install import install_problem, installed_mapfjax
+
+    problem = install_problem(installed_mapfjax())
+    if problem:
+        pytest.exit(problem, returncode=4)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A tiny random MAPF language model directory (HF format), built once per session."""
