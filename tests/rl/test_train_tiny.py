@@ -84,7 +84,7 @@ BAD_RECIPES = [
     ("trace_lookahead", "search", r"'relay_next' with thinking=True"),  # quick: no thinking
     ("init", "/nonexistent", r"init = '/nonexistent'; allowed: a model directory or ''"),
     ("sft.exclude", ("/nonexistent.jsonl",), r"sft\.exclude = '/nonexistent\.jsonl'; allowed: "),
-    ("sft.completion_multiple", 0, r"sft\.completion_multiple"),
+    ("sft.completion_multiple", 0, r"sft\.completion_multiple = 0; allowed: an integer >= 1"),
 ]
 
 
