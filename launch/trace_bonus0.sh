@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The trace policy with the reward's optimal bonus off, end to end, as planned in
+# results/go_no_go/PLAN_trace_bonus0.md: the start built by the trace recipe, its check on the
+# gate's 400 puzzles, pilots that fix the update counts (30 minutes / mean seconds of an update
+# after the first), then arms B, C and A on the fresh held-out draw. Every step resumes or is
+# skipped when done, so after any stop the same command goes on where it stood.
+#
+#   bash launch/trace_bonus0.sh            # hours on 2 CPU cores; EXTRA="..." adds recipe flags
+set -euo pipefail
+T=configs/tiny_model.py
+R=results/go_no_go
+BUDGET_S=${BUDGET_S:-1800}
+built() { [ -f "$1/VALIDATION.md" ]; }  # train_tiny.py writes it last
+gate() {  # go_no_go.py exits 1 on NO-GO, which is a result here; 2 or more is an error
+  local rc=0
+  python launch/go_no_go.py "$@" || rc=$?
+  [ "$rc" -le 1 ]
+}
+
+built runs/tiny_trace_grid/export_aw10_6000 || python launch/train_tiny.py --config $T:trace \
+  --config.sft.stages='(1000,1500,2500,4000,6000)' --config.sft.answer_weight=10 \
+  --config.rl.train.steps=0 --config.out_dir=runs/tiny_trace_grid/export_aw10_6000 ${EXTRA:-}
+built runs/tiny_trace_long/export || python launch/train_tiny.py --config $T:trace_long ${EXTRA:-}
+built runs/tiny_trace_wait/export || python launch/train_tiny.py --config $T:trace_wait ${EXTRA:-}
+
+START=$R/trace_wait_bonus0_start3  # the third build (the second's check: trace_wait_bonus0_start)
+if [ ! -f $START/vs_earlier_builds.md ]; then
+  python launch/evaluate.py --checkpoint runs/tiny_trace_wait/export --enable_thinking \
+    --max_new_tokens 640 --batch_size 100 --instances $R/held_out_400.jsonl \
+    --out_dir runs/trace_wait_build3_eval
+  mkdir -p $START
+  cp runs/trace_wait_build3_eval/{results.md,results.csv,verdicts.jsonl} $START/
+  python launch/compare_evals.py --instances $R/held_out_400.jsonl --sizes 3-6 --split_wait \
+    --evals $R/trace_wait_bonus0_start,$START \
+    --labels "trace_wait (second build),trace_wait (third build)" --out $START/vs_earlier_builds.md
+fi
+
+COMMON=(--policy runs/tiny_trace_wait/export --thinking --optimal_bonus 0 --kl_coef 0.1
+  --wait_ratio 0.5 --samples 0 --held_out_seed 12348 --mismatched_when gain)
+updates() {  # updates that fit BUDGET_S at the pilot's mean update time after the first
+  local groups=$1 lr=$2 n=$3 out=runs/trace_bonus0_pilot_g$1
+  gate "${COMMON[@]}" --groups "$groups" --lr "$lr" --updates "$n" --per_size 5 \
+    --workdir runs/trace_bonus0_pilot_g$1_work --out $out >&2
+  python - "$out/matched/round_0" "$BUDGET_S" <<'EOF'
+import gzip, json, pathlib, sys
+run, budget = pathlib.Path(sys.argv[1]), float(sys.argv[2])
+path = run / "metrics.jsonl.gz"
+lines = gzip.open(path, "rt") if path.exists() else open(run / "metrics.jsonl")
+secs = [json.loads(line)["seconds"] for line in lines][1:]
+print(int(budget // (sum(secs) / len(secs))))
+EOF
+}
+[ -f $R/trace_bonus0_pilots.txt ] || {
+  N8=$(updates 8 1e-4 5) && N32=$(updates 32 2e-4 3)
+  printf 'N8=%s\nN32=%s\n' "$N8" "$N32" > $R/trace_bonus0_pilots.txt
+}
+source $R/trace_bonus0_pilots.txt
+echo "updates: $N8 at 8 groups, $N32 at 32 groups"
+
+gate "${COMMON[@]}" --groups 32 --lr 2e-4 --updates "$N32" --workdir runs/gng_bonus0_B \
+  --out $R/trace_wait_bonus0_g32                                                      # B
+gate "${COMMON[@]}" --groups 32 --lr 2e-4 --updates "$N32" --objective placebo \
+  --workdir runs/gng_bonus0_C --out $R/trace_wait_bonus0_g32_placebo                  # C
+gate "${COMMON[@]}" --groups 8 --lr 1e-4 --updates "$N8" --workdir runs/gng_bonus0_A \
+  --out $R/trace_wait_bonus0_g8                                                       # A
+V=matched/round_0/validation.json
+python launch/compare_evals.py --instances runs/gng_bonus0_B/matched/validation_set.jsonl \
+  --sizes 3-6 --split_wait --evals $R/trace_wait_bonus0_g32/$V,$R/trace_wait_bonus0_g32_placebo/$V \
+  --labels "B (GRPO),C (placebo)" --out $R/trace_wait_bonus0_B_vs_C.md
