@@ -550,3 +550,14 @@ def jitted_logprobs(graphdef):
         return completion_logprobs(nnx.merge(graphdef, params, rest), batch, temperature)
 
     return jax.jit(fn)
+
+
+def forget_compiled() -> None:
+    """Drops the cached jitted updates (`jitted_step`, `jitted_parts`, `jitted_logprobs`), so
+    that a `Trainer` no longer used frees its compiled programs with it (live trainers keep
+    theirs). For a setup that will not come back: each stage of a staged SFT recipe has its own
+    schedule, hence its own programs, one per batch shape, which the caches would keep for
+    the whole run (the trace recipe on CPU, which kept them, grew from 4.6 GB resident in its
+    first stage to 9.3 GB in its fourth)."""
+    for cached in (jitted_step, jitted_parts, jitted_logprobs):
+        cached.cache_clear()

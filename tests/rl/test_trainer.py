@@ -256,3 +256,27 @@ def test_remat_policy_by_name_gives_the_same_update_and_state_is_donated():
     assert donated and all(x.is_deleted() for x in donated if x.ndim > 0)
     with pytest.raises(ValueError, match="OptimConfig.remat='all'"):
         OptimConfig(remat="all").validate()
+
+
+def test_forget_compiled_frees_a_finished_trainers_programs():
+    """The jitted update is cached per setup (a fresh Trainer of the same setup reuses it), so
+    a trainer no longer used keeps its programs alive through the cache (a staged SFT recipe
+    has one setup per stage); forget_compiled drops the cache and they go with the trainer,
+    while a live trainer keeps and runs its own."""
+    import gc
+    import weakref
+
+    kept = Trainer(tiny_model(), OPTIM, "sft")
+    assert Trainer(tiny_model(1), OPTIM, "sft")._step is kept._step  # the cache serves it
+    done = Trainer(tiny_model(), dataclasses.replace(OPTIM, total_steps=60), "sft")
+    done.step(BATCH)
+    program = weakref.ref(done._step)
+    del done
+    gc.collect()
+    assert program() is not None  # held by the cache alone
+    trainer_lib.forget_compiled()
+    gc.collect()
+    assert program() is None
+    before = jax.device_get(kept.params)
+    assert np.isfinite(kept.step(BATCH)["loss"])
+    assert max_diff(kept.params, before) > 0
