@@ -26,7 +26,7 @@ from mapfjax.models import bpe, hf, qwen3  # noqa: E402
 from mapfjax.models import tokenizer as tok_lib  # noqa: E402
 from mapfjax.rl import data, driver, recipe, rollout  # noqa: E402
 from mapfjax.rl.sft import SFTConfig  # noqa: E402
-from mapfjax.rl.trainer import OptimConfig, Trainer, forget_compiled  # noqa: E402
+from mapfjax.rl.trainer import OptimConfig, Trainer  # noqa: E402
 
 CONFIG = config_flags.DEFINE_config_file("config", "configs/tiny_model.py")
 
@@ -88,10 +88,7 @@ def main(_):
         optim = OptimConfig(**c.sft.optim, total_steps=steps)
         sft = Trainer(model, optim, "sft", loss_cfg=sft_cfg, seed=c.seed)
         fit(sft, work / "sft_ckpt", steps, sft_batches, c.sft.checkpoint_every, log, "sft")
-        model = sft.model()
-        # The next stage has another schedule, hence other programs: free this stage's.
-        del sft
-        forget_compiled()
+        model = sft.model()  # the next stage's trainer reuses this one's compiled updates
     if c.rl.train.steps:  # 0: export the SFT model as it is
         settings = driver.GRPOSettings.from_config(c.rl)
         loss_name, loss_cfg = settings.trainer_loss()

@@ -98,10 +98,13 @@ class OptimConfig:
 SCHEDULES = ("cosine", "constant")
 
 
-def lr_schedule(cfg: OptimConfig) -> optax.Schedule:
+def lr_schedule(cfg: OptimConfig, total_steps=None) -> optax.Schedule:
     """Learning rate as a function of the number of applied updates (never 0; see
-    `OptimConfig.lr`)."""
+    `OptimConfig.lr`). total_steps: the schedule's length instead of cfg.total_steps; it may be
+    a traced value, so that one compiled update serves schedules of any length (the stages of
+    a staged SFT recipe)."""
     warm = cfg.warmup_steps
+    total = cfg.total_steps if total_steps is None else total_steps
 
     def schedule(count):
         k = count % cfg.cycle_steps if cfg.cycle_steps else count
@@ -109,7 +112,7 @@ def lr_schedule(cfg: OptimConfig) -> optax.Schedule:
         ramp = cfg.lr * jnp.minimum((k + 1) / (warm + 1), 1.0)
         if cfg.schedule == "constant":
             return ramp
-        span = max(cfg.total_steps - warm, 1)
+        span = jnp.maximum(total - warm, 1)
         frac = jnp.clip((k - warm) / span, 0.0, 1.0)
         end = cfg.lr * cfg.end_lr_ratio
         decayed = end + (cfg.lr - end) * 0.5 * (1 + jnp.cos(jnp.pi * frac))
@@ -130,11 +133,12 @@ def decay_mask(params):
     return jax.tree_util.tree_map_with_path(decays, params)
 
 
-def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
-    """Global-norm clipping, then AdamW on `lr_schedule` with `decay_mask`."""
+def make_optimizer(cfg: OptimConfig, total_steps=None) -> optax.GradientTransformation:
+    """Global-norm clipping, then AdamW on `lr_schedule` (of total_steps, as it says) with
+    `decay_mask`."""
     cfg.validate()
     adamw = optax.adamw(
-        lr_schedule(cfg),
+        lr_schedule(cfg, total_steps),
         b1=cfg.b1,
         b2=cfg.b2,
         eps=cfg.eps,

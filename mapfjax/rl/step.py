@@ -386,7 +386,8 @@ class StepSetup:
     placement). params: the model's nnx.Param state (arrays, or ShapeDtypeStructs for an
     abstract model); init(params, rng) -> TrainState; abstract: the state's
     ShapeDtypeStructs; shardings: the state's shardings (a TrainState of them); step: the
-    jitted `train_step`, called as step(state, batch, rest); loss: the resolved `Loss`."""
+    jitted `train_step`, called as step(state, batch, rest, total_steps) (the schedule's length
+    is an argument: one program serves every length); loss: the resolved `Loss`."""
 
     graphdef: Any
     params: Any
@@ -410,9 +411,7 @@ def setup_step(model, optim: OptimConfig, loss, loss_cfg, mesh, rules, rng=None)
     abstract = jax.eval_shape(init, params, rng)
     shardings = train_state_shardings(abstract, tx, mesh, rules)
     leaves, treedef = jax.tree.flatten(shardings)
-    # max_bad_steps is checked on the host: normalised so it does not force a recompile.
-    key_optim = dataclasses.replace(optim, max_bad_steps=1)
-    step = jitted_step(graphdef, loss, loss_cfg, key_optim, treedef, tuple(leaves))
+    step = jitted_step(graphdef, loss, loss_cfg, program_key(optim), treedef, tuple(leaves))
     return StepSetup(graphdef, params, rest, init, abstract, shardings, step, loss, loss_cfg)
 
 
@@ -476,24 +475,32 @@ def lower_train_step(
             ref_logprobs=spec((g, G, T), jnp.float32) if ref else None,
         )
     with jax.set_mesh(mesh):
-        return setup.step.lower(state, batch, setup.rest)
+        return setup.step.lower(state, batch, setup.rest, np.int32(optim.total_steps))
+
+
+def program_key(optim: OptimConfig) -> OptimConfig:
+    """`optim` with what the compiled update does not depend on normalised: max_bad_steps (the
+    host checks it) and total_steps (an argument of the update, see `jitted_step`)."""
+    return dataclasses.replace(optim, max_bad_steps=1, total_steps=optim.warmup_steps + 1)
 
 
 @functools.lru_cache(maxsize=32)
 def jitted_step(graphdef, loss: Loss, loss_cfg, optim: OptimConfig, treedef, sharding_leaves):
-    """The jitted `train_step` for one (model graph, loss, optimiser, placement); cached so a
-    fresh Trainer of the same setup (e.g. after a restore) reuses the compiled step."""
+    """The jitted `train_step` for one (model graph, loss, optimiser, placement), called as
+    step(state, batch, rest, total_steps): the schedule's length is an argument, so one
+    program serves schedules of every length (the stages of a staged recipe, a run extended
+    by more rounds); cached so a fresh Trainer of the same setup (e.g. after a restore, or the
+    next stage) reuses the compiled step. optim: its `program_key`."""
     state_shardings = jax.tree.unflatten(treedef, sharding_leaves)
-    step = functools.partial(
-        train_step,
-        graphdef=graphdef,
-        loss=loss,
-        loss_cfg=loss_cfg,
-        tx=make_optimizer(optim),
-        accum_steps=optim.accum_steps,
+    static = dict(
+        graphdef=graphdef, loss=loss, loss_cfg=loss_cfg, accum_steps=optim.accum_steps,
         remat=optim.remat,
-        schedule=lr_schedule(optim),
-    )
+    )  # fmt: skip
+
+    def step(state, batch, rest, total_steps):
+        tx, schedule = make_optimizer(optim, total_steps), lr_schedule(optim, total_steps)
+        return train_step(state, batch, rest, tx=tx, schedule=schedule, **static)
+
     return jax.jit(step, donate_argnums=0, out_shardings=(state_shardings, None))
 
 
@@ -504,7 +511,8 @@ def jitted_parts(graphdef, loss: Loss, loss_cfg, optim: OptimConfig, treedef, sh
     gradients, weight) of one batch; accumulate(acc, loss, gradients, weight) adds it to acc
     (None at first) as weight-scaled fp32 sums; apply(state, acc, metrics, weights) divides
     by the total weight, combines the batches' metrics and updates: the gradient and loss of
-    the batches taken together, as `train_step`'s micro-batches give them."""
+    the batches taken together, as `train_step`'s micro-batches give them; apply's last
+    argument is the schedule's length, as `jitted_step`'s. optim: its `program_key`."""
     state_shardings = jax.tree.unflatten(treedef, sharding_leaves)
     f32 = jnp.float32
     grads = jax.jit(
@@ -526,15 +534,15 @@ def jitted_parts(graphdef, loss: Loss, loss_cfg, optim: OptimConfig, treedef, sh
         total = jax.tree.map(lambda a, b: a + weight * b.astype(f32), total, g)
         return total, loss_sum + weight * loss_value, weights + weight
 
-    def apply(state, acc, metrics, weights):
+    def apply(state, acc, metrics, weights, total_steps):
         total, loss_sum, w = acc
         norm = jnp.where(w > 0, w, 1.0)
         g = jax.tree.map(lambda a, p: (a / norm).astype(p.dtype), total, state.params)
         stacked = {k: jnp.stack([m[k] for m in metrics]) for k in metrics[0]}
         combined = _combine(stacked, jnp.stack(weights))
         return apply_grads(
-            state, g, loss_sum / norm, combined, tx=make_optimizer(optim),
-            schedule=lr_schedule(optim),
+            state, g, loss_sum / norm, combined, tx=make_optimizer(optim, total_steps),
+            schedule=lr_schedule(optim, total_steps),
         )  # fmt: skip
 
     return (
@@ -555,9 +563,9 @@ def jitted_logprobs(graphdef):
 def forget_compiled() -> None:
     """Drops the cached jitted updates (`jitted_step`, `jitted_parts`, `jitted_logprobs`), so
     that a `Trainer` no longer used frees its compiled programs with it (live trainers keep
-    theirs). For a setup that will not come back: each stage of a staged SFT recipe has its own
-    schedule, hence its own programs, one per batch shape, which the caches would keep for
-    the whole run (the trace recipe on CPU, which kept them, grew from 4.6 GB resident in its
-    first stage to 9.3 GB in its fourth)."""
+    theirs). For a setup that will not come back (another model, loss or optimiser setting):
+    the caches keep the programs of every setup used, one per batch shape. The stages of a
+    staged recipe share theirs (`jitted_step`); when each stage had its own, the trace recipe
+    on CPU grew from 4.6 GB resident in its first stage to 9.3 GB in its fourth."""
     for cached in (jitted_step, jitted_parts, jitted_logprobs):
         cached.cache_clear()

@@ -4,7 +4,6 @@ The names of `optim` and `step` are re-exported here."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from typing import Any
@@ -29,6 +28,7 @@ from mapfjax.rl.step import (
     jitted_logprobs,
     jitted_parts,
     lower_train_step,
+    program_key,
     register_loss,
     resolve_loss,
     setup_step,
@@ -101,6 +101,7 @@ class Trainer:
         self._checkpointers: dict[str, Any] = {}
         self._warned_rows = False
         self._parts = None  # the jitted pieces of a length-split update, made on first use
+        self._total = np.int32(self.optim.total_steps)  # an argument: one program per setup
 
     # ---------------------------------------------------------------- placement
 
@@ -160,7 +161,7 @@ class Trainer:
         """One update on prepared batches (`_prepare`); host metrics."""
         if len(parts) == 1:
             with self._in_mesh():
-                self.state, metrics = self._step(self.state, parts[0], self.rest)
+                self.state, metrics = self._step(self.state, parts[0], self.rest, self._total)
         else:
             metrics = self._step_parts(parts)
         out = {k: float(v) for k, v in jax.device_get(metrics).items()}
@@ -187,7 +188,7 @@ class Trainer:
         """One update from the gradients of several placed batches (OptimConfig.length_split)."""
         if self._parts is None:
             leaves, treedef = jax.tree.flatten(self.state_shardings)
-            optim = dataclasses.replace(self.optim, max_bad_steps=1)
+            optim = program_key(self.optim)
             self._parts = jitted_parts(
                 self.graphdef, self.loss, self.loss_cfg, optim, treedef, tuple(leaves)
             )
@@ -199,7 +200,7 @@ class Trainer:
                 acc = accumulate(acc, loss_value, g, w)
                 metrics.append(m)
                 weights.append(w)
-            self.state, out = apply(self.state, acc, metrics, weights)
+            self.state, out = apply(self.state, acc, metrics, weights, self._total)
         return out
 
     def lower_step(self, batch: SequenceBatch):
@@ -207,7 +208,7 @@ class Trainer:
         to `parallel.memory_per_device` for XLA's plan of exactly this step; after a `step` on
         the same shapes its compiled program is reused, not compiled again."""
         with self._in_mesh():
-            return self._step.lower(self.state, self.place_batch(batch), self.rest)
+            return self._step.lower(self.state, self.place_batch(batch), self.rest, self._total)
 
     def train_on(self, batch: SequenceBatch, num_iterations: int = 1) -> list[dict[str, float]]:
         """`num_iterations` updates on one batch (PPO-style). Its old_logprobs stay those of

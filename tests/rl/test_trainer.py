@@ -15,7 +15,7 @@ from mapfjax.models.qwen3 import PRESETS, Qwen3
 from mapfjax.rl import trainer as trainer_lib
 from mapfjax.rl.batch import make_batch
 from mapfjax.rl.grpo import GRPOConfig
-from mapfjax.rl.trainer import OptimConfig, Trainer
+from mapfjax.rl.trainer import OptimConfig, Trainer, lr_schedule
 
 CFG = PRESETS["tiny"]
 # eps = 1e-4: Adam's first update is ~lr * sign(g), so a gradient entry near 0 whose sign
@@ -268,7 +268,7 @@ def test_forget_compiled_frees_a_finished_trainers_programs():
 
     kept = Trainer(tiny_model(), OPTIM, "sft")
     assert Trainer(tiny_model(1), OPTIM, "sft")._step is kept._step  # the cache serves it
-    done = Trainer(tiny_model(), dataclasses.replace(OPTIM, total_steps=60), "sft")
+    done = Trainer(tiny_model(), dataclasses.replace(OPTIM, lr=2e-3), "sft")  # another setup
     done.step(BATCH)
     program = weakref.ref(done._step)
     del done
@@ -280,3 +280,21 @@ def test_forget_compiled_frees_a_finished_trainers_programs():
     before = jax.device_get(kept.params)
     assert np.isfinite(kept.step(BATCH)["loss"])
     assert max_diff(kept.params, before) > 0
+
+
+@pytest.mark.parametrize("length_split", [1, 2])
+def test_schedules_of_any_length_share_one_program(length_split):
+    """The schedule's length is an argument of the compiled update: trainers that differ only
+    in total_steps (the stages of a staged recipe) run one program, compiled once per batch
+    shape, and each follows its own schedule (lr_schedule of its config), also when the
+    update is made of parts by length."""
+    lrs, programs = {}, []
+    for total in (100, 4):
+        optim = dataclasses.replace(OPTIM, total_steps=total, length_split=length_split)
+        tr = Trainer(tiny_model(), optim, "sft")
+        lrs[total] = [tr.step(BATCH)["lr"] for _ in range(3)]
+        assert lrs[total] == pytest.approx([float(lr_schedule(optim)(k)) for k in range(3)])
+        programs.append(tr._step if length_split == 1 else tr._parts[2])
+    assert programs[1] is programs[0]
+    assert programs[0]._cache_size() == 1  # compiled once, for both schedules
+    assert lrs[4][2] < lrs[100][2]  # the short schedule has decayed further
