@@ -7,6 +7,7 @@
 #
 #   bash launch/trace_bonus0.sh            # hours on 2 CPU cores; EXTRA="..." adds recipe flags
 set -euo pipefail
+shopt -s inherit_errexit  # a failed pilot inside \$(...) stops the script
 T=configs/tiny_model.py
 R=results/go_no_go
 BUDGET_S=${BUDGET_S:-1800}
@@ -14,7 +15,7 @@ built() { [ -f "$1/VALIDATION.md" ]; }  # train_tiny.py writes it last
 gate() {  # go_no_go.py exits 1 on NO-GO, which is a result here; 2 or more is an error
   local rc=0
   python launch/go_no_go.py "$@" || rc=$?
-  [ "$rc" -le 1 ]
+  [ "$rc" -le 1 ] && [ -f "${@: -1}/verdict.md" ]  # a flag error also exits 1, writing nothing
 }
 
 built runs/tiny_trace_grid/export_aw10_6000 || python launch/train_tiny.py --config $T:trace \
@@ -50,11 +51,16 @@ secs = [json.loads(line)["seconds"] for line in lines][1:]
 print(int(budget // (sum(secs) / len(secs))))
 EOF
 }
-[ -f $R/trace_bonus0_pilots.txt ] || {
-  N8=$(updates 8 1e-4 5) && N32=$(updates 32 2e-4 3)
+if [ ! -f $R/trace_bonus0_pilots.txt ]; then
+  N8=$(updates 8 1e-4 5)
+  N32=$(updates 32 2e-4 3)
   printf 'N8=%s\nN32=%s\n' "$N8" "$N32" > $R/trace_bonus0_pilots.txt
-}
+fi
 source $R/trace_bonus0_pilots.txt
+[[ "$N8" =~ ^[1-9][0-9]*$ && "$N32" =~ ^[1-9][0-9]*$ ]] || {
+  echo "error: $R/trace_bonus0_pilots.txt holds N8=$N8 N32=$N32; allowed: counts >= 1" >&2
+  exit 2
+}
 echo "updates: $N8 at 8 groups, $N32 at 32 groups"
 
 gate "${COMMON[@]}" --groups 32 --lr 2e-4 --updates "$N32" --workdir runs/gng_bonus0_B \
