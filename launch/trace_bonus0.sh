@@ -7,7 +7,7 @@
 #
 #   bash launch/trace_bonus0.sh            # hours on 2 CPU cores; EXTRA="..." adds recipe flags
 set -euo pipefail
-shopt -s inherit_errexit  # a failed pilot inside \$(...) stops the script
+shopt -s inherit_errexit  # a failed pilot inside $(...) stops the script
 T=configs/tiny_model.py
 R=results/go_no_go
 BUDGET_S=${BUDGET_S:-1800}
@@ -42,13 +42,11 @@ updates() {  # updates that fit BUDGET_S at the pilot's mean update time after t
   local groups=$1 lr=$2 n=$3 out=runs/trace_bonus0_pilot_g$1
   gate "${COMMON[@]}" --groups "$groups" --lr "$lr" --updates "$n" --per_size 5 \
     --workdir runs/trace_bonus0_pilot_g$1_work --out $out >&2
-  python - "$out/matched/round_0" "$BUDGET_S" <<'EOF'
-import gzip, json, pathlib, sys
-run, budget = pathlib.Path(sys.argv[1]), float(sys.argv[2])
-path = run / "metrics.jsonl.gz"
-lines = gzip.open(path, "rt") if path.exists() else open(run / "metrics.jsonl")
-secs = [json.loads(line)["seconds"] for line in lines][1:]
-print(int(budget // (sum(secs) / len(secs))))
+  python - "$out/matched" "$BUDGET_S" <<'EOF'
+import pathlib, sys
+from mapfjax.eval import report
+secs = [row["seconds"] for _, row in report.training_curves(pathlib.Path(sys.argv[1]))][1:]
+print(int(float(sys.argv[2]) // (sum(secs) / len(secs))))
 EOF
 }
 if [ ! -f $R/trace_bonus0_pilots.txt ]; then

@@ -260,9 +260,9 @@ def test_remat_policy_by_name_gives_the_same_update_and_state_is_donated():
 
 def test_forget_compiled_frees_a_finished_trainers_programs():
     """The jitted update is cached per setup (a fresh Trainer of the same setup reuses it), so
-    a trainer no longer used keeps its programs alive through the cache (a staged SFT recipe
-    has one setup per stage); forget_compiled drops the cache and they go with the trainer,
-    while a live trainer keeps and runs its own."""
+    a trainer no longer used keeps its programs alive through the cache (a notebook trying
+    many settings); forget_compiled drops the cache and they go with the trainer, while a
+    live trainer keeps and runs its own."""
     import gc
     import weakref
 
