@@ -124,6 +124,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
             "accum_steps": 1,
             "length_split": 1,  # 2+: the update in parts by completion length (traces)
             "max_bad_steps": 5,
+            # r > 0: the weights stay frozen and rank-r adapters train, scaled by alpha / r
+            # (mapfjax.rl.lora; docs/training.md)
+            "lora_rank": 0,
+            "lora_alpha": 32.0,
         }
     )
     c.reward = ml_collections.ConfigDict(

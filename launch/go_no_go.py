@@ -56,6 +56,10 @@ _WAIT = flags.DEFINE_float(
     "wait_ratio", 0.3, "share of the training puzzles that need a wait (held-out set unchanged)"
 )
 _KL = flags.DEFINE_float("kl_coef", 0.0, "k3 KL weight to the starting policy (0: none)")
+_LORA = flags.DEFINE_integer(
+    "lora_rank", 0, "0: train every weight; r > 0: only low-rank adapters of rank r"
+)
+_LORA_ALPHA = flags.DEFINE_float("lora_alpha", 32.0, "the adapters' scale is lora_alpha / rank")
 _TEMPERATURE = flags.DEFINE_float(
     "temperature",
     1.0,
@@ -145,6 +149,8 @@ flags.register_multi_flags_validator(
     "--accum_steps: must divide the groups of each part of the update (--groups / "
     "--length_split when that divides, else --groups)",
 )
+flags.register_validator("lora_rank", lambda v: v >= 0, "--lora_rank: an int >= 0 (0: none)")
+flags.register_validator("lora_alpha", lambda v: v > 0, "--lora_alpha: a number > 0")
 flags.register_validator(
     "wait_ratio", lambda v: 0 <= v <= 1, "--wait_ratio: a share of the puzzles, in [0, 1]"
 )
@@ -193,6 +199,8 @@ def arm_config(sizes, wait_ratio: float | None = None):
     c.train.instances = _UPDATES.value * c.train.problems_per_step
     c.optim.lr = _LR.value
     c.grpo.kl_coef = _KL.value
+    if _LORA.value:
+        c.optim.lora_rank, c.optim.lora_alpha = _LORA.value, _LORA_ALPHA.value
     c.train.temperature = _TEMPERATURE.value
     c.train.objective = _OBJECTIVE.value
     if _SEED.value is not None:

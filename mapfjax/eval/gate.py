@@ -171,6 +171,8 @@ def _settings(config: dict) -> str:
     lr = config.get("optim", {}).get("lr")
     parts = {"rft": ["RFT"], "placebo": ["placebo"]}.get(train.get("objective"), [])
     parts += [f"lr {lr:.0e}".replace("e-0", "e-") if isinstance(lr, (int, float)) else "lr ?"]
+    rank = config.get("optim", {}).get("lora_rank", 0)
+    parts += [f"LoRA rank {rank}, alpha {config['optim'].get('lora_alpha', 32):g}"] if rank else []
     parts += [f"KL {grpo['kl_coef']:g}"] if grpo.get("kl_coef") else []
     temperature = train.get("temperature", 1.0)
     parts += [f"temperature {temperature:g}"] if temperature != 1.0 else []

@@ -169,6 +169,8 @@ def optim_config(c: ml_collections.ConfigDict, steps_per_phase: int, phases: int
         f"a divisor of train.problems_per_step = {groups} (micro-batches take whole groups)",
     )  # fmt: skip
     total = max(1, steps_per_phase * phases)
+    if isinstance(o.get("lora_targets"), list):  # a config file's list of kernel names
+        o["lora_targets"] = tuple(o["lora_targets"])
     if o.get("schedule", "cosine") == "constant":
         o.setdefault("cycle_steps", steps_per_phase)
     return OptimConfig(**{**o, "total_steps": max(total, o.get("warmup_steps", 0) + 1)})

@@ -11,6 +11,7 @@ import optax
 
 from mapfjax.checks import is_int
 from mapfjax.models.qwen3 import REMAT_POLICIES
+from mapfjax.rl.lora import TARGETS as LORA_TARGETS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +40,9 @@ class OptimConfig:
     remat: what each layer keeps for the backward pass: True (its input only, the rest is
         recomputed), False, or a policy name in `qwen3.REMAT_POLICIES` ("none", "full",
         "dots_saveable", ...); None keeps the model's setting.
+    lora_rank: 0 trains every weight; r > 0 freezes them and trains low-rank adapters of rank
+        r on the kernels named in `lora_targets` (`mapfjax.rl.lora`), each scaled by
+        lora_alpha / r.
     """
 
     lr: float = 1e-6
@@ -56,6 +60,9 @@ class OptimConfig:
     remat: bool | str | None = None
     schedule: str = "cosine"
     cycle_steps: int = 0
+    lora_rank: int = 0
+    lora_alpha: float = 32.0
+    lora_targets: tuple[str, ...] = tuple(LORA_TARGETS)
 
     def validate(self) -> OptimConfig:
         """Raise ValueError naming the first bad field, its value and what is allowed."""
@@ -87,6 +94,15 @@ class OptimConfig:
             ),
             ("schedule", self.schedule in SCHEDULES, f"one of {sorted(SCHEDULES)}"),
             ("cycle_steps", is_int(self.cycle_steps) and self.cycle_steps >= 0, "an int >= 0"),
+            ("lora_rank", is_int(self.lora_rank) and self.lora_rank >= 0, "an int >= 0 (0: none)"),
+            ("lora_alpha", self.lora_alpha > 0, "a number > 0"),
+            (
+                "lora_targets",
+                isinstance(self.lora_targets, tuple)
+                and len(self.lora_targets) > 0
+                and set(self.lora_targets) <= set(LORA_TARGETS),
+                f"a non-empty tuple of kernel names from {sorted(LORA_TARGETS)}",
+            ),
         ]
         for name, ok, allowed in checks:
             if not ok:

@@ -19,6 +19,7 @@ from jax import lax
 
 from mapfjax import parallel
 from mapfjax.models.sampler import BUCKETS
+from mapfjax.rl import lora
 from mapfjax.rl.batch import GroupBatch, SequenceBatch, row_view
 from mapfjax.rl.grpo import GRPOConfig, grpo_loss, masked_mean
 from mapfjax.rl.logprobs import completion_logprobs
@@ -33,7 +34,8 @@ Weighting = Callable[[SequenceBatch | GroupBatch, Any], Array]
 
 @flax.struct.dataclass
 class TrainState:
-    """params: nnx.State of the model's nnx.Param variables; opt_state: optax state over them;
+    """params: nnx.State of the trained nnx.Param variables (the model's, or its adapters' with
+    OptimConfig.lora_rank > 0); opt_state: optax state over them;
     step: int32 [] number of `step` calls (applied or skipped: the data position);
     rng: a PRNG key for the caller's sampling (`Trainer.next_key`); bad_steps: int32 []
     non-finite updates in a row; skipped: int32 [] non-finite updates in total."""
@@ -170,15 +172,26 @@ def _constrain_rows(batch):
     return jax.tree.map(lambda x: parallel.constrain(x, ("batch",) + (None,) * (x.ndim - 1)), batch)
 
 
+def model_state(params, rest, adapters: lora.LoraSpec | None):
+    """(the model's Params, the rest of its state) from a train state's params and the step's
+    `rest`: the same two without adapters; with them, rest is (the frozen Params, the rest)
+    and the Params are those merged with the adapters in `params` (`lora.merge`)."""
+    if adapters is None:
+        return params, rest
+    frozen, rest = rest
+    return lora.merge(frozen, params, adapters), rest
+
+
 def batch_grads(
-    params, batch, rest, *, graphdef, loss: Loss, loss_cfg, accum_steps: int, remat
-) -> tuple[Array, dict[str, Array], Any, Array]:
+    params, batch, rest, *, graphdef, loss: Loss, loss_cfg, accum_steps: int, remat,
+    adapters: lora.LoraSpec | None = None,
+) -> tuple[Array, dict[str, Array], Any, Array]:  # fmt: skip
     """(loss, metrics, gradients, weight) of `batch` under `params` (pure): the first half of
     `train_step`. weight: `loss.weighting` of the batch, its share when several batches make
-    one update (`Trainer` with OptimConfig.length_split)."""
+    one update (`Trainer` with OptimConfig.length_split). adapters: see `model_state`."""
 
     def micro_loss(params, mb):
-        model = nnx.merge(graphdef, params, rest)
+        model = nnx.merge(graphdef, *model_state(params, rest, adapters))
         if remat is not None and hasattr(model, "remat"):
             model.remat = remat
         return loss.fn(model, mb, loss_cfg)
@@ -254,6 +267,7 @@ def train_step(
     accum_steps: int,
     remat: bool | str | None,
     schedule: optax.Schedule,
+    adapters: lora.LoraSpec | None = None,
 ) -> tuple[TrainState, dict[str, Array]]:
     """One optimiser update on `batch` (pure; jit it with the keyword arguments static).
 
@@ -263,11 +277,12 @@ def train_step(
     token-mean and sequence-mean aggregations. A non-finite loss or gradient leaves params
     and optimiser state unchanged and counts the step in bad_steps / skipped. remat: the
     model's remat setting for this step (True, False or a `qwen3.REMAT_POLICIES` name; None
-    keeps the model's own).
+    keeps the model's own). adapters: the LoRA spec when state.params are adapters and rest is
+    (the frozen Params, the rest) (`model_state`).
     """
     loss_value, metrics, grads, _ = batch_grads(
         state.params, batch, rest, graphdef=graphdef, loss=loss, loss_cfg=loss_cfg,
-        accum_steps=accum_steps, remat=remat,
+        accum_steps=accum_steps, remat=remat, adapters=adapters,
     )  # fmt: skip
     return apply_grads(state, grads, loss_value, metrics, tx=tx, schedule=schedule)
 
@@ -383,8 +398,10 @@ def resolve_loss(loss: str | Loss | LossFn, loss_cfg=None) -> tuple[Loss, Any]:
 @dataclasses.dataclass(frozen=True)
 class StepSetup:
     """Everything a train step needs besides the state, for one (model, optimiser, loss,
-    placement). params: the model's nnx.Param state (arrays, or ShapeDtypeStructs for an
-    abstract model); init(params, rng) -> TrainState; abstract: the state's
+    placement). params: the trained nnx.Param state (the model's, or with OptimConfig.lora_rank
+    the adapters', `lora.init`; arrays, or ShapeDtypeStructs for an abstract model); rest: the
+    rest of the model's state, or (its frozen Params, the rest) with adapters;
+    init(params, rng) -> TrainState; abstract: the state's
     ShapeDtypeStructs; shardings: the state's shardings (a TrainState of them); step: the
     jitted `train_step`, called as step(state, batch, rest, total_steps) (the schedule's length
     is an argument: one program serves every length); loss: the resolved `Loss`."""
@@ -408,6 +425,14 @@ def setup_step(model, optim: OptimConfig, loss, loss_cfg, mesh, rules, rng=None)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     init = functools.partial(init_state, tx)
     rng = jax.random.key(0) if rng is None else rng
+    if (adapters := lora.spec_of(optim)) is not None:
+        frozen, key = params, jax.random.fold_in(rng, 1)
+        make = functools.partial(lora.init, spec=adapters, rng=key)
+        params = jax.eval_shape(make, frozen)
+        if not any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(frozen)):
+            out = None if mesh is None else parallel.model_shardings(params, mesh, rules)
+            params = jax.jit(make, out_shardings=out)(frozen)  # one program, on their shards
+        rest = (frozen, rest)
     abstract = jax.eval_shape(init, params, rng)
     shardings = train_state_shardings(abstract, tx, mesh, rules)
     leaves, treedef = jax.tree.flatten(shardings)
@@ -494,7 +519,7 @@ def jitted_step(graphdef, loss: Loss, loss_cfg, optim: OptimConfig, treedef, sha
     state_shardings = jax.tree.unflatten(treedef, sharding_leaves)
     static = dict(
         graphdef=graphdef, loss=loss, loss_cfg=loss_cfg, accum_steps=optim.accum_steps,
-        remat=optim.remat,
+        remat=optim.remat, adapters=lora.spec_of(optim),
     )  # fmt: skip
 
     def step(state, batch, rest, total_steps):
@@ -523,6 +548,7 @@ def jitted_parts(graphdef, loss: Loss, loss_cfg, optim: OptimConfig, treedef, sh
             loss_cfg=loss_cfg,
             accum_steps=optim.accum_steps,
             remat=optim.remat,
+            adapters=lora.spec_of(optim),
         )  # fmt: skip
     )
 
@@ -553,9 +579,13 @@ def jitted_parts(graphdef, loss: Loss, loss_cfg, optim: OptimConfig, treedef, sh
 
 
 @functools.lru_cache(maxsize=32)
-def jitted_logprobs(graphdef):
+def jitted_logprobs(graphdef, adapters: lora.LoraSpec | None = None):
+    """The jitted completion log-probs and entropies, called as fn(params, batch, rest,
+    temperature); adapters: as `model_state`."""
+
     def fn(params, batch, rest, temperature):
-        return completion_logprobs(nnx.merge(graphdef, params, rest), batch, temperature)
+        model = nnx.merge(graphdef, *model_state(params, rest, adapters))
+        return completion_logprobs(model, batch, temperature)
 
     return jax.jit(fn)
 

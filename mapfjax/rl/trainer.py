@@ -15,6 +15,7 @@ from flax import nnx
 
 from mapfjax import parallel
 from mapfjax.checks import is_int
+from mapfjax.rl import lora
 from mapfjax.rl.batch import SequenceBatch
 from mapfjax.rl.optim import OptimConfig, lr_schedule, make_optimizer
 from mapfjax.rl.step import (
@@ -95,9 +96,19 @@ class Trainer:
         self.state_shardings = setup.shardings
         # Copy the parameters into trainer-owned (donatable) buffers on their shards.
         self.state = jax.jit(setup.init, out_shardings=setup.shardings)(setup.params, rng)
+        self.adapters = lora.spec_of(self.optim)
         kl = getattr(setup.loss_cfg, "kl_coef", 0.0)
-        self.ref_params = jax.tree.map(jnp.copy, self.state.params) if kl and kl > 0 else None
-        self._logprobs = jitted_logprobs(self.graphdef)
+        # The model's state besides its Params (with adapters, rest is (frozen Params, that)).
+        self._model_rest = self.rest if self.adapters is None else self.rest[1]
+        if not (kl and kl > 0):
+            self.ref_params = None
+        elif self.adapters is None:
+            self.ref_params = jax.tree.map(jnp.copy, self.state.params)
+        else:  # the frozen weights are the starting policy
+            self.ref_params = self.rest[0]
+        self._logprobs = jitted_logprobs(self.graphdef, self.adapters)
+        self._ref_logprobs = jitted_logprobs(self.graphdef)
+        self._merge = None  # the jitted adapter merge (`model()`), made on first use
         self._checkpointers: dict[str, Any] = {}
         self._warned_rows = False
         self._parts = None  # the jitted pieces of a length-split update, made on first use
@@ -233,8 +244,8 @@ class Trainer:
             raise RuntimeError("reference_logprobs: the loss has kl_coef == 0, no reference kept")
         REF_FORWARD_CALLS += 1
         with self._in_mesh():
-            logp, _ = self._logprobs(
-                self.ref_params, batch, self.rest, jnp.float32(self._temperature())
+            logp, _ = self._ref_logprobs(
+                self.ref_params, batch, self._model_rest, jnp.float32(self._temperature())
             )
         return logp
 
@@ -251,15 +262,29 @@ class Trainer:
 
     def model(self, rules=None) -> nnx.Module:
         """An nnx model on the current parameters (same buffers; valid until the next `step`,
-        which donates them). rules: a rule set to reshard to (e.g. "sample"), which copies."""
-        params = self.state.params
+        which donates them; with adapters, new buffers of the merged weights). rules: a rule
+        set to reshard to (e.g. "sample"), which copies."""
+        params, rest = self.model_params(), self._model_rest
         if rules is not None and self.mesh is not None and rules != self.rules:
             params = jax.device_put(params, parallel.model_shardings(params, self.mesh, rules))
-        return nnx.merge(self.graphdef, params, self.rest)
+        return nnx.merge(self.graphdef, params, rest)
+
+    def model_params(self):
+        """nnx.State of the model's current weights: the trained ones, or with adapters the
+        frozen ones merged with them (`lora.merge`)."""
+        if self.adapters is None:
+            return self.state.params
+        if self._merge is None:
+            frozen, spec = self.rest[0], self.adapters
+            shardings = jax.tree.map(lambda x: x.sharding, frozen)
+            self._merge = jax.jit(lambda f, a: lora.merge(f, a, spec), out_shardings=shardings)
+        with self._in_mesh():
+            return self._merge(self.rest[0], self.state.params)
 
     @property
     def params(self):
-        """nnx.State of the current parameters."""
+        """nnx.State of the trained parameters (the adapters with OptimConfig.lora_rank > 0;
+        `model_params` for the model's weights)."""
         return self.state.params
 
     # ---------------------------------------------------------------- checkpoints

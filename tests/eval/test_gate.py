@@ -91,7 +91,7 @@ def test_runs_must_share_start_and_puzzles(tmp_path):
 
 def _arm(results, name, start, end, lr=1e-4, kl=0.0, trace_loss="all", seconds=(30.0, 40.0),
          objective="grpo", temperature=1.0, groups=8, bonus=None, logged=(),
-         seed=None):  # fmt: skip
+         seed=None, lora=0):  # fmt: skip
     run = results / name / "matched"
     _write(run, "start", start, {0: gate.PARSE_ERROR})
     _write(run, "round_0", end)
@@ -101,7 +101,7 @@ def _arm(results, name, start, end, lr=1e-4, kl=0.0, trace_loss="all", seconds=(
     (run / "round_0" / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
     config = {
         "model": {"path": f"/somewhere/{name}_policy"},
-        "optim": {"lr": lr},
+        "optim": {"lr": lr, **({"lora_rank": lora, "lora_alpha": 16.0} if lora else {})},
         "grpo": {"kl_coef": kl},
         "train": {
             "trace_loss": trace_loss,
@@ -125,7 +125,7 @@ def test_arms_summarise_every_finished_arm(tmp_path):
     _arm(tmp_path, "b_kl", start, gain, lr=3e-5, kl=0.1, trace_loss="moves", temperature=0.7)
     _arm(tmp_path, "a_plain", start, start)
     _arm(tmp_path, "c_rft", start, start, objective="rft", bonus=0.5)
-    _arm(tmp_path, "e_placebo", start, start, kl=0.1, objective="placebo", groups=32)
+    _arm(tmp_path, "e_placebo", start, start, kl=0.1, objective="placebo", groups=32, lora=4)
     # An arm stopped before its first round finished is left out.
     _write(tmp_path / "d_stopped" / "matched", "start", start)
     (tmp_path / "d_stopped" / "matched" / "run_config.json").write_text("{}")
@@ -135,7 +135,8 @@ def test_arms_summarise_every_finished_arm(tmp_path):
     assert [a.name, b.name, c.name] == ["a_plain/matched", "b_kl/matched", "c_rft/matched"]
     assert c.settings == "RFT, lr 1e-4, trains all, wait ratio 0.3, 3x3 only"
     assert e.settings == (
-        "placebo, lr 1e-4, KL 0.1, 32 groups per update, trains all, wait ratio 0.3, 3x3 only"
+        "placebo, lr 1e-4, LoRA rank 4, alpha 16, KL 0.1, 32 groups per update, trains all, "
+        "wait ratio 0.3, 3x3 only"
     )
     assert a.settings == "lr 1e-4, trains all, wait ratio 0.3, 3x3 only"
     assert f.settings == (

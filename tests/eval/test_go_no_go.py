@@ -123,6 +123,27 @@ def test_optimal_bonus_sets_the_reward():
         assert json.loads(out.stdout.strip().splitlines()[-1])[-2:] == want, args
 
 
+def test_lora_flags_reach_the_optimiser():
+    probe = _PROBE.split("print(")[0] + (
+        "from mapfjax.rl import driver\n"
+        "o = driver.optim_config(c, 10, 1)\n"
+        "print(json.dumps([o.lora_rank, o.lora_alpha, list(o.lora_targets)]))\n"
+    )
+    got = []
+    for args in ([], ["--lora_rank=4", "--lora_alpha=8"]):
+        out = subprocess.run(
+            [sys.executable, "-c", probe, *args], cwd=ROOT, capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stderr
+        got.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    kernels = ["q", "k", "v", "o", "gate", "up", "down"]
+    assert got == [[0, 32.0, kernels], [4, 8.0, kernels]]
+    bad = subprocess.run(
+        [sys.executable, "-c", _PROBE, "--lora_rank=-1"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert bad.returncode != 0 and "--lora_rank: an int >= 0" in bad.stderr
+
+
 @pytest.mark.parametrize(
     "args, want",
     [

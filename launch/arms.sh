@@ -1,0 +1,32 @@
+# Shared by the scripts that run planned go / no-go arms (launch/trace_bonus0.sh,
+# launch/trace_lora.sh); sourced, not run. They set COMMON (the flags every arm shares) and
+# BUDGET_S (the seconds of GRPO an arm may take) before calling these.
+
+gate() {  # go_no_go.py exits 1 on NO-GO, which is a result here; 2 or more is an error
+  local rc=0
+  python launch/go_no_go.py "$@" || rc=$?
+  [ "$rc" -le 1 ] && [ -f "${@: -1}/verdict.md" ]  # a flag error also exits 1, writing nothing
+}
+
+pilot_updates() {  # NAME N FLAGS...: a pilot of N updates, then the updates that fit BUDGET_S
+  local out=runs/$1 n=$2  # at the pilot's mean seconds per update after the first
+  shift 2
+  gate "${COMMON[@]}" "$@" --updates "$n" --per_size 5 --workdir "${out}_work" --out "$out" >&2
+  python - "$out/matched" "$BUDGET_S" <<'PY'
+import pathlib, sys
+from mapfjax.eval import report
+secs = [row["seconds"] for _, row in report.training_curves(pathlib.Path(sys.argv[1]))][1:]
+print(int(float(sys.argv[2]) // (sum(secs) / len(secs))))
+PY
+}
+
+check_counts() {  # FILE NAME...: each NAME in FILE is a count >= 1, else exit 2
+  local file=$1 name
+  shift
+  for name in "$@"; do
+    [[ "${!name:-}" =~ ^[1-9][0-9]*$ ]] || {
+      echo "error: $file holds $name=${!name:-}; allowed: a count >= 1" >&2
+      exit 2
+    }
+  done
+}

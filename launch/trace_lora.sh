@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# GRPO on low-rank adapters from the trace policy, as planned in
+# results/go_no_go/PLAN_lora.md: after launch/trace_bonus0.sh (the start, its check and arms
+# B, C, A; each step skipped once done), a pilot that fixes the update count (30 minutes / mean
+# seconds of an update after the first), then arms D (LoRA rank 8, lr 1e-3) and E (its
+# placebo) on the fresh held-out draw, and D against E. Resumable: the same command goes on
+# where it stood.
+#
+#   bash launch/trace_lora.sh            # hours on 2 CPU cores
+set -euo pipefail
+shopt -s inherit_errexit  # a failed pilot inside $(...) stops the script
+source launch/arms.sh
+R=results/go_no_go
+BUDGET_S=${BUDGET_S:-1800}
+
+bash launch/trace_bonus0.sh
+
+COMMON=(--policy runs/tiny_trace_wait/export --thinking --optimal_bonus 0 --kl_coef 0.1
+  --wait_ratio 0.5 --samples 0 --held_out_seed 12348 --mismatched_when gain)
+LORA=(--groups 8 --lora_rank 8 --lora_alpha 32 --lr 1e-3)
+if [ ! -f $R/trace_lora_pilot.txt ]; then
+  ND=$(pilot_updates trace_lora_pilot 5 "${LORA[@]}")
+  printf 'ND=%s\n' "$ND" > $R/trace_lora_pilot.txt
+fi
+source $R/trace_lora_pilot.txt
+check_counts $R/trace_lora_pilot.txt ND
+echo "updates: $ND"
+
+gate "${COMMON[@]}" "${LORA[@]}" --updates "$ND" --workdir runs/gng_lora_D \
+  --out $R/trace_wait_lora_r8                                                         # D
+gate "${COMMON[@]}" "${LORA[@]}" --updates "$ND" --objective placebo --workdir runs/gng_lora_E \
+  --out $R/trace_wait_lora_r8_placebo                                                 # E
+V=matched/round_0/validation.json
+python launch/compare_evals.py --instances runs/gng_lora_D/matched/validation_set.jsonl \
+  --sizes 3-6 --split_wait --evals $R/trace_wait_lora_r8/$V,$R/trace_wait_lora_r8_placebo/$V \
+  --labels "D (GRPO, LoRA),E (placebo, LoRA)" --out $R/trace_wait_lora_D_vs_E.md
