@@ -11,12 +11,8 @@ shopt -s inherit_errexit  # a failed pilot inside $(...) stops the script
 T=configs/tiny_model.py
 R=results/go_no_go
 BUDGET_S=${BUDGET_S:-1800}
+source launch/arms.sh  # gate, pilot_updates, check_counts
 built() { [ -f "$1/VALIDATION.md" ]; }  # train_tiny.py writes it last
-gate() {  # go_no_go.py exits 1 on NO-GO, which is a result here; 2 or more is an error
-  local rc=0
-  python launch/go_no_go.py "$@" || rc=$?
-  [ "$rc" -le 1 ] && [ -f "${@: -1}/verdict.md" ]  # a flag error also exits 1, writing nothing
-}
 
 built runs/tiny_trace_grid/export_aw10_6000 || python launch/train_tiny.py --config $T:trace \
   --config.sft.stages='(1000,1500,2500,4000,6000)' --config.sft.answer_weight=10 \
@@ -38,27 +34,13 @@ fi
 
 COMMON=(--policy runs/tiny_trace_wait/export --thinking --optimal_bonus 0 --kl_coef 0.1
   --wait_ratio 0.5 --samples 0 --held_out_seed 12348 --mismatched_when gain)
-updates() {  # updates that fit BUDGET_S at the pilot's mean update time after the first
-  local groups=$1 lr=$2 n=$3 out=runs/trace_bonus0_pilot_g$1
-  gate "${COMMON[@]}" --groups "$groups" --lr "$lr" --updates "$n" --per_size 5 \
-    --workdir runs/trace_bonus0_pilot_g$1_work --out $out >&2
-  python - "$out/matched" "$BUDGET_S" <<'EOF'
-import pathlib, sys
-from mapfjax.eval import report
-secs = [row["seconds"] for _, row in report.training_curves(pathlib.Path(sys.argv[1]))][1:]
-print(int(float(sys.argv[2]) // (sum(secs) / len(secs))))
-EOF
-}
 if [ ! -f $R/trace_bonus0_pilots.txt ]; then
-  N8=$(updates 8 1e-4 5)
-  N32=$(updates 32 2e-4 3)
+  N8=$(pilot_updates trace_bonus0_pilot_g8 5 --groups 8 --lr 1e-4)
+  N32=$(pilot_updates trace_bonus0_pilot_g32 3 --groups 32 --lr 2e-4)
   printf 'N8=%s\nN32=%s\n' "$N8" "$N32" > $R/trace_bonus0_pilots.txt
 fi
 source $R/trace_bonus0_pilots.txt
-[[ "$N8" =~ ^[1-9][0-9]*$ && "$N32" =~ ^[1-9][0-9]*$ ]] || {
-  echo "error: $R/trace_bonus0_pilots.txt holds N8=$N8 N32=$N32; allowed: counts >= 1" >&2
-  exit 2
-}
+check_counts $R/trace_bonus0_pilots.txt N8 N32
 echo "updates: $N8 at 8 groups, $N32 at 32 groups"
 
 gate "${COMMON[@]}" --groups 32 --lr 2e-4 --updates "$N32" --workdir runs/gng_bonus0_B \

@@ -26,7 +26,8 @@ def _bash(tmp_path, body: str) -> subprocess.CompletedProcess:
     stub.chmod(0o755)
     script = f"set -euo pipefail\nsource {ROOT / 'launch' / 'arms.sh'}\n{body}\n"
     env = {"PATH": f"{stub.parent}:/usr/bin:/bin", "HOME": str(tmp_path)}
-    return subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
+    cmd = ["bash", "-c", script]
+    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True)
 
 
 @pytest.mark.parametrize(
