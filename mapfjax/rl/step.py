@@ -426,7 +426,8 @@ def setup_step(model, optim: OptimConfig, loss, loss_cfg, mesh, rules, rng=None)
     init = functools.partial(init_state, tx)
     rng = jax.random.key(0) if rng is None else rng
     if (adapters := lora.spec_of(optim)) is not None:
-        frozen, key = params, jax.random.fold_in(rng, 1)
+        # Variables of its own (the caller's model may change later), on the same arrays.
+        frozen, key = jax.tree.map(lambda x: x, params), jax.random.fold_in(rng, 1)
         make = functools.partial(lora.init, spec=adapters, rng=key)
         params = jax.eval_shape(make, frozen)
         if not any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(frozen)):

@@ -110,7 +110,12 @@ def test_trainer_starts_at_the_model_and_moves_only_the_adapted_kernels():
     tr = Trainer(model, OPTIM, "sft")
     full = Trainer(tiny_model(), dataclasses.replace(OPTIM, lora_rank=0), "sft")
     data = batch(0)
-    np.testing.assert_allclose(tr.logprobs(data)[0], full.logprobs(data)[0], atol=1e-6)
+    start = tr.logprobs(data)[0]
+    np.testing.assert_allclose(start, full.logprobs(data)[0], atol=1e-6)
+    embedding = model.embedding[...]
+    model.embedding[...] = embedding + 1.0  # the caller's model, changed later
+    np.testing.assert_array_equal(tr.logprobs(data)[0], start)  # the trainer's frozen copy
+    model.embedding[...] = embedding
     frac = lora.trainable_fraction(params_of(model), tr.params)
     assert 0 < frac < 0.5
     losses = [tr.step(data)["loss"] for _ in range(5)]
