@@ -163,6 +163,7 @@ def test_sharded_update_equals_the_plain_one():
     assert b.sharding.spec != jax.sharding.PartitionSpec()  # really split over devices
     sharded.step(data)
     got, want = host(sharded.params), host(plain.params)
+    assert np.abs(want[("layers", "mlp", "up", "b")]).max() > 1e-4  # B left zero: it moved
     assert max(np.abs(got[p] - w).max() for p, w in want.items()) < 1e-5
 
 
