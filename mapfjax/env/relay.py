@@ -105,23 +105,43 @@ def _rule(problem: Problem, agent: int, earlier: Sequence[tuple[int, Sequence[in
     return allowed
 
 
-def agent_plan(
+# How an agent's run by the rule ends (`agent_run`).
+OUTCOMES = ("settled", "cornered", "loop", "horizon")
+
+
+def agent_run(
     problem: Problem, agent: int, earlier: Sequence[tuple[int, Sequence[int]]], horizon: int
-) -> list[int] | None:
-    """One agent's actions by the rule (module docstring), the agents of `earlier` ((index,
-    plan) pairs) already written; None when it is cornered (its cell is taken and no free
-    cell is left) or has not settled on its goal within `horizon` steps."""
+) -> tuple[list[int], str]:
+    """(actions, outcome) of one agent's run by the rule (module docstring), the agents of
+    `earlier` ((index, plan) pairs) already written. outcome: "settled" (on its goal, and no
+    earlier agent comes there later), "cornered" (its cell taken and no free cell left),
+    "loop" (a cell comes back once every earlier agent rests: from then on the rule's choice
+    depends on the cell alone, so the run would go round for ever; the actions stop before
+    the repeat), or "horizon" (`horizon` steps without settling)."""
     allowed = _rule(problem, agent, earlier)
-    here, out = tuple(int(v) for v in problem.starts[agent]), []
+    rest = max((len(cells_by_time(problem.starts[j], p)) for j, p in earlier), default=1)
+    here, out, seen = tuple(int(v) for v in problem.starts[agent]), [], set()
     for k in range(1, horizon + 1):
         choices = allowed(here, k)
         if choices is None:
-            return out
+            return out, "settled"
         if not choices:
-            return None
+            return out, "cornered"
+        if k >= rest:
+            if here in seen:
+                return out, "loop"
+            seen.add(here)
         out.append(choices[0])
         here = step(here, choices[0])
-    return None
+    return out, "horizon"
+
+
+def agent_plan(
+    problem: Problem, agent: int, earlier: Sequence[tuple[int, Sequence[int]]], horizon: int
+) -> list[int] | None:
+    """One agent's actions by the rule (`agent_run`); None unless it settles on its goal."""
+    actions, outcome = agent_run(problem, agent, earlier, horizon)
+    return actions if outcome == "settled" else None
 
 
 def plan_in_order(problem: Problem, order: Sequence[int]) -> list[list[int]] | None:

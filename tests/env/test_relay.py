@@ -328,3 +328,35 @@ def test_a_bad_relay_order_or_action_is_a_named_error():
     # any text, relay-like or not, is a verdict of `check`, never an exception
     for junk in ("<think>\nt1 A0 (9, 9) = UP (9, 9)\n</think>", "<think>\nt1 A0\n", "</think>"):
         assert relay.check(DOC, junk) in relay.CHECKS
+
+
+def test_a_run_that_repeats_a_cell_after_the_others_rest_never_settles():
+    """`agent_run`'s "loop": on the gate's 400 puzzles, every later agent whose run in index
+    order is called a loop also fails when the rule runs on to the horizon (a plain loop over
+    `_rule`, no repeat check), and the split the docs cite holds: of the 72 puzzles where index
+    order fails, 40 loop (a cell repeats after 3 to 14 of the later agent's lines) and 32
+    corner the later agent; the other order saves 41 of them."""
+    from mapfjax.configfile import ROOT
+    from mapfjax.env import io
+
+    problems = io.load_instances(ROOT / "results" / "go_no_go" / "held_out_400.jsonl")
+    outcomes, lines, saved = {}, [], 0
+    for p in problems:
+        if relay.plan_in_order(p, (0, 1)) is not None:
+            continue
+        first, how = relay.agent_run(p, 0, [], 4 * p.height * p.width)
+        assert how == "settled"  # the first agent alone always reaches its goal here
+        horizon = 4 * p.height * p.width + len(first)
+        actions, how = relay.agent_run(p, 1, [(0, first)], horizon)
+        outcomes[how] = outcomes.get(how, 0) + 1
+        saved += relay.plan_in_order(p, (1, 0)) is not None
+        if how != "loop":
+            continue
+        lines.append(len(actions))
+        allowed, here = relay._rule(p, 1, [(0, first)]), tuple(p.starts[1])
+        for k in range(1, horizon + 1):
+            choices = allowed(here, k)
+            assert choices  # neither settled (None) nor cornered ([]) before the horizon
+            here = trace.step(here, choices[0])
+    assert outcomes == {"loop": 40, "cornered": 32} and saved == 41
+    assert min(lines) == 3 and max(lines) == 14
