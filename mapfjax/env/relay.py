@@ -73,9 +73,10 @@ def _distances(problem: Problem, goal, walls: set) -> dict:
 
 
 def _rule(problem: Problem, agent: int, earlier: Sequence[tuple[int, Sequence[int]]]):
-    """The rule for one agent after the runs of `earlier` ((index, plan) pairs): a function of
-    (its cell, step k) -> the actions the rule allows, preferred first ([] when cornered; None
-    when the run ends there: the agent is on its goal and no earlier agent comes there later).
+    """The rule for one agent after the runs of `earlier` ((index, plan) pairs): (allowed,
+    rest), allowed a function of (its cell, step k) -> the actions the rule allows, preferred
+    first ([] when cornered; None when the run ends there: the agent is on its goal and no
+    earlier agent comes there later) and rest, the step from which no earlier agent moves.
     Ties: every move one step closer is allowed, the first preferred; stepping aside allows
     every cell as good as the best."""
     goal = tuple(int(v) for v in problem.goals[agent])
@@ -102,11 +103,7 @@ def _rule(problem: Problem, agent: int, earlier: Sequence[tuple[int, Sequence[in
         best = min((aside(step(here, a)) for a in free), default=None)
         return [a for a in free if aside(step(here, a)) == best]
 
-    return allowed
-
-
-# How an agent's run by the rule ends (`agent_run`).
-OUTCOMES = ("settled", "cornered", "loop", "horizon")
+    return allowed, last
 
 
 def agent_run(
@@ -118,8 +115,7 @@ def agent_run(
     "loop" (a cell comes back once every earlier agent rests: from then on the rule's choice
     depends on the cell alone, so the run would go round for ever; the actions stop before
     the repeat), or "horizon" (`horizon` steps without settling)."""
-    allowed = _rule(problem, agent, earlier)
-    rest = max((len(cells_by_time(problem.starts[j], p)) for j, p in earlier), default=1)
+    allowed, rest = _rule(problem, agent, earlier)
     here, out, seen = tuple(int(v) for v in problem.starts[agent]), [], set()
     for k in range(1, horizon + 1):
         choices = allowed(here, k)
@@ -193,7 +189,7 @@ def first_departure(
     first); a run that stops where the rule goes on, or goes on where it ends, departs at its
     end. None when every run keeps the rule."""
     for n_before, i in enumerate(order):
-        allowed = _rule(problem, i, [(j, list(plans[j])) for j in order[:n_before]])
+        allowed, _ = _rule(problem, i, [(j, list(plans[j])) for j in order[:n_before]])
         here = tuple(int(v) for v in problem.starts[i])
         for k, a in enumerate([*plans[i], None], 1):
             choices = allowed(here, k)

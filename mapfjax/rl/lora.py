@@ -118,7 +118,11 @@ def merge(base, adapters, spec: LoraSpec):
     return nnx.from_flat_state(flat)
 
 
+def num_params(state) -> int:
+    """Number of scalars in a parameter tree."""
+    return sum(math.prod(jnp.shape(x)) for x in jax.tree.leaves(state))
+
+
 def trainable_fraction(base, adapters) -> float:
     """Scalars in the adapters over scalars in the model."""
-    size = lambda s: sum(math.prod(jnp.shape(x)) for x in jax.tree.leaves(s))
-    return size(adapters) / size(base)
+    return num_params(adapters) / num_params(base)

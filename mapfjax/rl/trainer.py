@@ -5,7 +5,6 @@ The names of `optim` and `step` are re-exported here."""
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any
 
 import jax
@@ -17,6 +16,7 @@ from mapfjax import parallel
 from mapfjax.checks import is_int
 from mapfjax.rl import lora
 from mapfjax.rl.batch import SequenceBatch
+from mapfjax.rl.lora import num_params
 from mapfjax.rl.optim import OptimConfig, lr_schedule, make_optimizer
 from mapfjax.rl.step import (
     LOSSES,
@@ -326,8 +326,3 @@ class Trainer:
         if key not in self._checkpointers:
             self._checkpointers[key] = checkpoint.Checkpointer(directory, keep=keep or 3)
         return self._checkpointers[key]
-
-
-def num_params(state) -> int:
-    """Number of scalars in a parameter tree."""
-    return sum(math.prod(np.shape(x)) for x in jax.tree.leaves(state))

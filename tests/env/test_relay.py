@@ -353,7 +353,7 @@ def test_a_run_that_repeats_a_cell_after_the_others_rest_never_settles():
         if how != "loop":
             continue
         lines.append(len(actions))
-        allowed, here = relay._rule(p, 1, [(0, first)]), tuple(p.starts[1])
+        (allowed, _), here = relay._rule(p, 1, [(0, first)]), tuple(p.starts[1])
         for k in range(1, horizon + 1):
             choices = allowed(here, k)
             assert choices  # neither settled (None) nor cornered ([]) before the horizon
