@@ -360,10 +360,14 @@ def run_phase(
             ).to_record()
             for j, p in enumerate(drawn)
         ]
+        t1 = time.perf_counter()  # the rollouts' rewards are on the host: sampling is done
         updates = trainer.train_on(batch, s.num_iterations)
+        t2 = time.perf_counter()  # the updates' metrics too
         row = {
             **position,
-            "seconds": time.perf_counter() - t0,
+            "seconds": t2 - t0,
+            "rollout_seconds": t1 - t0,
+            "update_seconds": t2 - t1,
             **rs.as_dict(),
             "kept_mixed": n_useful / s.problems_per_step,
             "drawn": len(drawn),

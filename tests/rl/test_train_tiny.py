@@ -44,6 +44,10 @@ def test_quick_run_exports_a_loadable_validated_model(tmp_path, one_device_env):
     # bookkeeping are in grpo/metrics.jsonl.
     assert [r["step"] for r in grpo] == [1, 2, 3, 4] and {r["phase"] for r in grpo} == {"grpo"}
     assert all("kept_mixed" in r and len(r["groups"]) == 2 for r in grpo)
+    # Each step's wall time, split into sampling (with the rewards) and the update.
+    for r in grpo:
+        assert 0 < r["rollout_seconds"] and 0 < r["update_seconds"]
+        assert r["rollout_seconds"] + r["update_seconds"] == pytest.approx(r["seconds"])
     assert all(math.isfinite(r["loss"]) for r in log)
     assert all(math.isfinite(r["train_loss"]) for r in grpo)
     # Every SFT batch has the answer tokens and the 8 coordinate tokens (2 agents x 4) per row.
