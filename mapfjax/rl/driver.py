@@ -360,7 +360,7 @@ def run_phase(
             ).to_record()
             for j, p in enumerate(drawn)
         ]
-        t1 = time.perf_counter()  # the rollouts' rewards are on the host: sampling is done
+        t1 = time.perf_counter()  # sampling, rewards and the groups chosen, all on the host
         updates = trainer.train_on(batch, s.num_iterations)
         t2 = time.perf_counter()  # the updates' metrics too
         row = {
