@@ -154,6 +154,7 @@ class Arm:
     # of the sampled groups whose rewards differ, the share with every sample valid (only the
     # optimal bonus sets them apart; `report.reward_signal`); None when no group was logged
     bonus_only: float | None = None
+    held_out: int = 0  # which held-out set (numbered by first use in name order) it ran on
 
 
 def _policy_name(path: str) -> str:
@@ -193,10 +194,11 @@ def _settings(config: dict) -> str:
 
 def arms(results) -> list[Arm]:
     """Every finished arm under `results` (directories `<name>/<arm>` holding run_config.json,
-    start/ and a finished round), sorted by name. Raises ValueError when none is found, or when
-    two arms were validated on different puzzles (their changes would not be comparable)."""
+    start/ and a finished round), sorted by name. Arms validated on different puzzles (another
+    validation seed, or other puzzle ids) get different `held_out` numbers, in order of first
+    use: their changes are comparable within a set only. Raises ValueError when none is found."""
     results = pathlib.Path(results)
-    out, ids = [], None
+    out, sets = [], {}  # (validation seed, puzzle ids) -> the set's number
     for config_path in sorted(results.glob("*/*/run_config.json")):
         workdir = config_path.parent
         found = validation_rows(workdir)
@@ -204,14 +206,12 @@ def arms(results) -> list[Arm]:
             continue  # stopped before its first round finished
         start_rows, end_rows = found[0][1], found[-1][1]
         start, end = valid_by_id(start_rows), valid_by_id(end_rows)
-        if ids is None:
-            ids, first = set(start), workdir
-        elif set(start) != ids:
-            raise ValueError(f"{workdir} was validated on other puzzles than {first}")
         try:
             config = json.loads(config_path.read_text())
         except ValueError as e:
             raise ValueError(f"{config_path}: not readable as JSON ({e})") from None
+        seed = config.get("validation", {}).get("seed")
+        held_out = sets.setdefault((seed, frozenset(start)), len(sets))
         curve = training_curves(workdir)
         _, mixed, every, _ = mixed_groups(curve, config.get("train", {}).get("group_size", 8))
         out.append(
@@ -226,6 +226,7 @@ def arms(results) -> list[Arm]:
                 change=paired_change(end, start),
                 parses=_parse_rate(start_rows),
                 bonus_only=every / mixed if mixed else None,
+                held_out=held_out,
             )
         )
     if not out:
@@ -234,29 +235,40 @@ def arms(results) -> list[Arm]:
 
 
 def arms_markdown(found: list[Arm], min_gain: float = 0.05, budget_minutes: float = 30.0) -> str:
-    """The arms as one table: start, settings, start and end rates, the paired change, the
-    share of the gradient's groups that every sample solved (told apart by the bonus alone), and
-    the gate's two criteria apart: the gain, and the updates' wall time within the budget."""
-    rows = [
-        [
-            a.name, a.policy, a.settings, f"{a.updates} ({a.minutes:.1f} min)",
-            stats.interval_text(a.parses),
-            stats.interval_text(a.start), stats.interval_text(a.end),
-            stats.interval_text(a.change, signed=True),
-            "-" if a.bonus_only is None else f"{100 * a.bonus_only:.0f}",
-            "yes" if a.change.value >= min_gain and a.change.low > 0 else "no",
-            "yes" if a.minutes <= budget_minutes else "no",
-        ]
-        for a in found
-    ]  # fmt: skip
+    """The arms as one table per held-out set: start, settings, start and end rates, the
+    paired change, the share of the gradient's groups that every sample solved (told apart by
+    the bonus alone), and the gate's two criteria apart: the gain, and the updates' wall time
+    within the budget."""
     header = ["arm", "start", "settings", "updates", "start parses %", "start valid %"]
     header += ["end valid %"]
     header += ["change (points, paired)", "groups apart only by the optimal bonus %"]
     header += [f"gain >= {100 * min_gain:g}, interval > 0", f"updates <= {budget_minutes:g} min"]
-    n = found[0].start.n if found else 0
-    return f"Greedy valid on the same {n} held-out puzzles, 95 % intervals.\n\n" + (
-        stats.markdown_table(header, rows) + "\n"
-    )
+    sets = sorted({a.held_out for a in found})
+    blocks = []
+    for k in sets:
+        arms_k = [a for a in found if a.held_out == k]
+        rows = [
+            [
+                a.name, a.policy, a.settings, f"{a.updates} ({a.minutes:.1f} min)",
+                stats.interval_text(a.parses),
+                stats.interval_text(a.start), stats.interval_text(a.end),
+                stats.interval_text(a.change, signed=True),
+                "-" if a.bonus_only is None else f"{100 * a.bonus_only:.0f}",
+                "yes" if a.change.value >= min_gain and a.change.low > 0 else "no",
+                "yes" if a.minutes <= budget_minutes else "no",
+            ]
+            for a in arms_k
+        ]  # fmt: skip
+        n = arms_k[0].start.n
+        if len(sets) == 1:
+            title = f"Greedy valid on the same {n} held-out puzzles, 95 % intervals."
+        else:
+            title = (
+                f"Held-out set {k + 1} ({n} puzzles, first used by `{arms_k[0].name}`): greedy "
+                "valid, 95 % intervals; changes are paired within the set, not across sets."
+            )
+        blocks.append(f"{title}\n\n" + stats.markdown_table(header, rows) + "\n")
+    return "\n".join(blocks)
 
 
 def plot_arms(found: list[Arm], path, min_gain: float = 0.05) -> None:
@@ -277,7 +289,13 @@ def plot_arms(found: list[Arm], path, min_gain: float = 0.05) -> None:
     ax.axvline(0, color="black", lw=0.8)
     gate_label = f"gate: +{100 * min_gain:g} points"
     ax.axvline(100 * min_gain, color="tab:green", ls="--", lw=0.8, label=gate_label)
-    ax.set_yticks(ys, [f"{a.policy}: {a.settings}, {a.updates} updates" for a in found], fontsize=8)
+    several = len({a.held_out for a in found}) > 1  # then each label names its held-out set
+    labels = [
+        (f"[set {a.held_out + 1}] " if several else "")
+        + f"{a.policy}: {a.settings}, {a.updates} updates"
+        for a in found
+    ]
+    ax.set_yticks(ys, labels, fontsize=8)
     ax.set_xlabel("held-out greedy valid,\nafter GRPO minus start\n(points, paired, 95 %)")
     ax.legend(loc="upper left", fontsize=8)
     ax.set_ylim(-0.8, len(found) - 0.2)

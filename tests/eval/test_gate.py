@@ -91,7 +91,7 @@ def test_runs_must_share_start_and_puzzles(tmp_path):
 
 def _arm(results, name, start, end, lr=1e-4, kl=0.0, trace_loss="all", seconds=(30.0, 40.0),
          objective="grpo", temperature=1.0, groups=8, bonus=None, logged=(),
-         seed=None, lora=0):  # fmt: skip
+         seed=None, lora=0, held_out_seed=None):  # fmt: skip
     run = results / name / "matched"
     _write(run, "start", start, {0: gate.PARSE_ERROR})
     _write(run, "round_0", end)
@@ -113,6 +113,8 @@ def _arm(results, name, start, end, lr=1e-4, kl=0.0, trace_loss="all", seconds=(
     }
     if seed is not None:  # older records have no seed: 0
         config["seed"] = seed
+    if held_out_seed is not None:
+        config["validation"] = {"seed": held_out_seed}
     if bonus is not None:  # older records have no reward block: the default bonus, 0.5
         config["reward"] = {"optimal_bonus": bonus, "valid_reward": 1.0}
     (run / "run_config.json").write_text(json.dumps(config))
@@ -161,12 +163,33 @@ def test_arms_summarise_every_finished_arm(tmp_path):
     assert (tmp_path / "arms.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_arms_refuse_other_puzzles_and_an_empty_folder(tmp_path):
+def test_arms_on_other_puzzles_form_their_own_set(tmp_path):
     start = _draw(0.3, seed=1)
     _arm(tmp_path, "a", start, start)
     _arm(tmp_path, "b", start[:300], start[:300])
-    with pytest.raises(ValueError, match="other puzzles"):
-        gate.arms(tmp_path)
+    # the same puzzle ids drawn with another validation seed are other puzzles
+    _arm(tmp_path, "c", start, start | _draw(0.15, seed=2), held_out_seed=12348)
+    _arm(tmp_path, "d", start, start, held_out_seed=12348)
+    a, b, c, d = gate.arms(tmp_path)
+    assert [a.held_out, b.held_out, c.held_out, d.held_out] == [0, 1, 2, 2]
+    table = gate.arms_markdown([a, b, c, d])
+    titles = [line for line in table.splitlines() if line.startswith("Held-out set")]
+    assert titles == [
+        "Held-out set 1 (400 puzzles, first used by `a/matched`): greedy valid, 95 % intervals; "
+        "changes are paired within the set, not across sets.",
+        "Held-out set 2 (300 puzzles, first used by `b/matched`): greedy valid, 95 % intervals; "
+        "changes are paired within the set, not across sets.",
+        "Held-out set 3 (400 puzzles, first used by `c/matched`): greedy valid, 95 % intervals; "
+        "changes are paired within the set, not across sets.",
+    ]
+    # each arm's row stands under its own set's title
+    assert table.index("| c/matched |") > table.index(titles[2]) > table.index("| b/matched |")
+    gate.plot_arms([a, b, c, d], tmp_path / "arms.png")
+    assert (tmp_path / "arms.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_arms_refuse_an_empty_folder_and_broken_config(tmp_path):
+    start = _draw(0.3, seed=1)
     with pytest.raises(ValueError, match="no finished arm"):
         gate.arms(tmp_path / "empty")
     broken = _arm(tmp_path / "broken", "a", start, start)
