@@ -33,4 +33,4 @@ gate "${COMMON[@]}" "${LORA[@]}" --updates "$ND" --objective placebo --workdir r
 V=matched/round_0/validation.json
 python launch/compare_evals.py --instances runs/gng_lora_D/matched/validation_set.jsonl \
   --sizes 3-6 --split_wait --evals $R/trace_wait_lora_r8/$V,$R/trace_wait_lora_r8_placebo/$V \
-  --labels "D (GRPO, LoRA),E (placebo, LoRA)" --out $R/trace_wait_lora_D_vs_E.md
+  --labels "D (GRPO on LoRA),E (placebo on LoRA)" --out $R/trace_wait_lora_D_vs_E.md

@@ -568,7 +568,10 @@ def compare_evaluations(
     if metric not in METRICS:
         raise ValueError(f"metric = {metric!r}: allowed {', '.join(METRICS)}")
     if len(labels) != len(out_dirs):
-        raise ValueError(f"{len(out_dirs)} evaluations but {len(labels)} labels")
+        raise ValueError(
+            f"{len(out_dirs)} evaluations but {len(labels)} labels {list(labels)}: one label per"
+            " evaluation (a comma in --labels starts a new label)"
+        )
     if solved_by not in SOLVED_BY:
         raise ValueError(f"solved_by = {solved_by!r}: allowed {', '.join(SOLVED_BY)}")
     ids = {p.id for p in problems}
