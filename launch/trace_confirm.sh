@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Arm F again with a second training seed, on a held-out draw that chose no setting, as planned
+# in results/go_no_go/PLAN_confirm.md (its matched arm, then its mismatched arm when the
+# matched one gains). Resumable: the same command goes on where it stood.
+#
+#   bash launch/trace_confirm.sh            # about an hour on 2 CPU cores
+set -euo pipefail
+source launch/arms.sh
+R=results/go_no_go
+source $R/trace_bonus0_pilots.txt
+check_counts $R/trace_bonus0_pilots.txt N32
+
+gate --policy runs/tiny_trace_wait/export --thinking --optimal_bonus 0 --kl_coef 0.1 \
+  --wait_ratio 0.5 --samples 0 --mismatched_when gain --groups 32 --lr 1e-4 --updates "$N32" \
+  --seed 1 --held_out_seed 12349 --workdir runs/gng_confirm --out $R/trace_wait_step_confirm
+
+# the shipped answer-only model on the same new draw, and the three side by side
+C=$R/trace_wait_step_confirm
+if [ ! -f $C/shipped/verdicts.jsonl ]; then
+  python launch/evaluate.py --checkpoint mapfjax/assets/tiny --max_new_tokens 64 --batch_size 100 \
+    --instances runs/gng_confirm/matched/validation_set.jsonl --out_dir runs/gng_confirm_shipped
+  mkdir -p $C/shipped
+  cp runs/gng_confirm_shipped/{results.md,results.csv,verdicts.jsonl} $C/shipped/
+fi
+V=matched/round_0/validation.json
+python launch/compare_evals.py --instances runs/gng_confirm/matched/validation_set.jsonl \
+  --sizes 3-6 --split_wait --evals $C/matched/start/validation.json,$C/$V,$C/shipped \
+  --labels "start (trace_wait),GRPO (F's settings; seed 1),shipped model" --out $C/vs_shipped.md
