@@ -1,6 +1,12 @@
 # Shared by the scripts that run planned go / no-go arms (launch/trace_bonus0.sh,
-# launch/trace_lora.sh); sourced, not run. They set COMMON (the flags every arm shares) and
-# BUDGET_S (the seconds of GRPO an arm may take) before calling these.
+# launch/trace_lora.sh, launch/trace_step.sh, launch/trace_confirm.sh); sourced, not run. They
+# set BUDGET_S (the seconds of GRPO an arm may take) before calling pilot_updates.
+
+# The arms' start and the flags every arm shares (results/go_no_go/PLAN_trace_bonus0.md)
+TRACE_WAIT=(--policy runs/tiny_trace_wait/export --thinking --optimal_bonus 0 --kl_coef 0.1
+  --wait_ratio 0.5 --samples 0)
+# ... read on the fresh held-out draw of those plans, the mismatched arm run on a gain
+COMMON=("${TRACE_WAIT[@]}" --held_out_seed 12348 --mismatched_when gain)
 
 gate() {  # go_no_go.py exits 1 on NO-GO, which is a result here; 2 or more is an error
   local rc=0

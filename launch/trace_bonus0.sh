@@ -11,7 +11,7 @@ shopt -s inherit_errexit  # a failed pilot inside $(...) stops the script
 T=configs/tiny_model.py
 R=results/go_no_go
 BUDGET_S=${BUDGET_S:-1800}
-source launch/arms.sh  # gate, pilot_updates, check_counts
+source launch/arms.sh  # gate, pilot_updates, check_counts; COMMON, the arms' flags
 built() { [ -f "$1/VALIDATION.md" ]; }  # train_tiny.py writes it last
 
 built runs/tiny_trace_grid/export_aw10_6000 || python launch/train_tiny.py --config $T:trace \
@@ -32,8 +32,6 @@ if [ ! -f $START/vs_earlier_builds.md ]; then
     --labels "trace_wait (second build),trace_wait (third build)" --out $START/vs_earlier_builds.md
 fi
 
-COMMON=(--policy runs/tiny_trace_wait/export --thinking --optimal_bonus 0 --kl_coef 0.1
-  --wait_ratio 0.5 --samples 0 --held_out_seed 12348 --mismatched_when gain)
 if [ ! -f $R/trace_bonus0_pilots.txt ]; then
   N8=$(pilot_updates trace_bonus0_pilot_g8 5 --groups 8 --lr 1e-4)
   N32=$(pilot_updates trace_bonus0_pilot_g32 3 --groups 32 --lr 2e-4)

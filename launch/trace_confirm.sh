@@ -10,16 +10,15 @@ R=results/go_no_go
 source $R/trace_bonus0_pilots.txt
 check_counts $R/trace_bonus0_pilots.txt N32
 
-F=(--policy runs/tiny_trace_wait/export --thinking --optimal_bonus 0 --kl_coef 0.1 --wait_ratio 0.5
-  --samples 0 --groups 32 --lr 1e-4 --updates "$N32" --seed 1 --held_out_seed 12349
+C=$R/trace_wait_step_confirm
+F=("${TRACE_WAIT[@]}" --groups 32 --lr 1e-4 --updates "$N32" --seed 1 --held_out_seed 12349
   --workdir runs/gng_confirm)
-gate "${F[@]}" --mismatched_when gain --out $R/trace_wait_step_confirm  # the gate: 3x3 mismatch
+gate "${F[@]}" --mismatched_when gain --out $C  # the gate: 3x3 mismatch
 # the amendment's second mismatch beside it (the matched arm above is reused, not rerun;
 # its verdict goes to verdict_no_wait.md)
-gate "${F[@]}" --mismatched no_wait --mismatched_when always --out $R/trace_wait_step_confirm
+gate "${F[@]}" --mismatched no_wait --mismatched_when always --out $C
 
 # the shipped answer-only model on the same new draw, and the three side by side
-C=$R/trace_wait_step_confirm
 if [ ! -f $C/shipped/verdicts.jsonl ]; then
   python launch/evaluate.py --checkpoint mapfjax/assets/tiny --max_new_tokens 64 --batch_size 100 \
     --instances runs/gng_confirm/matched/validation_set.jsonl --out_dir runs/gng_confirm_shipped

@@ -15,8 +15,6 @@ BUDGET_S=${BUDGET_S:-1800}
 
 bash launch/trace_bonus0.sh
 
-COMMON=(--policy runs/tiny_trace_wait/export --thinking --optimal_bonus 0 --kl_coef 0.1
-  --wait_ratio 0.5 --samples 0 --held_out_seed 12348 --mismatched_when gain)
 LORA=(--groups 8 --lora_rank 8 --lora_alpha 32 --lr 1e-3)
 if [ ! -f $R/trace_lora_pilot.txt ]; then
   ND=$(pilot_updates trace_lora_pilot 5 "${LORA[@]}")

@@ -11,8 +11,6 @@ R=results/go_no_go
 
 bash launch/trace_lora.sh
 
-COMMON=(--policy runs/tiny_trace_wait/export --thinking --optimal_bonus 0 --kl_coef 0.1
-  --wait_ratio 0.5 --samples 0 --held_out_seed 12348 --mismatched_when gain)
 source $R/trace_bonus0_pilots.txt
 check_counts $R/trace_bonus0_pilots.txt N32
 STEP=(--groups 32 --lr 1e-4 --updates "$N32")
