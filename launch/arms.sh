@@ -1,6 +1,7 @@
 # Shared by the scripts that run planned go / no-go arms (launch/trace_bonus0.sh,
-# launch/trace_lora.sh, launch/trace_step.sh, launch/trace_confirm.sh); sourced, not run. They
-# set BUDGET_S (the seconds of GRPO an arm may take) before calling pilot_updates.
+# launch/trace_lora.sh, launch/trace_step.sh, launch/trace_confirm.sh, launch/trace_more.sh);
+# sourced, not run. They set BUDGET_S (the seconds of GRPO an arm may take) before calling
+# pilot_updates.
 
 # The arms' start and the flags every arm shares (results/go_no_go/PLAN_trace_bonus0.md)
 TRACE_WAIT=(--policy runs/tiny_trace_wait/export --thinking --optimal_bonus 0 --kl_coef 0.1
