@@ -2,8 +2,13 @@
 `generate` on the same checkpoint, measured in one run: a random tiny Qwen3 (hidden 128, 4
 layers, vocab 2048, fp32) and the shipped tiny model, batch 1 and 64, several lengths; also
 the time per decode step at each length (it should stay flat as the cache fills).
+`--schedules` instead times sampled decoding at a GRPO rollout's shape (32 prompts of 200
+tokens x 8 samples, temperature 1, 640 new tokens, compaction on, a random model of the trace
+policy's shape whose rows stop at random) under cache-window schedules: the sampler's doubling
+(the reference) against windows growing by a fixed number of slots.
 
     python benchmarks/bench_sampler.py [--lengths 64,256,1024 --batches 1,64 --repeats 2]
+    python benchmarks/bench_sampler.py --schedules double,128,64 [--repeats 3]
 """
 
 from __future__ import annotations
@@ -86,6 +91,71 @@ def time_theirs(model, prompts, n, repeats):
     return _best(run, repeats)
 
 
+def _linear_windows(step: int):
+    """A `sampler._windows` replacement: the first window, then `step` more slots each time."""
+
+    def windows(max_new_tokens: int, first: int) -> list[int]:
+        need = max(1, max_new_tokens - 1)
+        out = [min(need, first)]
+        while out[-1] < need:
+            out.append(min(need, out[-1] + step))
+        return out
+
+    return windows
+
+
+def time_schedules(names: list[str], repeats: int, groups=32, group_size=8, new=640) -> None:
+    """Decode seconds of one rollout-shaped `generate` call per window schedule ("double" or
+    a step in slots), the schedules alternating within each repeat; prints the best of
+    `repeats` warm calls, its ratio to "double" and whether the tokens equal its."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from mapfjax.models import sampler
+    from mapfjax.models.qwen3 import Qwen3, Qwen3Config
+
+    cfg = Qwen3Config(
+        vocab_size=1024, hidden_size=128, intermediate_size=384, num_layers=6, num_heads=4,
+        num_kv_heads=2, head_dim=32, rope_theta=1e4, max_position_embeddings=1024,
+    )  # fmt: skip
+    model = Qwen3(cfg, dtype=jnp.float32, param_dtype=jnp.float32)
+    prompts = np.random.default_rng(0).integers(8, 1024, (groups, 200)).tolist()
+    doubling = sampler._windows
+    # Three stop tokens of 1,024: a row stops after ~340 tokens on average, some at the budget.
+    kw = dict(temperature=1.0, key=jax.random.key(1), num_samples=group_size,
+              stop_tokens=(5, 6, 7), compact=True)  # fmt: skip
+
+    def run(name):
+        sampler._windows = doubling if name == "double" else _linear_windows(int(name))
+        t = {}
+        try:
+            out = sampler.generate(model, prompts, new, timings=t, **kw)
+        finally:
+            sampler._windows = doubling
+        return t["decode_s"], np.asarray(out.tokens), np.asarray(out.lengths)
+
+    best, tokens = {}, {}
+    for name in names:  # compiles
+        _, tokens[name], lengths = run(name)
+    for _ in range(repeats):
+        for name in names:
+            seconds, tokens[name], _ = run(name)
+            best[name] = min(best.get(name, float("inf")), seconds)
+    print(
+        f"{groups} prompts x {group_size} samples, {new} new tokens; completions: mean "
+        f"{lengths.mean():.0f}, {np.mean(lengths >= new):.0%} at the budget; best of {repeats}"
+    )
+    print("| windows | decode s | vs doubling | ms per generated token | same tokens |")
+    print("|---|---|---|---|---|")
+    ref = best.get("double", best[names[0]])
+    for name in names:
+        label = "doubling" if name == "double" else f"+{name} slots"
+        same = np.array_equal(tokens[name], tokens[names[0]])
+        print(f"| {label} | {best[name]:.1f} | {ref / best[name]:.2f}x | "
+              f"{1e3 * best[name] / lengths.sum():.2f} | {same} |", flush=True)  # fmt: skip
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default="1,64")
@@ -93,8 +163,15 @@ def main(argv=None) -> None:
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=2, help="warm runs; the best is kept")
     parser.add_argument("--models", default="random,shipped")
+    parser.add_argument("--schedules", default="", help='e.g. "double,128,64" (see above)')
     args = parser.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    if args.schedules:
+        for name in args.schedules.split(","):
+            if name != "double" and not (name.isdigit() and int(name) > 0):
+                parser.error(f"--schedules: {name!r}; allowed: double or a slot step >= 1")
+        time_schedules(args.schedules.split(","), args.repeats)
+        return
     import jax
     import jax.numpy as jnp
     import numpy as np
