@@ -1,13 +1,26 @@
 # Shared by the scripts that run planned go / no-go arms (launch/trace_bonus0.sh,
 # launch/trace_lora.sh, launch/trace_step.sh, launch/trace_confirm.sh, launch/trace_more.sh);
 # sourced, not run. They set BUDGET_S (the seconds of GRPO an arm may take) before calling
-# pilot_updates.
+# pilot_updates, and call build_start first where the start may not be built yet.
 
 # The arms' start and the flags every arm shares (results/go_no_go/PLAN_trace_bonus0.md)
 TRACE_WAIT=(--policy runs/tiny_trace_wait/export --thinking --optimal_bonus 0 --kl_coef 0.1
   --wait_ratio 0.5 --samples 0)
 # ... read on the fresh held-out draw of those plans, the mismatched arm run on a gain
 COMMON=("${TRACE_WAIT[@]}" --held_out_seed 12348 --mismatched_when gain)
+
+built() { [ -f "$1/VALIDATION.md" ]; }  # train_tiny.py writes it last
+
+build_start() {  # TRACE_WAIT's start by the trace recipe (about 8,000 SFT updates of 16: hours
+  # on 2 CPU cores, minutes on a GPU); each step resumes or is skipped when built; EXTRA="..."
+  # adds recipe flags to each
+  local t=configs/tiny_model.py
+  built runs/tiny_trace_grid/export_aw10_6000 || python launch/train_tiny.py --config $t:trace \
+    --config.sft.stages='(1000,1500,2500,4000,6000)' --config.sft.answer_weight=10 \
+    --config.rl.train.steps=0 --config.out_dir=runs/tiny_trace_grid/export_aw10_6000 ${EXTRA:-}
+  built runs/tiny_trace_long/export || python launch/train_tiny.py --config $t:trace_long ${EXTRA:-}
+  built runs/tiny_trace_wait/export || python launch/train_tiny.py --config $t:trace_wait ${EXTRA:-}
+}
 
 gate() {  # go_no_go.py exits 1 on NO-GO, which is a result here; 2 or more is an error
   local rc=0

@@ -8,17 +8,11 @@
 #   bash launch/trace_bonus0.sh            # hours on 2 CPU cores; EXTRA="..." adds recipe flags
 set -euo pipefail
 shopt -s inherit_errexit  # a failed pilot inside $(...) stops the script
-T=configs/tiny_model.py
 R=results/go_no_go
 BUDGET_S=${BUDGET_S:-1800}
-source launch/arms.sh  # gate, pilot_updates, check_counts; COMMON, the arms' flags
-built() { [ -f "$1/VALIDATION.md" ]; }  # train_tiny.py writes it last
+source launch/arms.sh  # build_start, gate, pilot_updates, check_counts; COMMON, the arms' flags
 
-built runs/tiny_trace_grid/export_aw10_6000 || python launch/train_tiny.py --config $T:trace \
-  --config.sft.stages='(1000,1500,2500,4000,6000)' --config.sft.answer_weight=10 \
-  --config.rl.train.steps=0 --config.out_dir=runs/tiny_trace_grid/export_aw10_6000 ${EXTRA:-}
-built runs/tiny_trace_long/export || python launch/train_tiny.py --config $T:trace_long ${EXTRA:-}
-built runs/tiny_trace_wait/export || python launch/train_tiny.py --config $T:trace_wait ${EXTRA:-}
+build_start
 
 START=$R/trace_wait_bonus0_start3  # the third build (the second's check: trace_wait_bonus0_start)
 if [ ! -f $START/vs_earlier_builds.md ]; then

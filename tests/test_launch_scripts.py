@@ -18,11 +18,14 @@ def test_scripts_parse(script):
 
 def _bash(tmp_path, body: str) -> subprocess.CompletedProcess:
     """`body` run by bash in tmp_path with launch/arms.sh sourced and `python` a stub that
-    exits with $RC and, when $WRITE is set, writes verdict.md into its last argument."""
+    exits with $RC, writes verdict.md into its last argument when $WRITE is set and appends
+    its arguments to calls.txt."""
     stub = tmp_path / "bin" / "python"
     stub.parent.mkdir()
-    stub.write_text('#!/usr/bin/env bash\n[ -n "${WRITE:-}" ] && touch "${@: -1}/verdict.md"\n'
-                    'exit "${RC:-0}"\n')  # fmt: skip
+    stub.write_text(
+        '#!/usr/bin/env bash\necho "$*" >> calls.txt\n'
+        '[ -n "${WRITE:-}" ] && touch "${@: -1}/verdict.md"\nexit "${RC:-0}"\n'
+    )
     stub.chmod(0o755)
     script = f"set -euo pipefail\nsource {ROOT / 'launch' / 'arms.sh'}\n{body}\n"
     env = {"PATH": f"{stub.parent}:/usr/bin:/bin", "HOME": str(tmp_path)}
@@ -49,3 +52,25 @@ def test_check_counts_refuses_what_is_not_a_count(tmp_path, value, ok):
     assert (out.returncode == 0 and out.stdout.strip() == "passed") == ok
     if not ok:
         assert out.returncode == 2 and "pilots.txt holds N=" in out.stderr
+
+
+@pytest.mark.parametrize("built", [0, 2, 3])
+def test_build_start_runs_the_recipe_steps_not_built_yet_with_extra_flags(tmp_path, built):
+    """build_start skips each step whose export holds VALIDATION.md and passes EXTRA's flags
+    to the others, in the recipe's order."""
+    exports = ["tiny_trace_grid/export_aw10_6000", "tiny_trace_long/export"]
+    exports.append("tiny_trace_wait/export")
+    for d in exports[:built]:
+        (tmp_path / "runs" / d).mkdir(parents=True)
+        (tmp_path / "runs" / d / "VALIDATION.md").touch()
+    out = _bash(tmp_path, 'EXTRA="--config.processes=14 --config.x=1" build_start\necho done')
+    assert out.returncode == 0 and out.stdout.strip() == "done", out.stderr
+    log = tmp_path / "calls.txt"
+    calls = log.read_text().splitlines() if log.exists() else []
+    variants = [":trace ", ":trace_long ", ":trace_wait "][built:]
+    assert len(calls) == len(variants), calls
+    for call, variant in zip(calls, variants, strict=True):
+        assert call.startswith("launch/train_tiny.py --config configs/tiny_model.py" + variant)
+        assert call.endswith("--config.processes=14 --config.x=1"), call
+    if built == 0:
+        assert "--config.out_dir=runs/tiny_trace_grid/export_aw10_6000" in calls[0]
