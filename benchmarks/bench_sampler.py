@@ -5,10 +5,12 @@ the time per decode step at each length (it should stay flat as the cache fills)
 `--schedules` instead times sampled decoding at a GRPO rollout's shape (32 prompts of 200
 tokens x 8 samples, temperature 1, 640 new tokens, compaction on, a random model of the trace
 policy's shape whose rows stop at random) under cache-window schedules: the sampler's doubling
-(the reference) against windows growing by a fixed number of slots.
+(the reference) against windows growing by a fixed number of slots, and with
+`--fused-windows` for each value of `qwen3.CPU_FUSED_WINDOW` (the first given is the reference).
 
     python benchmarks/bench_sampler.py [--lengths 64,256,1024 --batches 1,64 --repeats 2]
     python benchmarks/bench_sampler.py --schedules double,128,64 [--repeats 3]
+    python benchmarks/bench_sampler.py --schedules double --fused-windows 256,1
 """
 
 from __future__ import annotations
@@ -104,15 +106,18 @@ def _linear_windows(step: int):
     return windows
 
 
-def time_schedules(names: list[str], repeats: int, groups=32, group_size=8, new=640) -> None:
+def time_schedules(
+    names: list[str], repeats: int, fused=(None,), groups=32, group_size=8, new=640
+) -> None:
     """Decode seconds of one rollout-shaped `generate` call per window schedule ("double" or
-    a step in slots), the schedules alternating within each repeat; prints the best of
-    `repeats` warm calls, its ratio to "double" and whether the tokens equal its."""
+    a step in slots) and `qwen3.CPU_FUSED_WINDOW` value in `fused` (None: as it is), the
+    variants alternating within each repeat; prints the best of `repeats` warm calls, its
+    ratio to the first variant and whether the tokens equal its."""
     import jax
     import jax.numpy as jnp
     import numpy as np
 
-    from mapfjax.models import sampler
+    from mapfjax.models import qwen3, sampler
     from mapfjax.models.qwen3 import Qwen3, Qwen3Config
 
     cfg = Qwen3Config(
@@ -126,34 +131,41 @@ def time_schedules(names: list[str], repeats: int, groups=32, group_size=8, new=
     kw = dict(temperature=1.0, key=jax.random.key(1), num_samples=group_size,
               stop_tokens=(5, 6, 7), compact=True)  # fmt: skip
 
-    def run(name):
+    threshold = qwen3.CPU_FUSED_WINDOW
+    variants = [(name, f) for f in fused for name in names]
+
+    def run(variant):
+        name, f = variant
         sampler._windows = doubling if name == "double" else _linear_windows(int(name))
+        qwen3.CPU_FUSED_WINDOW = threshold if f is None else f
+        sampler._decode.clear_cache()  # the threshold is read when the loop is traced
         t = {}
         try:
+            sampler.generate(model, prompts, new, **kw)  # compiles
             out = sampler.generate(model, prompts, new, timings=t, **kw)
         finally:
-            sampler._windows = doubling
+            sampler._windows, qwen3.CPU_FUSED_WINDOW = doubling, threshold
         return t["decode_s"], np.asarray(out.tokens), np.asarray(out.lengths)
 
     best, tokens = {}, {}
-    for name in names:  # compiles
-        _, tokens[name], lengths = run(name)
     for _ in range(repeats):
-        for name in names:
-            seconds, tokens[name], _ = run(name)
-            best[name] = min(best.get(name, float("inf")), seconds)
+        for variant in variants:
+            seconds, tokens[variant], lengths = run(variant)
+            best[variant] = min(best.get(variant, float("inf")), seconds)
     print(
         f"{groups} prompts x {group_size} samples, {new} new tokens; completions: mean "
         f"{lengths.mean():.0f}, {np.mean(lengths >= new):.0%} at the budget; best of {repeats}"
     )
-    print("| windows | decode s | vs doubling | ms per generated token | same tokens |")
-    print("|---|---|---|---|---|")
-    ref = best.get("double", best[names[0]])
-    for name in names:
+    print("| windows | fused from | decode s | vs first | ms per generated token | same tokens |")
+    print("|---|---|---|---|---|---|")
+    ref = best[variants[0]]
+    for variant in variants:
+        name, f = variant
         label = "doubling" if name == "double" else f"+{name} slots"
-        same = np.array_equal(tokens[name], tokens[names[0]])
-        print(f"| {label} | {best[name]:.1f} | {ref / best[name]:.2f}x | "
-              f"{1e3 * best[name] / lengths.sum():.2f} | {same} |", flush=True)  # fmt: skip
+        same = np.array_equal(tokens[variant], tokens[variants[0]])
+        print(f"| {label} | {threshold if f is None else f} | {best[variant]:.1f} | "
+              f"{ref / best[variant]:.2f}x | {1e3 * best[variant] / lengths.sum():.2f} | "
+              f"{same} |", flush=True)  # fmt: skip
 
 
 def main(argv=None) -> None:
@@ -164,13 +176,20 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=2, help="warm runs; the best is kept")
     parser.add_argument("--models", default="random,shipped")
     parser.add_argument("--schedules", default="", help='e.g. "double,128,64" (see above)')
+    parser.add_argument(
+        "--fused-windows", default="", help="with --schedules: CPU_FUSED_WINDOW values, e.g. 256,1"
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     if args.schedules:
         for name in args.schedules.split(","):
             if name != "double" and not (name.isdigit() and int(name) > 0):
                 parser.error(f"--schedules: {name!r}; allowed: double or a slot step >= 1")
-        time_schedules(args.schedules.split(","), args.repeats)
+        fused = [f.strip() for f in args.fused_windows.split(",") if f.strip()]
+        if not all(f.isdigit() and int(f) >= 1 for f in fused):
+            parser.error(f"--fused-windows: {args.fused_windows!r}; allowed: ints >= 1")
+        fused = [int(f) for f in fused] or [None]
+        time_schedules(args.schedules.split(","), args.repeats, fused)
         return
     import jax
     import jax.numpy as jnp
