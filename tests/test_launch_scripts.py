@@ -58,8 +58,11 @@ def test_check_counts_refuses_what_is_not_a_count(tmp_path, value, ok):
 def test_build_start_runs_the_recipe_steps_not_built_yet_with_extra_flags(tmp_path, built):
     """build_start skips each step whose export holds VALIDATION.md and passes EXTRA's flags
     to the others, in the recipe's order."""
-    exports = ["tiny_trace_grid/export_aw10_6000", "tiny_trace_long/export"]
-    exports.append("tiny_trace_wait/export")
+    exports = [
+        "tiny_trace_grid/export_aw10_6000",
+        "tiny_trace_long/export",
+        "tiny_trace_wait/export",
+    ]
     for d in exports[:built]:
         (tmp_path / "runs" / d).mkdir(parents=True)
         (tmp_path / "runs" / d / "VALIDATION.md").touch()
