@@ -17,6 +17,7 @@ from mapfjax.rl.batch import GroupBatch, SequenceBatch, make_batch
 from mapfjax.rl.grpo import GRPOConfig
 from mapfjax.rl.logprobs import completion_logprobs
 from mapfjax.rl.trainer import OptimConfig, Trainer
+from tests.rl.test_trainer import max_diff
 
 CFG = PRESETS["tiny"]
 OPTIM = OptimConfig(lr=1e-3, eps=1e-4, grad_clip=1.0, total_steps=100)
@@ -80,15 +81,6 @@ def test_logprobs_loss_and_gradients_equal_the_unshared_path(g):
     assert max(jax.tree.leaves(diffs)) < 1e-5
     # Gradients reach the prompt pass: the embedding rows of prompt-only tokens move.
     assert float(jnp.abs(g_s["embedding"][...]).sum()) > 0
-
-
-def max_diff(a, b):
-    diffs = jax.tree.map(
-        lambda x, y: float(np.max(np.abs(np.asarray(x) - np.asarray(y)))),
-        jax.device_get(a),
-        jax.device_get(b),
-    )
-    return max(jax.tree.leaves(diffs))
 
 
 @pytest.mark.parametrize(
