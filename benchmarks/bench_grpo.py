@@ -10,6 +10,14 @@ learner on a random model of the same shape and batch (`--tunix`, in its own vir
     python benchmarks/bench_grpo.py --model runs/tiny_trace_grid/export_1000 --thinking \
         --prompts 8 --new-tokens 640 --steps 2 [--length-split 2]
     python benchmarks/bench_grpo.py --tunix --tunix-venv /tmp/tunix-venv
+    python benchmarks/bench_grpo.py --update-cuts 2:1:4,16:2:1 [--prompts 32 --batches 2]
+
+`--update-cuts` times only the update, on a random model of the trace policies' shape, of
+batches of `--prompts` groups x `--group` traces whose lengths are those of a trace policy's
+held-out answers (`--lengths-from`, a `validation.json`; per row x N(1, 0.12), and `--wander`
+of the rows at the 640-token budget), cut as `parts:group_split:accum_steps` each
+(`OptimConfig.length_split`, `group_split`, `accum_steps`); every cut runs the same batches
+once to compile, then once timed.
 """
 
 from __future__ import annotations
@@ -36,6 +44,18 @@ ARGS.add_argument(
 ARGS.add_argument(
     "--skip-unshared", action="store_true", help="leave out the one-prompt-per-row path"
 )
+ARGS.add_argument(
+    "--update-cuts", default="",
+    help="time only the update, cut each of these ways (parts:group_split:accum_steps, comma "
+    "separated; the first is the reference)",
+)  # fmt: skip
+ARGS.add_argument("--batches", type=int, default=2, help="batches per cut (--update-cuts)")
+ARGS.add_argument(
+    "--lengths-from",
+    default="results/go_no_go/trace_wait_step_g32_lr1e-4/matched/round_0/validation.json",
+    help="a validation.json whose rows' response_tokens the traces' lengths are drawn from",
+)
+ARGS.add_argument("--wander", type=float, default=0.06, help="share of rows at the budget")
 ARGS.add_argument("--tunix", action="store_true", help="also time google-tunix's GRPO step")
 ARGS.add_argument("--tunix-venv", default="~/.cache/mapfjax/tunix-venv")
 
@@ -187,9 +207,80 @@ def time_torch(opts, path, tok, problems) -> dict:
     return res
 
 
+def trace_batches(opts, n: int, budget: int = 640, prompt_len: int = 200, vocab: int = 1024):
+    """`n` GroupBatches of opts.prompts groups x opts.group random tokens whose completion
+    lengths follow a trace policy's held-out answers (see --lengths-from)."""
+    import json
+
+    import numpy as np
+
+    from mapfjax.rl.batch import GroupBatch
+
+    rows = json.loads(open(opts.lengths_from).read())["rows"]
+    lengths = np.array([r["response_tokens"] for r in rows if not r["truncated"]])
+    rng = np.random.default_rng(0)
+    g, b = opts.group, opts.prompts
+    out = []
+    for _ in range(n):
+        base = rng.choice(lengths, b)[:, None] * rng.normal(1.0, 0.12, (b, g))
+        lens = np.where(rng.random((b, g)) < opts.wander, budget, np.clip(base, 20, budget))
+        mask = np.arange(budget) < lens.astype(int)[..., None]
+        out.append(
+            GroupBatch(
+                prompt_tokens=rng.integers(8, vocab, (b, prompt_len)).astype(np.int32),
+                prompt_mask=np.ones((b, prompt_len), bool),
+                tokens=rng.integers(8, vocab, (b, g, budget)).astype(np.int32),
+                attention_mask=mask,
+                loss_mask=mask,
+                old_logprobs=np.zeros((b, g, budget), np.float32),
+                advantages=rng.standard_normal((b, g)).astype(np.float32),
+            )  # fmt: skip
+        )
+    return out
+
+
+def time_update_cuts(opts) -> None:
+    """Seconds of the update of the same trace-shaped batches per cut (--update-cuts)."""
+    import jax
+
+    from benchmarks.bench_sampler import trace_shaped_model
+    from mapfjax.rl import grpo
+    from mapfjax.rl.step import split_by_length
+    from mapfjax.rl.trainer import OptimConfig, Trainer
+
+    cuts = [tuple(int(x) for x in c.split(":")) for c in opts.update_cuts.split(",")]
+    batches = trace_batches(opts, opts.batches)
+    mean = sum(float(b.loss_mask.mean(-1).mean()) * b.completion_len for b in batches)
+    print(
+        f"GRPO update of {opts.batches} batches of {opts.prompts} groups x {opts.group} traces "
+        f"(mean {mean / len(batches):.0f} "
+        f"tokens, {opts.wander:.0%} at the budget), random 6-layer width-128 model, fp32, "
+        f"{jax.device_count()} {jax.devices()[0].platform} device(s); compiled, then timed once"
+    )  # fmt: skip
+    print("| parts : group_split : accum_steps | update s | tokens in update | vs the first |")
+    print("|---|---|---|---|")
+    first = None
+    for parts, k, accum in cuts:
+        optim = OptimConfig(
+            lr=1e-5, total_steps=100, accum_steps=accum, length_split=parts, group_split=k
+        )
+        trainer = Trainer(trace_shaped_model(), optim, "grpo", loss_cfg=grpo.GRPOConfig())
+        for b in batches:  # compiles every width these batches need
+            trainer.step(b)
+        t0 = time.perf_counter()
+        for b in batches:
+            trainer.step(b)
+        secs = time.perf_counter() - t0
+        first = first or secs
+        tokens = sum(_tokens_processed(p) for b in batches for p in split_by_length(b, parts, k))
+        print(f"| {parts} : {k} : {accum} | {secs:.1f} | {tokens:,} | {first / secs:.2f}x |")
+
+
 def main(argv=None):
     opts = ARGS.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    if opts.update_cuts:
+        return time_update_cuts(opts)
     import jax
     import jax.numpy as jnp
 

@@ -106,6 +106,19 @@ def _linear_windows(step: int):
     return windows
 
 
+def trace_shaped_model(vocab_size: int = 1024):
+    """A random fp32 Qwen3 of the trace policies' shape (6 layers, width 128)."""
+    import jax.numpy as jnp
+
+    from mapfjax.models.qwen3 import Qwen3, Qwen3Config
+
+    cfg = Qwen3Config(
+        vocab_size=vocab_size, hidden_size=128, intermediate_size=384, num_layers=6,
+        num_heads=4, num_kv_heads=2, head_dim=32, rope_theta=1e4, max_position_embeddings=1024,
+    )  # fmt: skip
+    return Qwen3(cfg, dtype=jnp.float32, param_dtype=jnp.float32)
+
+
 def time_schedules(
     names: list[str], repeats: int, fused=(None,), groups=32, group_size=8, new=640
 ) -> None:
@@ -114,17 +127,11 @@ def time_schedules(
     variants alternating within each repeat; prints the best of `repeats` warm calls, its
     ratio to the first variant and whether the tokens equal its."""
     import jax
-    import jax.numpy as jnp
     import numpy as np
 
     from mapfjax.models import qwen3, sampler
-    from mapfjax.models.qwen3 import Qwen3, Qwen3Config
 
-    cfg = Qwen3Config(
-        vocab_size=1024, hidden_size=128, intermediate_size=384, num_layers=6, num_heads=4,
-        num_kv_heads=2, head_dim=32, rope_theta=1e4, max_position_embeddings=1024,
-    )  # fmt: skip
-    model = Qwen3(cfg, dtype=jnp.float32, param_dtype=jnp.float32)
+    model = trace_shaped_model()
     prompts = np.random.default_rng(0).integers(8, 1024, (groups, 200)).tolist()
     doubling = sampler._windows
     # Three stop tokens of 1,024: a row stops after ~340 tokens on average, some at the budget.

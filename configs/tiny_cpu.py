@@ -123,6 +123,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
             "grad_clip": 1.0,
             "accum_steps": 1,
             "length_split": 1,  # 2+: the update in parts by completion length (traces)
+            "group_split": 1,  # 2+: with length_split, parts of pieces of groups (traces)
             "max_bad_steps": 5,
             # r > 0: the weights stay frozen and rank-r adapters train, scaled by alpha / r
             # (mapfjax.rl.lora; docs/training.md)

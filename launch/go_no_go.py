@@ -28,6 +28,11 @@ from mapfjax.rl.rollout import TRACE_LOSSES  # noqa: E402
 # Groups (of 8 samples) per micro-batch of a thinking update: parts of 4 groups of traces
 # (640-token budget) ran at 4.5-5.8 GB resident on the CPU, 16 peaked at 20 GB (32-group arms).
 MICRO_GROUPS = 4
+# Pieces per part of a thinking update: each group's 8 traces, sorted by length, in pieces of
+# 4 (--group_split 2) and the parts made of 4 pieces by length (16 parts of a 32-group update)
+# ran the update 1.5x faster than 2 parts of whole groups, where a trace that runs to the
+# budget pads its whole group (the same gradient; results/go_no_go/README.md).
+PART_PIECES = 4
 
 _POLICY = flags.DEFINE_string("policy", None, "model directory (HF files) to start from")
 _THINKING = flags.DEFINE_bool("thinking", False, "the policy writes a reasoning trace first")
@@ -104,17 +109,26 @@ _MISMATCHED_WHEN = flags.DEFINE_enum(
 )
 _LENGTH_SPLIT = flags.DEFINE_integer(
     "length_split", 0,
-    "the update in this many parts by completion length (optim.length_split; 0: 2 with "
-    "--thinking, whose traces vary most in length, else 1)",
+    "the update in this many parts by completion length (optim.length_split; 0: with "
+    f"--thinking, whose traces vary most in length, parts of {PART_PIECES} pieces (see "
+    "--group_split), else 1)",
+    lower_bound=0,
+)  # fmt: skip
+_GROUP_SPLIT = flags.DEFINE_enum(
+    "group_split", "0", ["0", "1", "2", "4", "8"],
+    "cut each group's 8 completions, sorted by length, into this many pieces before the parts "
+    "of --length_split are made (optim.group_split; the same gradient); 0: 2 with --thinking, "
+    "else 1",
 )  # fmt: skip
 _ACCUM = flags.DEFINE_integer(
     "accum_steps", 0,
     "micro-batches per part of an update (optim.accum_steps): the same gradient, a 1/n share "
-    "of the backward pass's peak memory; 0: with --thinking, parts of at most "
-    f"{MICRO_GROUPS} groups (a 640-token update of 16 groups in one piece peaks near 20 GB on "
-    "the CPU), else 1",
+    "of the backward pass's peak memory; 0: with --thinking, micro-batches of at most "
+    f"{MICRO_GROUPS} groups' traces (a 640-token update of 16 groups in one piece peaks near "
+    "20 GB on the CPU), else 1",
     lower_bound=0,
 )  # fmt: skip
+SPLIT_FLAGS = ("accum_steps", "groups", "group_split", "length_split", "thinking")
 _TRACE_LOSS = flags.DEFINE_enum(
     "trace_loss", "all", list(TRACE_LOSSES), "what of a thinking response GRPO trains"
 )
@@ -144,10 +158,10 @@ flags.register_multi_flags_validator(
     "--kl_coef: a KL term is part of the GRPO loss; --objective rft takes none",
 )
 flags.register_multi_flags_validator(
-    ["accum_steps", "groups", "length_split", "thinking"],
-    lambda v: not v["accum_steps"] or _part_groups(v) % v["accum_steps"] == 0,
-    "--accum_steps: must divide the groups of each part of the update (--groups / "
-    "--length_split when that divides, else --groups)",
+    list(SPLIT_FLAGS),
+    lambda v: not v["accum_steps"] or _part_units(v)[0] % v["accum_steps"] == 0,
+    "--accum_steps: must divide the pieces of each part of the update (--groups x "
+    "--group_split / --length_split when that divides, else --groups)",
 )
 flags.register_validator("lora_rank", lambda v: v >= 0, "--lora_rank: an int >= 0 (0: none)")
 flags.register_validator("lora_alpha", lambda v: v > 0, "--lora_alpha: a number > 0")
@@ -165,16 +179,28 @@ def verdict_name(mismatched: str) -> str:
     return "verdict.md" if mismatched == "3x3" else f"verdict_{mismatched}.md"
 
 
+def _group_split(v) -> int:
+    """optim.group_split from the flags' values: --group_split, or 2 with --thinking."""
+    return int(v["group_split"]) or (2 if v["thinking"] else 1)
+
+
 def _length_split(v) -> int:
-    """optim.length_split from the flags' values: --length_split, or 2 with --thinking."""
-    return v["length_split"] or (2 if v["thinking"] else 1)
+    """optim.length_split from the flags' values: --length_split, or with --thinking parts of
+    PART_PIECES pieces (2 parts where the pieces do not divide into them)."""
+    if v["length_split"] or not v["thinking"]:
+        return v["length_split"] or 1
+    pieces = v["groups"] * _group_split(v)
+    return pieces // PART_PIECES if pieces % PART_PIECES == 0 and pieces > PART_PIECES else 2
 
 
-def _part_groups(v) -> int:
-    """Groups in each part of an update (`step.split_by_length` uses the batch whole when
-    its groups do not divide into the parts)."""
-    groups, parts = v["groups"], _length_split(v)
-    return groups // parts if groups % parts == 0 else groups
+def _part_units(v) -> tuple[int, int]:
+    """(pieces in each part of an update, the most pieces a micro-batch takes): pieces of
+    groups when the update is cut (`step.split_by_length` uses the batch whole, of whole
+    groups, when its pieces do not divide into the parts)."""
+    groups, parts, k = v["groups"], _length_split(v), _group_split(v)
+    if parts > 1 and groups * k % parts == 0:
+        return groups * k // parts, MICRO_GROUPS * k
+    return groups, MICRO_GROUPS
 
 
 def micro_batches(part_groups: int, most: int = MICRO_GROUPS) -> int:
@@ -217,9 +243,9 @@ def arm_config(sizes, wait_ratio: float | None = None):
     c.train.max_new_tokens = c.validation.max_new_tokens = tokens
     if tokens > FINE_BUCKET_BUDGET:  # a trace's 100-640 tokens: power-of-two widths, as measured
         c.train.completion_bucket = "pow2"
-    v = {k: flags.FLAGS[k].value for k in ("groups", "length_split", "thinking")}
-    c.optim.length_split = _length_split(v)
-    c.optim.accum_steps = _ACCUM.value or (micro_batches(_part_groups(v)) if _THINKING.value else 1)
+    v = {k: flags.FLAGS[k].value for k in SPLIT_FLAGS}
+    c.optim.length_split, c.optim.group_split = _length_split(v), _group_split(v)
+    c.optim.accum_steps = _ACCUM.value or (micro_batches(*_part_units(v)) if _THINKING.value else 1)
     return c
 
 

@@ -35,6 +35,13 @@ class OptimConfig:
         divide by accum_steps x the mesh's data x fsdp devices, else the batch is used whole.
         For completions of very different lengths (reasoning traces), which would all be
         padded to the longest.
+    group_split: with length_split > 1 and groups of G completions sharing a prompt
+        (`batch.GroupBatch`), first cut each group's completions, sorted by length, into this
+        many pieces of G / group_split rows (it must divide G), each running the group's
+        prompt once; the parts are then made of pieces. One long completion then pads the few
+        rows of its piece instead of its whole group (traces that hit the budget): a 32-group
+        update of traces ran 1.4x faster in 8 parts of pieces of 4 than in 2 parts of groups.
+        The same gradient; 1 = whole groups.
     max_bad_steps: `Trainer.step` raises RuntimeError after this many non-finite updates in a
         row (each one is skipped: parameters and optimiser state stay unchanged).
     remat: what each layer keeps for the backward pass: True (its input only, the rest is
@@ -56,6 +63,7 @@ class OptimConfig:
     grad_clip: float = 1.0
     accum_steps: int = 1
     length_split: int = 1
+    group_split: int = 1
     max_bad_steps: int = 5
     remat: bool | str | None = None
     schedule: str = "cosine"
@@ -82,6 +90,7 @@ class OptimConfig:
             ("grad_clip", self.grad_clip >= 0, "a number >= 0 (0 disables clipping)"),
             ("accum_steps", is_int(self.accum_steps) and self.accum_steps >= 1, "an int >= 1"),
             ("length_split", is_int(self.length_split) and self.length_split >= 1, "an int >= 1"),
+            ("group_split", is_int(self.group_split) and self.group_split >= 1, "an int >= 1"),
             (
                 "max_bad_steps",
                 is_int(self.max_bad_steps) and self.max_bad_steps >= 1,

@@ -18,6 +18,7 @@ from flax import nnx
 from jax import lax
 
 from mapfjax import parallel
+from mapfjax.checks import is_int
 from mapfjax.models.sampler import BUCKETS
 from mapfjax.rl import lora
 from mapfjax.rl.batch import GroupBatch, SequenceBatch, row_view
@@ -287,49 +288,74 @@ def train_step(
     return apply_grads(state, grads, loss_value, metrics, tx=tx, schedule=schedule)
 
 
-def split_by_length(batch, parts: int) -> list:
+def split_by_length(batch, parts: int, group_split: int = 1) -> list:
     """`batch` as `parts` batches of equal numbers of groups (rows, for a `SequenceBatch`)
     in order of their longest completion, each cut to its own completion width (the
     `pow2_mid` bucket of its longest completion, at most the batch's T), so that short
     completions are not padded to the longest of the whole batch. Host (NumPy) leaves out.
-    One batch, the given one, when parts == 1 or the groups do not divide into `parts`."""
+    One batch, the given one, when parts == 1 or the groups do not divide into `parts`.
+
+    group_split (a `GroupBatch` only): first cut each group's G completions, sorted by
+    length, into this many pieces of G / group_split rows, each a group of its own with the
+    group's prompt, and make the parts of pieces: a completion that runs to the budget then
+    widens its piece, not its whole group. ValueError when it does not divide G.
+    """
     n = np.shape(batch.advantages)[0]
-    if parts == 1 or n % parts:
+    group = isinstance(batch, GroupBatch)
+    k = group_split if group else 1
+    if group and (not is_int(k) or k < 1 or batch.group_size % k):
+        raise ValueError(
+            f"split_by_length: group_split={group_split!r}; allowed: an int >= 1 that divides "
+            f"the group size G={batch.group_size}"
+        )
+    if parts == 1 or (n * k) % parts:
         return [batch]
     host = jax.tree.map(np.asarray, batch)
-    group = isinstance(batch, GroupBatch)
     if group:
-        lengths = host.attention_mask.sum(-1).max(-1)
+        row_lengths = host.attention_mask.sum(-1)  # [Bg, G]
+        g = batch.group_size
+        within = np.argsort(row_lengths, axis=1, kind="stable") if k > 1 else None
+        if within is None:
+            within = np.broadcast_to(np.arange(g), (n, g))
+        rows = within.reshape(n * k, g // k)  # each piece's rows in its group
+        owner = np.repeat(np.arange(n), k)  # each piece's group
+        lengths = np.take_along_axis(row_lengths, within, 1).reshape(n * k, -1).max(1)
     else:
         lengths = host.attention_mask[:, batch.prompt_len :].sum(-1)
     order = np.argsort(lengths, kind="stable").reshape(parts, -1)
     out = []
-    for rows in order:
-        width = min(batch.completion_len, BUCKETS["pow2_mid"](max(int(lengths[rows].max()), 1)))
-
-        def cut(x, rows=rows, width=width):
-            return None if x is None else x[rows][..., :width]
+    for idx in order:
+        width = min(batch.completion_len, BUCKETS["pow2_mid"](max(int(lengths[idx].max()), 1)))
 
         if group:
+            src, cols = owner[idx], rows[idx]
+
+            def cut(x, src=src, cols=cols, width=width):
+                return None if x is None else x[src[:, None], cols][..., :width]
+
             part = host.replace(
-                prompt_tokens=host.prompt_tokens[rows],
-                prompt_mask=host.prompt_mask[rows],
+                prompt_tokens=host.prompt_tokens[src],
+                prompt_mask=host.prompt_mask[src],
                 tokens=cut(host.tokens),
                 attention_mask=cut(host.attention_mask),
                 loss_mask=cut(host.loss_mask),
                 old_logprobs=cut(host.old_logprobs),
-                advantages=host.advantages[rows],
+                advantages=host.advantages[src[:, None], cols],
                 ref_logprobs=cut(host.ref_logprobs),
             )
         else:
+
+            def cut(x, rows=idx, width=width):
+                return None if x is None else x[rows][..., :width]
+
             end = batch.prompt_len + width
             part = host.replace(
-                tokens=host.tokens[rows][:, :end],
-                attention_mask=host.attention_mask[rows][:, :end],
-                positions=host.positions[rows][:, :end],
+                tokens=host.tokens[idx][:, :end],
+                attention_mask=host.attention_mask[idx][:, :end],
+                positions=host.positions[idx][:, :end],
                 loss_mask=cut(host.loss_mask),
                 old_logprobs=cut(host.old_logprobs),
-                advantages=host.advantages[rows],
+                advantages=host.advantages[idx],
                 ref_logprobs=cut(host.ref_logprobs),
             )
         out.append(part)
@@ -506,8 +532,11 @@ def lower_train_step(
 
 def program_key(optim: OptimConfig) -> OptimConfig:
     """`optim` with what the compiled update does not depend on normalised: max_bad_steps (the
-    host checks it) and total_steps (an argument of the update, see `jitted_step`)."""
-    return dataclasses.replace(optim, max_bad_steps=1, total_steps=optim.warmup_steps + 1)
+    host checks it), total_steps (an argument of the update, see `jitted_step`) and how a
+    batch is cut into parts (length_split, group_split: the host cuts it)."""
+    return dataclasses.replace(
+        optim, max_bad_steps=1, total_steps=optim.warmup_steps + 1, length_split=1, group_split=1
+    )
 
 
 @functools.lru_cache(maxsize=32)

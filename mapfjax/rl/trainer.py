@@ -157,8 +157,8 @@ class Trainer:
                 "are replicated (slow, memory-hungry); use rows per micro-batch divisible by %d",
                 rows // self.optim.accum_steps, shards, shards,
             )  # fmt: skip
-        parts = split_by_length(batch, self.optim.length_split)
-        if (rows // len(parts)) % (self.optim.accum_steps * shards):
+        parts = split_by_length(batch, self.optim.length_split, self.optim.group_split)
+        if any(np.shape(p.advantages)[0] % (self.optim.accum_steps * shards) for p in parts):
             parts = [batch]
         placed = []
         for part in parts:

@@ -78,7 +78,7 @@ def test_a_thinking_arm_pads_completions_to_powers_of_two_and_its_settings_load(
         "s = driver.GRPOSettings.from_config(c)\n"
         "o = driver.optim_config(c, 10, 1)\n"
         "print(json.dumps([s.sampling.completion_bucket, s.sampling.max_new_tokens, "
-        "o.length_split]))\n"
+        "o.length_split, o.group_split]))\n"
     )
     got = []
     for args in ([], ["--thinking"]):
@@ -87,7 +87,8 @@ def test_a_thinking_arm_pads_completions_to_powers_of_two_and_its_settings_load(
         )
         assert out.returncode == 0, out.stderr
         got.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    assert got == [["x8", 64, 1], ["pow2", 640, 2]]  # traces: the update in 2 parts by length
+    # traces: the update in 4 parts of 4 pieces (half groups) by length
+    assert got == [["x8", 64, 1, 1], ["pow2", 640, 4, 2]]
 
 
 def test_groups_set_the_update_batch_and_the_round_budget():
@@ -148,10 +149,14 @@ def test_lora_flags_reach_the_optimiser():
     "args, want",
     [
         (["--groups=32"], 1),  # 64-token answers: the update whole
-        (["--thinking", "--groups=8"], 1),  # two parts of 4 groups
-        (["--thinking", "--groups=32"], 4),  # two parts of 16 groups, each in 4 micro-batches
-        (["--thinking", "--groups=32", "--length_split=1"], 8),
-        (["--thinking", "--groups=12"], 2),  # parts of 6 groups: 2 micro-batches of 3
+        (["--thinking", "--groups=8"], 1),  # 4 parts of 4 half groups
+        (["--thinking", "--groups=32"], 1),  # 16 parts of 4 half groups
+        (["--thinking", "--groups=32", "--length_split=1"], 8),  # whole, 8 x 4 groups
+        (["--thinking", "--groups=32", "--length_split=2"], 4),  # 2 x 32 half groups, 4 x 8
+        (["--thinking", "--groups=32", "--group_split=1"], 1),  # 8 parts of 4 groups
+        (["--thinking", "--groups=32", "--group_split=1", "--length_split=2"], 4),  # 2 x 16
+        (["--thinking", "--groups=12", "--group_split=1", "--length_split=2"], 2),  # 2 x 6
+        (["--thinking", "--groups=3"], 1),  # 6 half groups not in parts of 4: 2 parts of 3
         (["--thinking", "--groups=32", "--accum_steps=2"], 2),
     ],
 )
@@ -179,8 +184,10 @@ def test_a_thinking_update_runs_in_micro_batches_of_at_most_four_groups(args, wa
         ),
         (
             ["--thinking", "--groups=32", "--accum_steps=3"],
-            ["accum_steps=3, groups=32", "--accum_steps: must divide the groups of each part"],
+            ["accum_steps=3, groups=32", "--accum_steps: must divide the pieces of each part"],
         ),
+        (["--group_split=3"], ["--group_split=3", "one of <0|1|2|4|8>"]),
+        (["--length_split=-1"], ["--length_split=-1", "not a non-negative integer"]),
     ],
 )
 def test_a_bad_flag_is_refused_before_any_work(args, wants):

@@ -123,16 +123,79 @@ def test_split_by_length_cuts_each_part_to_its_own_longest():
     assert step_lib.split_by_length(batch, 3) == [batch]  # 4 groups do not split in 3
 
 
-@pytest.mark.parametrize("accum, sharded", [(1, False), (2, False), (1, True)])
-def test_a_length_split_update_equals_the_whole_batch_update(accum, sharded):
+def _straggler_group_batch(groups=8, g=4, seed=1):
+    """A GroupBatch of short completions (1-4 tokens) where one row of every odd group runs
+    long (20-30): traces that wander to the budget."""
+    rng = np.random.default_rng(seed)
+    prompts, comps = [], []
+    for i in range(groups):
+        p = list(rng.integers(1, CFG.vocab_size, int(rng.integers(3, 9))))
+        for j in range(g):
+            n = int(rng.integers(20, 31) if i % 2 and j == 1 else rng.integers(1, 5))
+            prompts.append(p)
+            comps.append(list(rng.integers(1, CFG.vocab_size, n)))
+    return make_batch(
+        prompts, comps, 0, "pow2", "pow2",
+        old_logprobs=[list(-rng.random(len(c))) for c in comps],
+        advantages=rng.standard_normal(len(comps)), group_size=g, shared_prefix=True,
+    )  # fmt: skip
+
+
+def test_group_split_cuts_groups_into_pieces_by_row_length():
+    """OptimConfig.group_split: every completion lands in exactly one piece with its own
+    prompt, values and advantage; pieces are a group's rows sorted by length, so a long row
+    widens only its piece; the padded columns drop against whole groups."""
+    batch = _straggler_group_batch()
+    host = jax.tree.map(np.asarray, batch)
+    pieces = step_lib.split_by_length(batch, 4, group_split=2)
+    groups = step_lib.split_by_length(batch, 4)
+    assert [p.completion_len for p in pieces] == [2, 4, 4, 32]
+    assert [p.completion_len for p in groups] == [4, 4, 32, 32]
+    assert [p.group_size for p in pieces] == [2] * 4 and [p.group_size for p in groups] == [4] * 4
+
+    def padded(parts):
+        return sum(p.tokens.size + p.prompt_tokens.size for p in parts)
+
+    assert padded(pieces) < padded(groups)
+    seen = []
+    for part in pieces:
+        for prompt, toks, mask, old, adv in zip(
+            part.prompt_tokens, part.tokens, part.loss_mask, part.old_logprobs,
+            part.advantages, strict=True,
+        ):  # fmt: skip
+            (src,) = np.flatnonzero((host.prompt_tokens == prompt).all(1))
+            piece = []
+            for row_tokens, row_mask, row_old, a in zip(toks, mask, old, adv, strict=True):
+                (j,) = np.flatnonzero(host.advantages[src] == a)
+                w = row_tokens.shape[-1]
+                np.testing.assert_array_equal(row_tokens, host.tokens[src, j, :w])
+                np.testing.assert_array_equal(row_mask, host.loss_mask[src, j, :w])
+                np.testing.assert_array_equal(row_old, host.old_logprobs[src, j, :w])
+                assert not host.loss_mask[src, j, w:].any()  # nothing in the loss was cut
+                seen.append((int(src), int(j)))
+                piece.append(int(j))
+            by_length = np.argsort(host.loss_mask[src].sum(-1), kind="stable").tolist()
+            assert sorted(piece) in (sorted(by_length[:2]), sorted(by_length[2:]))
+    assert sorted(seen) == [(i, j) for i in range(8) for j in range(4)]
+    with pytest.raises(ValueError, match="group_split=3.*divides the group size G=4"):
+        step_lib.split_by_length(batch, 2, group_split=3)
+    assert step_lib.split_by_length(batch, 3, group_split=2) == [batch]  # 16 pieces, 3 parts
+
+
+@pytest.mark.parametrize(
+    "accum, sharded, group_split", [(1, False, 1), (2, False, 1), (1, True, 1), (2, False, 2)]
+)
+def test_a_length_split_update_equals_the_whole_batch_update(accum, sharded, group_split):
     """OptimConfig.length_split: the update from the parts' gradients equals one update on the
     whole batch (token-mean GRPO loss, with and without micro-batches inside each part, on one
-    device and with each part's groups over 4 data x fsdp devices)."""
-    batch = _ragged_group_batch(groups=8)
+    device and with each part's groups over 4 data x fsdp devices; and from pieces of groups,
+    OptimConfig.group_split)."""
+    batch = _ragged_group_batch(groups=8) if group_split == 1 else _straggler_group_batch()
     mesh = parallel.make_mesh({"data": 2, "fsdp": 2}, jax.devices()[:4]) if sharded else None
     optim = OptimConfig(lr=1e-3, total_steps=4, accum_steps=accum)
     whole = Trainer(_model(), optim, "grpo", mesh=mesh)
-    split = Trainer(_model(), dataclasses.replace(optim, length_split=2), "grpo", mesh=mesh)
+    cut = dataclasses.replace(optim, length_split=2, group_split=group_split)
+    split = Trainer(_model(), cut, "grpo", mesh=mesh)
     for _ in range(2):  # the second step from the updated parameters and optimiser state
         a, b = whole.step(batch), split.step(batch)
         for k in ("loss", "grad_norm", "entropy", "lr"):
