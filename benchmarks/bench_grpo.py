@@ -211,12 +211,13 @@ def trace_batches(opts, n: int, budget: int = 640, prompt_len: int = 200, vocab:
     """`n` GroupBatches of opts.prompts groups x opts.group random tokens whose completion
     lengths follow a trace policy's held-out answers (see --lengths-from)."""
     import json
+    import pathlib
 
     import numpy as np
 
     from mapfjax.rl.batch import GroupBatch
 
-    rows = json.loads(open(opts.lengths_from).read())["rows"]
+    rows = json.loads(pathlib.Path(opts.lengths_from).read_text())["rows"]
     lengths = np.array([r["response_tokens"] for r in rows if not r["truncated"]])
     rng = np.random.default_rng(0)
     g, b = opts.group, opts.prompts
@@ -250,10 +251,10 @@ def time_update_cuts(opts) -> None:
 
     cuts = [tuple(int(x) for x in c.split(":")) for c in opts.update_cuts.split(",")]
     batches = trace_batches(opts, opts.batches)
-    mean = sum(float(b.loss_mask.mean(-1).mean()) * b.completion_len for b in batches)
+    mean = sum(float(b.loss_mask.sum(-1).mean()) for b in batches) / len(batches)
     print(
         f"GRPO update of {opts.batches} batches of {opts.prompts} groups x {opts.group} traces "
-        f"(mean {mean / len(batches):.0f} "
+        f"(mean {mean:.0f} "
         f"tokens, {opts.wander:.0%} at the budget), random 6-layer width-128 model, fp32, "
         f"{jax.device_count()} {jax.devices()[0].platform} device(s); compiled, then timed once"
     )  # fmt: skip

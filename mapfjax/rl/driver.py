@@ -158,7 +158,8 @@ def check_train(t: ml_collections.ConfigDict) -> None:
 def optim_config(c: ml_collections.ConfigDict, steps_per_phase: int, phases: int) -> OptimConfig:
     """`OptimConfig` from c.optim; a "constant" schedule restarts every phase (its warmup
     included), "cosine" spans all phases (the old behaviour). A learning rate that is not
-    finite, or micro-batches that would split a step's groups, raise ValueError naming the key."""
+    finite, micro-batches that would split a step's groups, or pieces that would not divide a
+    group, raise ValueError naming the key."""
     o = c.optim.to_dict()
     lr = o.get("lr")
     # inf passes OptimConfig's lr > 0, then every update is non-finite and skipped.
@@ -167,6 +168,11 @@ def optim_config(c: ml_collections.ConfigDict, steps_per_phase: int, phases: int
     require(
         "optim.accum_steps", accum, not is_int(accum) or accum < 1 or groups % accum == 0,
         f"a divisor of train.problems_per_step = {groups} (micro-batches take whole groups)",
+    )  # fmt: skip
+    pieces, g = o.get("group_split", 1), c.train.group_size
+    require(
+        "optim.group_split", pieces, not is_int(pieces) or pieces < 1 or g % pieces == 0,
+        f"a divisor of train.group_size = {g} (a group is cut into that many equal pieces)",
     )  # fmt: skip
     total = max(1, steps_per_phase * phases)
     if isinstance(o.get("lora_targets"), list):  # a config file's list of kernel names

@@ -314,8 +314,9 @@ def split_by_length(batch, parts: int, group_split: int = 1) -> list:
     if group:
         row_lengths = host.attention_mask.sum(-1)  # [Bg, G]
         g = batch.group_size
-        within = np.argsort(row_lengths, axis=1, kind="stable") if k > 1 else None
-        if within is None:
+        if k > 1:
+            within = np.argsort(row_lengths, axis=1, kind="stable")
+        else:  # whole groups, their rows in order
             within = np.broadcast_to(np.arange(g), (n, g))
         rows = within.reshape(n * k, g // k)  # each piece's rows in its group
         owner = np.repeat(np.arange(n), k)  # each piece's group

@@ -308,6 +308,7 @@ BAD_CONFIGS = [
     (("train", "top_p"), 0.0, r"train\.top_p = 0\.0; allowed: a number in \(0, 1\]"),
     (("optim", "lr"), float("inf"), r"optim\.lr = inf; allowed: a finite number > 0"),
     (("optim", "accum_steps"), 3, r"optim\.accum_steps = 3; allowed: a divisor of train\.prob"),
+    (("optim", "group_split"), 3, r"optim\.group_split = 3; allowed: a divisor of train\.group"),
     (("mesh", "tp"), 3, r"mesh = \{.*'tp': 3\}: .*allowed: --config\.mesh"),
 ]
 
