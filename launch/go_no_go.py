@@ -23,6 +23,7 @@ if __name__ == "__main__":
     hostalloc.use_tcmalloc()  # before JAX is imported: a restart costs only the lines above
 
 from mapfjax.rl.driver import FINE_BUCKET_BUDGET, OBJECTIVES  # noqa: E402
+from mapfjax.rl.optim import OPTIMIZERS  # noqa: E402
 from mapfjax.rl.rollout import TRACE_LOSSES  # noqa: E402
 
 # Groups (of 8 samples) per micro-batch of a thinking update: parts of 4 groups of traces
@@ -52,6 +53,11 @@ _ROUNDS = flags.DEFINE_integer(
     lower_bound=1,
 )
 _LR = flags.DEFINE_float("lr", 1e-4, "GRPO learning rate")
+_OPTIMIZER = flags.DEFINE_enum(
+    "optimizer", "adamw", list(OPTIMIZERS),
+    "adamw, or momentum: Adam without its second moment, each weight moved in proportion to "
+    "its gradient (optim.optimizer; its --lr is on another scale: compare train_update_norm)",
+)  # fmt: skip
 _TOKENS = flags.DEFINE_integer("max_new_tokens", 0, "completion budget (0: 64, or 640 thinking)")
 _PER_SIZE = flags.DEFINE_integer("per_size", 100, "held-out puzzles per map size (4 sizes)")
 _SAMPLES = flags.DEFINE_integer(
@@ -224,6 +230,8 @@ def arm_config(sizes, wait_ratio: float | None = None):
     c.train.problems_per_step = _GROUPS.value
     c.train.instances = _UPDATES.value * c.train.problems_per_step
     c.optim.lr = _LR.value
+    if _OPTIMIZER.value != "adamw":  # else the config as every earlier arm ran it
+        c.optim.optimizer = _OPTIMIZER.value
     c.grpo.kl_coef = _KL.value
     if _LORA.value:
         c.optim.lora_rank, c.optim.lora_alpha = _LORA.value, _LORA_ALPHA.value

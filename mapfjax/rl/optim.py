@@ -1,5 +1,5 @@
-"""Optimiser settings and their optax transformation: AdamW with linear warmup, cosine decay
-and global-norm gradient clipping."""
+"""Optimiser settings and their optax transformation: AdamW (or momentum SGD) with linear
+warmup, cosine decay and global-norm gradient clipping."""
 
 from __future__ import annotations
 
@@ -18,6 +18,12 @@ from mapfjax.rl.lora import TARGETS as LORA_TARGETS
 class OptimConfig:
     """Optimiser and update-loop settings.
 
+    optimizer: "adamw", or "momentum": the same update without Adam's second moment, so that
+        each weight moves in proportion to its (averaged) gradient instead of by about lr
+        whatever the gradient's size (Adam's first updates are close to lr x sign(gradient)):
+        m <- b1 m + (1 - b1) g, step = lr (m / (1 - b1^t) + weight_decay p). Its lr is on
+        another scale: a step of norm lr x |g| rather than about lr x sqrt(parameters), so
+        compare the two by the logged update_norm, not by lr.
     lr: peak learning rate. Update k (0-based) of a warmup runs at lr * (k + 1) /
         (warmup_steps + 1), so no update ever runs at lr 0; then `schedule`:
         "cosine" decays over the remaining `total_steps - warmup_steps` updates to
@@ -53,6 +59,7 @@ class OptimConfig:
     """
 
     lr: float = 1e-6
+    optimizer: str = "adamw"
     warmup_steps: int = 0
     total_steps: int = 1000
     end_lr_ratio: float = 0.0
@@ -76,6 +83,7 @@ class OptimConfig:
         """Raise ValueError naming the first bad field, its value and what is allowed."""
         checks = [
             ("lr", self.lr > 0, "a number > 0"),
+            ("optimizer", self.optimizer in OPTIMIZERS, f"one of {list(OPTIMIZERS)}"),
             ("warmup_steps", is_int(self.warmup_steps) and self.warmup_steps >= 0, "an int >= 0"),
             (
                 "total_steps",
@@ -121,6 +129,7 @@ class OptimConfig:
 
 
 SCHEDULES = ("cosine", "constant")
+OPTIMIZERS = ("adamw", "momentum")
 
 
 def lr_schedule(cfg: OptimConfig, total_steps=None) -> optax.Schedule:
@@ -159,17 +168,21 @@ def decay_mask(params):
 
 
 def make_optimizer(cfg: OptimConfig, total_steps=None) -> optax.GradientTransformation:
-    """Global-norm clipping, then AdamW on `lr_schedule` (of total_steps, as it says) with
-    `decay_mask`."""
+    """Global-norm clipping, then AdamW (or `momentum`: see OptimConfig.optimizer) on
+    `lr_schedule` (of total_steps, as it says), weight decay on `decay_mask`."""
     cfg.validate()
-    adamw = optax.adamw(
-        lr_schedule(cfg, total_steps),
-        b1=cfg.b1,
-        b2=cfg.b2,
-        eps=cfg.eps,
-        weight_decay=cfg.weight_decay,
-        mask=decay_mask,
-    )
+    schedule = lr_schedule(cfg, total_steps)
+    if cfg.optimizer == "adamw":
+        tx = optax.adamw(
+            schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay,
+            mask=decay_mask,
+        )  # fmt: skip
+    else:  # Adam's first moment, bias-corrected, without its second
+        tx = optax.chain(
+            optax.ema(cfg.b1, debias=True),
+            optax.add_decayed_weights(cfg.weight_decay, decay_mask),
+            optax.scale_by_learning_rate(schedule),
+        )
     if cfg.grad_clip > 0:
-        return optax.chain(optax.clip_by_global_norm(cfg.grad_clip), adamw)
-    return adamw
+        return optax.chain(optax.clip_by_global_norm(cfg.grad_clip), tx)
+    return tx

@@ -229,7 +229,8 @@ def apply_grads(
 ) -> tuple[TrainState, dict[str, Array]]:
     """The optimiser update from `grads` (pure): the second half of `train_step`. A
     non-finite loss or gradient leaves params and optimiser state unchanged and counts the
-    step in bad_steps / skipped."""
+    step in bad_steps / skipped. Metrics add grad_norm (before clipping) and update_norm, the
+    global norm of the change made to the parameters (0 for a skipped update)."""
     grad_norm = optax.tree.norm(grads)
     ok = jnp.isfinite(loss_value) & jnp.isfinite(grad_norm)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -250,6 +251,7 @@ def apply_grads(
     metrics.update(
         loss=jnp.asarray(loss_value, jnp.float32),
         grad_norm=grad_norm,
+        update_norm=jnp.where(ok, optax.tree.norm(updates), 0.0).astype(jnp.float32),
         lr=jnp.asarray(schedule(applied), jnp.float32),
         update_skipped=jnp.where(ok, 0.0, 1.0),
     )

@@ -91,6 +91,26 @@ def test_a_thinking_arm_pads_completions_to_powers_of_two_and_its_settings_load(
     assert got == [["x8", 64, 1, 1], ["pow2", 640, 4, 2]]
 
 
+def test_optimizer_flag_reaches_the_optimiser_and_the_default_config_is_unchanged():
+    probe = _PROBE.split("print(")[0] + (
+        "from mapfjax.rl import driver\n"
+        "print(json.dumps(['optimizer' in c.optim, driver.optim_config(c, 10, 1).optimizer]))\n"
+    )
+    got = []
+    for args in ([], ["--optimizer=momentum", "--lr=2.0"]):
+        out = subprocess.run(
+            [sys.executable, "-c", probe, *args], cwd=ROOT, capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stderr
+        got.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    # the earlier arms' configs (no optimizer key) are what adamw runs
+    assert got == [[False, "adamw"], [True, "momentum"]]
+    bad = subprocess.run(
+        [sys.executable, "-c", _PROBE, "--optimizer=sgd"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert bad.returncode != 0 and "--optimizer" in bad.stderr
+
+
 def test_groups_set_the_update_batch_and_the_round_budget():
     probe = _PROBE.replace("c.train.objective, c.train.temperature]", "c.train.problems_per_step]")
     args = ["--groups=32", "--updates=10"]

@@ -1,8 +1,10 @@
-"""Learning-rate schedules (never 0, per-cycle restarts) and the weight-decay mask."""
+"""Learning-rate schedules (never 0, per-cycle restarts), the weight-decay mask, and the
+momentum optimiser against a NumPy transcription of its formula."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
@@ -51,3 +53,38 @@ def test_weight_decay_skips_norms_and_embeddings():
     updates, _ = tx.update(zeros, tx.init(params), params)
     moved = jax.tree.map(lambda u: bool(jnp.any(u != 0)), updates)
     assert jax.tree.leaves(moved) == jax.tree.leaves(decay_mask(params))
+
+
+@pytest.mark.parametrize("grad_clip", [0.0, 0.5])
+def test_momentum_matches_numpy_formula(grad_clip):
+    """m <- b1 m + (1 - b1) g (g clipped to global norm grad_clip), p <- p - lr_t (m / (1 -
+    b1^t) + wd p) on decayed matrices, p - lr_t m / (1 - b1^t) elsewhere."""
+    rng = np.random.default_rng(0)
+    params = {"mlp": rng.normal(size=(3, 4)), "final_norm": rng.normal(size=(4,))}
+    cfg = OptimConfig(
+        lr=0.2, optimizer="momentum", b1=0.8, weight_decay=0.1, grad_clip=grad_clip,
+        warmup_steps=1, total_steps=5, schedule="constant",
+    )  # fmt: skip
+    tx = make_optimizer(cfg)
+    state = tx.init(jax.tree.map(jnp.asarray, params))
+    p = {k: jnp.asarray(v, jnp.float32) for k, v in params.items()}
+    ref = {k: v.copy() for k, v in params.items()}
+    m = {k: np.zeros_like(v) for k, v in params.items()}
+    for t in range(1, 4):
+        g = {k: rng.normal(size=v.shape) for k, v in params.items()}
+        norm = np.sqrt(sum(np.sum(v**2) for v in g.values()))
+        scale = min(1.0, grad_clip / norm) if grad_clip > 0 else 1.0
+        lr = float(lr_schedule(cfg)(t - 1))
+        for k in ref:
+            m[k] = 0.8 * m[k] + 0.2 * scale * g[k]
+            decay = 0.1 * ref[k] if k == "mlp" else 0.0
+            ref[k] = ref[k] - lr * (m[k] / (1 - 0.8**t) + decay)
+        updates, state = tx.update({k: jnp.asarray(v, jnp.float32) for k, v in g.items()}, state, p)
+        p = optax.apply_updates(p, updates)
+        for k in ref:
+            np.testing.assert_allclose(p[k], ref[k], rtol=1e-5, atol=1e-6, err_msg=f"{k} step {t}")
+
+
+def test_an_unknown_optimizer_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match=r"optimizer='sgd'.*'adamw', 'momentum'"):
+        OptimConfig(optimizer="sgd").validate()

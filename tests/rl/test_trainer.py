@@ -177,10 +177,17 @@ def test_non_finite_update_is_skipped_then_raises():
     opt_before = jax.device_get(tr.state.opt_state)
     m = tr.step(bad)
     assert m["update_skipped"] == 1.0 and m["skipped"] == 1 and m["bad_steps"] == 1
+    assert m["update_norm"] == 0.0
     assert max_diff(before, tr.params) == 0.0
     assert max_diff(opt_before, tr.state.opt_state) == 0.0
     m = tr.step(good)  # a finite update resets the run of bad steps
     assert m["bad_steps"] == 0 and m["skipped"] == 1 and max_diff(before, tr.params) > 0
+    # update_norm: the global norm of the change the update made to the parameters
+    change = jax.tree.map(
+        lambda a, b: np.asarray(b, np.float64) - a, before, jax.device_get(tr.params)
+    )
+    expected = np.sqrt(sum(np.sum(d**2) for d in jax.tree.leaves(change)))
+    np.testing.assert_allclose(m["update_norm"], expected, rtol=1e-3)
     tr.step(bad)
     with pytest.raises(RuntimeError, match="2 non-finite updates in a row"):
         tr.step(bad)
