@@ -23,9 +23,16 @@ build_start() {  # TRACE_WAIT's start by the trace recipe (about 8,000 SFT updat
 }
 
 gate() {  # go_no_go.py exits 1 on NO-GO, which is a result here; 2 or more is an error
-  local rc=0
+  local rc=0 name=verdict.md prev="" a stamp
+  for a in "$@"; do  # the verdict this run writes: verdict_<name>.md against another mismatch
+    [ "$prev" = --mismatched ] && [ "$a" != 3x3 ] && name=verdict_$a.md
+    [[ "$a" == --mismatched=* ]] && [ "${a#*=}" != 3x3 ] && name=verdict_${a#*=}.md
+    prev=$a
+  done
+  stamp=$(date +%s)
   python launch/go_no_go.py "$@" || rc=$?
-  [ "$rc" -le 1 ] && [ -f "${@: -1}/verdict.md" ]  # a flag error also exits 1, writing nothing
+  # a flag error also exits 1, writing nothing: the verdict must be this run's
+  [ "$rc" -le 1 ] && [ -f "${@: -1}/$name" ] && [ "$(stat -c %Y "${@: -1}/$name")" -ge "$stamp" ]
 }
 
 pilot_updates() {  # NAME N FLAGS...: a pilot of N updates, then the updates that fit BUDGET_S
@@ -49,4 +56,37 @@ check_counts() {  # FILE NAME...: each NAME in FILE is a count >= 1, else exit 2
       exit 2
     }
   done
+}
+
+vs_shipped() {  # OUT WORKDIR LABEL: the shipped answer-only model on the matched arm's held-out
+  # puzzles (once), then the start, the GRPO arm (LABEL) and it side by side in OUT/vs_shipped.md
+  local out=$1 work=$2 label=$3
+  if [ ! -f "$out/shipped/verdicts.jsonl" ]; then
+    python launch/evaluate.py --checkpoint mapfjax/assets/tiny --max_new_tokens 64 \
+      --batch_size 100 --instances "$work/matched/validation_set.jsonl" --out_dir "${work}_shipped"
+    mkdir -p "$out/shipped"
+    cp "${work}_shipped"/{results.md,results.csv,verdicts.jsonl} "$out/shipped/"
+  fi
+  local evals=$out/matched/start/validation.json,$out/matched/round_0/validation.json,$out/shipped
+  python launch/compare_evals.py --instances "$work/matched/validation_set.jsonl" --sizes 3-6 \
+    --split_wait --evals "$evals" --labels "start (trace_wait),$label,shipped model" \
+    --out "$out/vs_shipped.md"
+}
+
+momentum_lr() {  # RUN: the momentum optimiser's lr for about twice the step of RUN's Adam
+  # (PLAN_optim.md): Adam's parameter change per unit of scheduled lr and of gradient norm, the
+  # median over RUN's updates, times 2 x 1e-4 (the Adam lr of RUN, arm H)
+  python - "$1" <<'PY'
+import pathlib, statistics, sys
+from mapfjax.eval import report
+rows = [row for _, row in report.training_curves(pathlib.Path(sys.argv[1]))]
+if not rows or any("train_update_norm" not in r for r in rows):
+    sys.exit(f"error: {sys.argv[1]} logs no train_update_norm for every update")
+if any(r["train_grad_norm"] > 1.0 for r in rows):  # optim.grad_clip: the ratio assumes no clip
+    sys.exit(f"error: a gradient of {sys.argv[1]} was clipped; the step rule does not hold")
+ratio = statistics.median(
+    r["train_update_norm"] / (r["train_lr"] * r["train_grad_norm"]) for r in rows
+)
+print(f"{2 * 1e-4 * ratio:.4g}")
+PY
 }

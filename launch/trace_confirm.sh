@@ -21,13 +21,4 @@ gate "${F[@]}" --mismatched_when gain --out $C  # the gate: 3x3 mismatch
 gate "${F[@]}" --mismatched no_wait --mismatched_when always --out $C
 
 # the shipped answer-only model on the same new draw, and the three side by side
-if [ ! -f $C/shipped/verdicts.jsonl ]; then
-  python launch/evaluate.py --checkpoint mapfjax/assets/tiny --max_new_tokens 64 --batch_size 100 \
-    --instances runs/gng_confirm/matched/validation_set.jsonl --out_dir runs/gng_confirm_shipped
-  mkdir -p $C/shipped
-  cp runs/gng_confirm_shipped/{results.md,results.csv,verdicts.jsonl} $C/shipped/
-fi
-V=matched/round_0/validation.json
-python launch/compare_evals.py --instances runs/gng_confirm/matched/validation_set.jsonl \
-  --sizes 3-6 --split_wait --evals $C/matched/start/validation.json,$C/$V,$C/shipped \
-  --labels "start (trace_wait),GRPO (F's settings; seed 1),shipped model" --out $C/vs_shipped.md
+vs_shipped $C runs/gng_confirm "GRPO (F's settings; seed 1)"

@@ -23,3 +23,5 @@ check_counts $R/trace_more_pilot.txt NH
 
 gate "${TRACE_WAIT[@]}" "${MORE[@]}" --updates "$NH" --seed 2 --held_out_seed 12350 \
   --mismatched no_wait --mismatched_when gain --workdir runs/gng_more --out $R/trace_wait_more
+# where H ends against the shipped answer-only model, on the same new draw
+vs_shipped $R/trace_wait_more runs/gng_more "GRPO (H: F's settings without KL; seed 2)"

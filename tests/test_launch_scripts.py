@@ -1,6 +1,8 @@
 """The shell scripts that chain hours of planned runs: every one parses, and the helpers they
 share (`launch/arms.sh`) tell a NO-GO verdict from a failure and refuse bad update counts."""
 
+import json
+import os
 import pathlib
 import subprocess
 
@@ -18,13 +20,14 @@ def test_scripts_parse(script):
 
 def _bash(tmp_path, body: str) -> subprocess.CompletedProcess:
     """`body` run by bash in tmp_path with launch/arms.sh sourced and `python` a stub that
-    exits with $RC, writes verdict.md into its last argument when $WRITE is set and appends
+    exits with $RC, writes the file $WRITE (a verdict's name) into its last argument when it is
+    set and appends
     its arguments to calls.txt."""
     stub = tmp_path / "bin" / "python"
     stub.parent.mkdir()
     stub.write_text(
         '#!/usr/bin/env bash\necho "$*" >> calls.txt\n'
-        '[ -n "${WRITE:-}" ] && touch "${@: -1}/verdict.md"\nexit "${RC:-0}"\n'
+        '[ -n "${WRITE:-}" ] && touch "${@: -1}/$WRITE"\nexit "${RC:-0}"\n'
     )
     stub.chmod(0o755)
     script = f"set -euo pipefail\nsource {ROOT / 'launch' / 'arms.sh'}\n{body}\n"
@@ -37,10 +40,21 @@ def _bash(tmp_path, body: str) -> subprocess.CompletedProcess:
     "rc, write, ok",
     [(0, True, True), (1, True, True), (1, False, False), (2, True, False), (0, False, False)],
 )
-def test_gate_counts_a_written_verdict_with_exit_0_or_1(tmp_path, rc, write, ok):
+@pytest.mark.parametrize("mismatched", [None, "3x3", "no_wait"])
+def test_gate_counts_a_fresh_verdict_with_exit_0_or_1(tmp_path, rc, write, ok, mismatched):
+    """The verdict looked for is the one the run writes (verdict_<name>.md against a mismatch
+    other than 3x3), and only when written by this run: another arm's, or an older one,
+    does not count."""
     (tmp_path / "out").mkdir()
-    env = f"RC={rc} " + ("WRITE=1 " if write else "")
-    out = _bash(tmp_path, f"export {env}\nif gate --flag out; then echo ok; else echo failed; fi")
+    (tmp_path / "out" / "verdict.md").touch()  # the 3x3 verdict of an earlier command
+    old = tmp_path / "out" / "verdict_no_wait.md"
+    old.touch()
+    os.utime(old, (1, 1))
+    os.utime(tmp_path / "out" / "verdict.md", (1, 1))
+    name = "verdict.md" if mismatched in (None, "3x3") else f"verdict_{mismatched}.md"
+    env = f"RC={rc} " + (f"WRITE={name} " if write else "")
+    flag = "" if mismatched is None else f"--mismatched {mismatched} "
+    out = _bash(tmp_path, f"export {env}\nif gate {flag}out; then echo ok; else echo failed; fi")
     assert out.stdout.strip() == ("ok" if ok else "failed"), out.stderr
 
 
@@ -77,3 +91,66 @@ def test_build_start_runs_the_recipe_steps_not_built_yet_with_extra_flags(tmp_pa
         assert call.endswith("--config.processes=14 --config.x=1"), call
     if built == 0:
         assert "--config.out_dir=runs/tiny_trace_grid/export_aw10_6000" in calls[0]
+
+
+def test_vs_shipped_evaluates_the_shipped_model_once_then_compares(tmp_path):
+    """The shipped model is evaluated on the arm's held-out puzzles the first time only (its
+    files copied beside the arm's), the three-way comparison every time."""
+    made = tmp_path / "runs" / "gng_x_shipped"  # what evaluate.py writes (the stub does not)
+    made.mkdir(parents=True)
+    for name in ("results.md", "results.csv", "verdicts.jsonl"):
+        (made / name).write_text(name)
+    body = 'vs_shipped out/arm runs/gng_x "GRPO (arm)"\nvs_shipped out/arm runs/gng_x "GRPO (arm)"'
+    out = _bash(tmp_path, body)
+    assert out.returncode == 0, out.stderr
+    calls = (tmp_path / "calls.txt").read_text().splitlines()
+    assert [c.split()[0] for c in calls] == [
+        "launch/evaluate.py", "launch/compare_evals.py", "launch/compare_evals.py"
+    ]  # fmt: skip
+    assert "--instances runs/gng_x/matched/validation_set.jsonl" in calls[0]
+    assert "--out_dir runs/gng_x_shipped" in calls[0]
+    assert (tmp_path / "out" / "arm" / "shipped" / "verdicts.jsonl").read_text() == "verdicts.jsonl"
+    assert "out/arm/matched/round_0/validation.json,out/arm/shipped" in calls[1]
+    assert "start (trace_wait),GRPO (arm),shipped model" in calls[1]
+    assert calls[1].endswith("--out out/arm/vs_shipped.md")
+
+
+@pytest.mark.parametrize("verdict, rc", [(None, 2), ("**GO** (400 held-out puzzles)", 0)])
+def test_arm_i_runs_only_after_arm_h_missed_the_gate(tmp_path, verdict, rc):
+    """launch/trace_optim.sh refuses to start before H's verdict exists and runs nothing when
+    H passed."""
+    (tmp_path / "launch").mkdir()
+    for name in ("arms.sh", "trace_optim.sh"):
+        (tmp_path / "launch" / name).write_text((ROOT / "launch" / name).read_text())
+    if verdict is not None:
+        h = tmp_path / "results" / "go_no_go" / "trace_wait_more"
+        h.mkdir(parents=True)
+        (h / "verdict_no_wait.md").write_text(verdict + "\n")
+    out = _bash(tmp_path, "bash launch/trace_optim.sh")
+    assert out.returncode == rc, out.stderr
+    assert not (tmp_path / "calls.txt").exists()  # nothing was run
+    assert ("runs after arm H" in out.stderr) if rc else ("arm I is not run" in out.stdout)
+
+
+@pytest.mark.parametrize("grad_norm, want", [(0.05, "6"), (2.0, None)])
+def test_momentum_lr_is_twice_adams_step_per_unit_of_gradient(tmp_path, grad_norm, want):
+    """PLAN_optim.md's rule, with the real Python: Adam's updates moved 1500 x the scheduled lr
+    for gradients of norm 0.05, so momentum needs lr 2 x 1e-4 x 1500 / 0.05 = 6 for twice the
+    step; a clipped gradient breaks the rule and is refused."""
+    d = tmp_path / "matched" / "round_0"
+    d.mkdir(parents=True)
+    (d / "record.json").write_text("{}")
+    lrs = [1e-4 / 3, 2e-4 / 3, 1e-4, 1e-4]
+    rows = [
+        {"step": k + 1, "train_lr": lr, "train_grad_norm": grad_norm,
+         "train_update_norm": 1500 * lr * (1 + 0.01 * k)}
+        for k, lr in enumerate(lrs)
+    ]  # fmt: skip
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    script = f"set -euo pipefail\nsource {ROOT / 'launch' / 'arms.sh'}\nmomentum_lr matched\n"
+    out = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True)
+    if want is None:
+        assert out.returncode != 0 and "was clipped" in out.stderr
+    else:
+        assert out.returncode == 0, out.stderr
+        assert float(out.stdout) == pytest.approx(6 * 1.015, rel=1e-3)  # the median's 1.015
