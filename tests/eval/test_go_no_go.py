@@ -24,6 +24,24 @@ print(json.dumps([c.validation.samples, c.train.max_new_tokens, c.validation.max
 """
 
 
+def _run_probe(probe: str, args) -> list:
+    """What `probe` prints last with these flags, parsed (it must exit 0)."""
+    out = subprocess.run(
+        [sys.executable, "-c", probe, *args], cwd=ROOT, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _refused(args) -> str:
+    """The error of a go_no_go flag parse that must refuse these flags."""
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE, *args], cwd=ROOT, capture_output=True, text=True
+    )
+    assert out.returncode != 0, out.stdout
+    return out.stderr
+
+
 @pytest.mark.parametrize(
     "args, want",
     [
@@ -62,11 +80,7 @@ print(json.dumps([c.validation.samples, c.train.max_new_tokens, c.validation.max
     ],
 )
 def test_flags_reach_the_arm_config(args, want):
-    out = subprocess.run(
-        [sys.executable, "-c", _PROBE, *args], cwd=ROOT, capture_output=True, text=True
-    )
-    assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == want
+    assert _run_probe(_PROBE, args) == want
 
 
 def test_a_thinking_arm_pads_completions_to_powers_of_two_and_its_settings_load():
@@ -82,11 +96,7 @@ def test_a_thinking_arm_pads_completions_to_powers_of_two_and_its_settings_load(
     )
     got = []
     for args in ([], ["--thinking"]):
-        out = subprocess.run(
-            [sys.executable, "-c", probe, *args], cwd=ROOT, capture_output=True, text=True
-        )
-        assert out.returncode == 0, out.stderr
-        got.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        got.append(_run_probe(probe, args))
     # traces: the update in 4 parts of 4 pieces (half groups) by length
     assert got == [["x8", 64, 1, 1], ["pow2", 640, 4, 2]]
 
@@ -98,32 +108,18 @@ def test_optimizer_flag_reaches_the_optimiser_and_the_default_config_is_unchange
     )
     got = []
     for args in ([], ["--optimizer=momentum", "--lr=2.0"]):
-        out = subprocess.run(
-            [sys.executable, "-c", probe, *args], cwd=ROOT, capture_output=True, text=True
-        )
-        assert out.returncode == 0, out.stderr
-        got.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        got.append(_run_probe(probe, args))
     # the earlier arms' configs (no optimizer key) are what adamw runs
     assert got == [[False, "adamw"], [True, "momentum"]]
-    bad = subprocess.run(
-        [sys.executable, "-c", _PROBE, "--optimizer=sgd"], cwd=ROOT, capture_output=True, text=True
-    )
-    assert bad.returncode != 0 and "--optimizer" in bad.stderr
+    assert "--optimizer" in _refused(["--optimizer=sgd"])
 
 
 def test_groups_set_the_update_batch_and_the_round_budget():
     probe = _PROBE.replace("c.train.objective, c.train.temperature]", "c.train.problems_per_step]")
     args = ["--groups=32", "--updates=10"]
-    out = subprocess.run(
-        [sys.executable, "-c", probe, *args], cwd=ROOT, capture_output=True, text=True
-    )
-    assert out.returncode == 0, out.stderr
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = _run_probe(probe, args)
     assert got[-2:] == [320, 32]  # 10 updates of 32 groups: 320 training puzzles per round
-    bad = subprocess.run(
-        [sys.executable, "-c", _PROBE, "--groups=0"], cwd=ROOT, capture_output=True, text=True
-    )
-    assert bad.returncode != 0 and "--groups" in bad.stderr
+    assert "--groups" in _refused(["--groups=0"])
 
 
 def test_optimal_bonus_sets_the_reward():
@@ -137,11 +133,7 @@ def test_optimal_bonus_sets_the_reward():
     cases = [([], [default, 1.0]), (["--optimal_bonus=0"], [0.0, 1.0])]
     cases += [(["--optimal_bonus=0.25"], [0.25, 1.0])]
     for args, want in cases:
-        out = subprocess.run(
-            [sys.executable, "-c", probe, *args], cwd=ROOT, capture_output=True, text=True
-        )
-        assert out.returncode == 0, out.stderr
-        assert json.loads(out.stdout.strip().splitlines()[-1])[-2:] == want, args
+        assert _run_probe(probe, args)[-2:] == want, args
 
 
 def test_lora_flags_reach_the_optimiser():
@@ -152,17 +144,10 @@ def test_lora_flags_reach_the_optimiser():
     )
     got = []
     for args in ([], ["--lora_rank=4", "--lora_alpha=8"]):
-        out = subprocess.run(
-            [sys.executable, "-c", probe, *args], cwd=ROOT, capture_output=True, text=True
-        )
-        assert out.returncode == 0, out.stderr
-        got.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        got.append(_run_probe(probe, args))
     kernels = ["q", "k", "v", "o", "gate", "up", "down"]
     assert got == [[0, 32.0, kernels], [4, 8.0, kernels]]
-    bad = subprocess.run(
-        [sys.executable, "-c", _PROBE, "--lora_rank=-1"], cwd=ROOT, capture_output=True, text=True
-    )
-    assert bad.returncode != 0 and "--lora_rank: an int >= 0" in bad.stderr
+    assert "--lora_rank: an int >= 0" in _refused(["--lora_rank=-1"])
 
 
 @pytest.mark.parametrize(
@@ -184,11 +169,7 @@ def test_a_thinking_update_runs_in_micro_batches_of_at_most_four_groups(args, wa
     """A 640-token update of 16 groups in one piece peaked at 20 GB resident on the CPU: the
     micro-batches keep the peak of the backward pass small, with the same gradient."""
     probe = _PROBE.replace("c.train.objective, c.train.temperature]", "c.optim.accum_steps]")
-    out = subprocess.run(
-        [sys.executable, "-c", probe, *args], cwd=ROOT, capture_output=True, text=True
-    )
-    assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout.strip().splitlines()[-1])[-1] == want
+    assert _run_probe(probe, args)[-1] == want
 
 
 @pytest.mark.parametrize(
@@ -229,14 +210,7 @@ def test_mismatched_arm_choices():
         ([], [0.5], ["s3"]),  # 3x3 only, at --wait_ratio
         (["--mismatched=no_wait"], [0.0] * 4, ["s3", "s4", "s5", "s6"]),
     ]:
-        out = subprocess.run(
-            [sys.executable, "-c", probe, "--wait_ratio=0.5", *args],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-        )
-        assert out.returncode == 0, out.stderr
-        got = json.loads(out.stdout.strip().splitlines()[-1])
+        got = _run_probe(probe, ["--wait_ratio=0.5", *args])
         assert got[7] == waits and got[-1] == sizes, args
     bad = subprocess.run(
         [sys.executable, "launch/go_no_go.py", "--policy=p", "--out=o", "--mismatched=5x5"],
@@ -260,11 +234,7 @@ def _probe_fields(fields: str, *arg_sets) -> list:
     probe = _PROBE.replace("c.train.objective, c.train.temperature]", f"{fields}]")
     got = []
     for args in arg_sets:
-        out = subprocess.run(
-            [sys.executable, "-c", probe, *args], cwd=ROOT, capture_output=True, text=True
-        )
-        assert out.returncode == 0, out.stderr
-        got.append(json.loads(out.stdout.strip().splitlines()[-1])[-fields.count(",") - 1 :])
+        got.append(_run_probe(probe, args)[-fields.count(",") - 1 :])
     return got
 
 
