@@ -75,7 +75,7 @@ vs_shipped() {  # OUT WORKDIR LABEL: the shipped answer-only model on the matche
 
 momentum_lr() {  # RUN: the momentum optimiser's lr for about twice the step of RUN's Adam
   # (PLAN_optim.md): Adam's parameter change per unit of scheduled lr and of gradient norm, the
-  # median over RUN's updates, times 2 x 1e-4 (the Adam lr of RUN, arm H)
+  # median over RUN's updates, times 2 x RUN's peak lr (1e-4 for arm H)
   python - "$1" <<'PY'
 import pathlib, statistics, sys
 from mapfjax.eval import report
@@ -87,6 +87,6 @@ if any(r["train_grad_norm"] > 1.0 for r in rows):  # optim.grad_clip: the ratio 
 ratio = statistics.median(
     r["train_update_norm"] / (r["train_lr"] * r["train_grad_norm"]) for r in rows
 )
-print(f"{2 * 1e-4 * ratio:.4g}")
+print(f"{2 * max(r['train_lr'] for r in rows) * ratio:.4g}")
 PY
 }

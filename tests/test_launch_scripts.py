@@ -18,11 +18,13 @@ def test_scripts_parse(script):
     assert out.returncode == 0, out.stderr
 
 
-def _bash(tmp_path, body: str) -> subprocess.CompletedProcess:
+def _bash(tmp_path, body: str, fake_python: bool = True) -> subprocess.CompletedProcess:
     """`body` run by bash in tmp_path with launch/arms.sh sourced and `python` a stub that
     exits with $RC, writes the file $WRITE (a verdict's name) into its last argument when it is
-    set and appends
-    its arguments to calls.txt."""
+    set and appends its arguments to calls.txt (fake_python=False: the real Python)."""
+    script = f"set -euo pipefail\nsource {ROOT / 'launch' / 'arms.sh'}\n{body}\n"
+    if not fake_python:
+        return subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True)
     stub = tmp_path / "bin" / "python"
     stub.parent.mkdir()
     stub.write_text(
@@ -30,7 +32,6 @@ def _bash(tmp_path, body: str) -> subprocess.CompletedProcess:
         '[ -n "${WRITE:-}" ] && touch "${@: -1}/$WRITE"\nexit "${RC:-0}"\n'
     )
     stub.chmod(0o755)
-    script = f"set -euo pipefail\nsource {ROOT / 'launch' / 'arms.sh'}\n{body}\n"
     env = {"PATH": f"{stub.parent}:/usr/bin:/bin", "HOME": str(tmp_path)}
     cmd = ["bash", "-c", script]
     return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True)
@@ -136,7 +137,7 @@ def test_arm_i_runs_only_after_arm_h_missed_the_gate(tmp_path, verdict, rc):
 def test_momentum_lr_is_twice_adams_step_per_unit_of_gradient(tmp_path, grad_norm, want):
     """PLAN_optim.md's rule, with the real Python: Adam's updates moved 1500 x the scheduled lr
     for gradients of norm 0.05, so momentum needs lr 2 x 1e-4 x 1500 / 0.05 = 6 for twice the
-    step; a clipped gradient breaks the rule and is refused."""
+    step (1e-4: the run's peak lr); a clipped gradient breaks the rule and is refused."""
     d = tmp_path / "matched" / "round_0"
     d.mkdir(parents=True)
     (d / "record.json").write_text("{}")
@@ -147,8 +148,7 @@ def test_momentum_lr_is_twice_adams_step_per_unit_of_gradient(tmp_path, grad_nor
         for k, lr in enumerate(lrs)
     ]  # fmt: skip
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    script = f"set -euo pipefail\nsource {ROOT / 'launch' / 'arms.sh'}\nmomentum_lr matched\n"
-    out = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True)
+    out = _bash(tmp_path, "momentum_lr matched", fake_python=False)
     if want is None:
         assert out.returncode != 0 and "was clipped" in out.stderr
     else:
