@@ -61,6 +61,10 @@ check_counts() {  # FILE NAME...: each NAME in FILE is a count >= 1, else exit 2
 vs_shipped() {  # OUT WORKDIR LABEL: the shipped answer-only model on the matched arm's held-out
   # puzzles (once), then the start, the GRPO arm (LABEL) and it side by side in OUT/vs_shipped.md
   local out=$1 work=$2 label=$3
+  if [[ $label == *,* ]]; then  # compare_evals splits its --labels at commas
+    echo "error: vs_shipped label '$label' holds a comma; write it without one" >&2
+    return 2
+  fi
   if [ ! -f "$out/shipped/verdicts.jsonl" ]; then
     python launch/evaluate.py --checkpoint mapfjax/assets/tiny --max_new_tokens 64 \
       --batch_size 100 --instances "$work/matched/validation_set.jsonl" --out_dir "${work}_shipped"

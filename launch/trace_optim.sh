@@ -27,4 +27,4 @@ printf 'LR=%s\n' "$LR" > $R/trace_optim_lr.txt
 gate "${TRACE_WAIT[@]}" --groups 32 --kl_coef 0 --optimizer momentum --lr "$LR" --updates "$NH" \
   --seed 3 --held_out_seed 12351 --mismatched no_wait --mismatched_when gain \
   --workdir runs/gng_optim --out $R/trace_wait_optim
-vs_shipped $R/trace_wait_optim runs/gng_optim "GRPO (I: H's flags, momentum; seed 3)"
+vs_shipped $R/trace_wait_optim runs/gng_optim "GRPO (I: H's flags with momentum; seed 3)"

@@ -116,6 +116,21 @@ def test_vs_shipped_evaluates_the_shipped_model_once_then_compares(tmp_path):
     assert calls[1].endswith("--out out/arm/vs_shipped.md")
 
 
+def test_vs_shipped_refuses_a_label_with_a_comma_before_running_anything(tmp_path):
+    out = _bash(tmp_path, 'vs_shipped out/arm runs/gng_x "GRPO (flags, seed 3)"')
+    assert out.returncode == 2 and "holds a comma" in out.stderr
+    assert not (tmp_path / "calls.txt").exists()
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_every_vs_shipped_label_is_one_label(script):
+    """compare_evals splits --labels at commas: a label with one stops the arm's last step."""
+    for line in script.read_text().splitlines():
+        if line.startswith("vs_shipped "):
+            label = line.split('"')[1]
+            assert "," not in label, f"{script.name}: {line}"
+
+
 @pytest.mark.parametrize("verdict, rc", [(None, 2), ("**GO** (400 held-out puzzles)", 0)])
 def test_arm_i_runs_only_after_arm_h_missed_the_gate(tmp_path, verdict, rc):
     """launch/trace_optim.sh refuses to start before H's verdict exists and runs nothing when
