@@ -26,6 +26,9 @@ _LABEL = flags.DEFINE_bool("label", False, "label unlabelled instances with the 
 _ANSWERS = flags.DEFINE_string("answers_out", None, 'raw {"id", "text"} JSONL, appended per batch')
 _OUT = flags.DEFINE_string("out_dir", "eval", "where results.{md,csv,png,json} go")
 _TEMP = flags.DEFINE_float("temperature", 0.0, "0 = greedy")
+_TOP_P = flags.DEFINE_float(
+    "top_p", 1.0, "nucleus when temperature > 0: a token is drawn while the mass above it < top_p"
+)
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 512, "response budget (checkpoint)")
 _THINK = flags.DEFINE_bool("enable_thinking", False, "Qwen3 thinking mode (checkpoint)")
 _BATCH = flags.DEFINE_integer("batch_size", 32, "problems per generation call")
@@ -33,6 +36,7 @@ _DTYPE = flags.DEFINE_string("dtype", "float32", "checkpoint compute dtype")
 _SEED = flags.DEFINE_integer("seed", 0, "sampling seed when temperature > 0")
 _DUPS = flags.DEFINE_enum("duplicates", "error", ["error", "first", "last"], "id answered twice")
 flags.mark_flag_as_required("instances")
+flags.register_validator("top_p", lambda v: 0 < v <= 1, "--top_p: a probability mass, in (0, 1]")
 
 
 def main(argv):
@@ -59,6 +63,7 @@ def main(argv):
         if _CKPT.value:
             mesh = parallel.make_mesh({"data": -1}) if jax.device_count() > 1 else None
             new = {"max_new_tokens": _MAX_NEW.value, "temperature": _TEMP.value}
+            new |= {"top_p": _TOP_P.value}
             sampling = dataclasses.replace(ev.EVAL_SAMPLING, enable_thinking=_THINK.value, **new)
             solver = ev.CheckpointSolver(_CKPT.value, sampling, _DTYPE.value, mesh, _SEED.value)
             label, family = _CKPT.value, paper.model_family(checkpoint=_CKPT.value)

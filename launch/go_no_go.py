@@ -77,6 +77,12 @@ _TEMPERATURE = flags.DEFINE_float(
     "sampling temperature of the training rollouts (held-out validation stays greedy); below 1 "
     "the samples' mistakes are nearer the greedy answer's",
 )
+_TOP_P = flags.DEFINE_float(
+    "top_p",
+    1.0,
+    "nucleus of the training rollouts: a token is drawn only while the probability mass above it "
+    "is under top_p (1: every token; held-out validation stays greedy)",
+)
 _OBJECTIVE = flags.DEFINE_enum(
     "objective",
     "grpo",
@@ -177,6 +183,7 @@ flags.register_validator(
 flags.register_validator(
     "temperature", lambda v: 0 < v <= 2, "--temperature: a sampling temperature, in (0, 2]"
 )
+flags.register_validator("top_p", lambda v: 0 < v <= 1, "--top_p: a probability mass, in (0, 1]")
 
 
 def verdict_name(mismatched: str) -> str:
@@ -236,6 +243,8 @@ def arm_config(sizes, wait_ratio: float | None = None):
     if _LORA.value:
         c.optim.lora_rank, c.optim.lora_alpha = _LORA.value, _LORA_ALPHA.value
     c.train.temperature = _TEMPERATURE.value
+    if _TOP_P.value != 1.0:  # else the config as every earlier arm ran it
+        c.train.top_p = _TOP_P.value
     c.train.objective = _OBJECTIVE.value
     if _SEED.value is not None:
         c.seed = _SEED.value

@@ -172,11 +172,15 @@ def _settings(config: dict) -> str:
     lr = config.get("optim", {}).get("lr")
     parts = {"rft": ["RFT"], "placebo": ["placebo"]}.get(train.get("objective"), [])
     parts += [f"lr {lr:.0e}".replace("e-0", "e-") if isinstance(lr, (int, float)) else "lr ?"]
+    optimizer = config.get("optim", {}).get("optimizer", "adamw")  # older records: adamw
+    parts += [f"{optimizer} optimiser"] if optimizer != "adamw" else []
     rank = config.get("optim", {}).get("lora_rank", 0)
     parts += [f"LoRA rank {rank}, alpha {config['optim'].get('lora_alpha', 32):g}"] if rank else []
     parts += [f"KL {grpo['kl_coef']:g}"] if grpo.get("kl_coef") else []
     temperature = train.get("temperature", 1.0)
     parts += [f"temperature {temperature:g}"] if temperature != 1.0 else []
+    top_p = train.get("top_p", 1.0)
+    parts += [f"top_p {top_p:g}"] if top_p != 1.0 else []
     groups = train.get("problems_per_step", 8)
     parts += [f"{groups} groups per update"] if groups != 8 else []
     default = DEFAULT_REWARD.optimal_bonus  # older records have no reward block

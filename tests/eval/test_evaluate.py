@@ -499,6 +499,10 @@ def test_launch_evaluate_bad_paths_are_one_line(tmp_path):
         res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
         assert res.returncode == 2 and words in res.stderr, res.stderr[-2000:]
         assert "Traceback" not in res.stderr
+    cmd = [sys.executable, "launch/evaluate.py", f"--checkpoint={tmp_path / 'm'}", "--top_p=1.5"]
+    res = subprocess.run(cmd + [f"--instances={inst}"], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=300)  # fmt: skip
+    assert res.returncode != 0 and "--top_p: a probability mass, in (0, 1]" in res.stderr
 
 
 def test_an_answers_file_with_an_id_twice_is_refused_unless_told_which(tmp_path):

@@ -83,6 +83,15 @@ def test_flags_reach_the_arm_config(args, want):
     assert _run_probe(_PROBE, args) == want
 
 
+@pytest.mark.parametrize("args, want", [([], 1.0), (["--top_p=0.95"], 0.95)])
+def test_top_p_reaches_the_rollouts(args, want):
+    probe = _PROBE.replace(
+        "c.train.objective, c.train.temperature]",
+        "c.train.top_p, driver.GRPOSettings.from_config(c).sampling.top_p]",
+    ).replace("print(", "from mapfjax.rl import driver\nprint(")
+    assert _run_probe(probe, args)[-2:] == [want, want]
+
+
 def test_a_thinking_arm_pads_completions_to_powers_of_two_and_its_settings_load():
     """The CPU config's multiples of 8 would compile an update per 8 tokens of a 640-token
     trace budget; a thinking arm goes back to power-of-two widths, passes the checks and
@@ -178,6 +187,8 @@ def test_a_thinking_update_runs_in_micro_batches_of_at_most_four_groups(args, wa
         (["--wait_ratio=1.5"], ["--wait_ratio=1.5", "in [0, 1]"]),
         (["--rounds=0"], ["--rounds=0", "not a positive integer"]),
         (["--temperature=0"], ["--temperature=0", "in (0, 2]"]),
+        (["--top_p=0"], ["--top_p=0", "in (0, 1]"]),
+        (["--top_p=1.5"], ["--top_p=1.5", "in (0, 1]"]),
         (["--optimal_bonus=-1"], ["--optimal_bonus=-1", "not a non-negative number"]),
         (
             ["--objective=rft", "--kl_coef=0.1"],
