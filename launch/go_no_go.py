@@ -83,6 +83,12 @@ _TOP_P = flags.DEFINE_float(
     "nucleus of the training rollouts: a token is drawn only while the probability mass above it "
     "is under top_p (1: every token; held-out validation stays greedy)",
 )
+_SCREEN = flags.DEFINE_float(
+    "screen",
+    0.0,
+    "0: off; s >= 1: each update decodes s x the sampled puzzles greedily with the current "
+    "weights and samples the groups on those whose greedy plan fails first (train.screen)",
+)
 _OBJECTIVE = flags.DEFINE_enum(
     "objective",
     "grpo",
@@ -184,6 +190,7 @@ flags.register_validator(
     "temperature", lambda v: 0 < v <= 2, "--temperature: a sampling temperature, in (0, 2]"
 )
 flags.register_validator("top_p", lambda v: 0 < v <= 1, "--top_p: a probability mass, in (0, 1]")
+flags.register_validator("screen", lambda v: v == 0 or v >= 1, "--screen: 0 (off) or a number >= 1")
 
 
 def verdict_name(mismatched: str) -> str:
@@ -245,6 +252,8 @@ def arm_config(sizes, wait_ratio: float | None = None):
     c.train.temperature = _TEMPERATURE.value
     if _TOP_P.value != 1.0:  # else the config as every earlier arm ran it
         c.train.top_p = _TOP_P.value
+    if _SCREEN.value:  # else the config as every earlier arm ran it
+        c.train.screen = _SCREEN.value
     c.train.objective = _OBJECTIVE.value
     if _SEED.value is not None:
         c.seed = _SEED.value

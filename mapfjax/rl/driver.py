@@ -5,7 +5,8 @@ loop (`engineer/loop.py`, one phase per round) and the tiny-model recipe
 
     c.train:  steps (or instances x epochs / problems_per_step), problems_per_step, group_size,
               num_iterations, max_new_tokens, temperature, top_p, enable_thinking,
-              checkpoint_every, oversample (dynamic sampling; 1 = off),
+              checkpoint_every, oversample (dynamic sampling; 1 = off), screen (0 = off;
+              s >= 1: groups drawn from the puzzles the current greedy answer fails first),
               objective ("grpo"; "rft": rejection-sampling fine-tuning on the same rollouts;
               "placebo": GRPO with each group's advantages shuffled, a control)
     c.grpo:   clip_low, clip_high, kl_coef, aggregation, scale_by_std
@@ -55,7 +56,11 @@ class GRPOSettings:
     so shapes stay fixed. 1.0 trains on every sampled group. objective "rft" replaces the
     GRPO update by rejection-sampling fine-tuning on the same rollouts: cross-entropy on the
     valid samples, groups with at least one valid sample kept first (logged as kept_mixed);
-    "placebo" is GRPO on advantages shuffled within each group (`shuffle_advantages`)."""
+    "placebo" is GRPO on advantages shuffled within each group (`shuffle_advantages`).
+    screen: 0 draws the sampled puzzles in the problem stream's order; s >= 1 takes
+    ceil(s x drawn_per_step) candidates from the stream each step, decodes each greedily
+    with the current weights and samples the groups on those whose greedy plan fails first
+    (`screen_problems`; the decode counts in the step's time)."""
 
     steps: int
     problems_per_step: int
@@ -67,6 +72,7 @@ class GRPOSettings:
     checkpoint_every: int = 10
     oversample: float = 1.0
     objective: str = "grpo"
+    screen: float = 0.0
 
     @classmethod
     def from_config(cls, c: ml_collections.ConfigDict, steps: int | None = None) -> GRPOSettings:
@@ -89,6 +95,9 @@ class GRPOSettings:
         oversample = float(t.get("oversample", 1.0))
         if not math.isfinite(oversample) or oversample < 1:
             raise ValueError(f"train.oversample = {oversample!r}; allowed: a number >= 1")
+        screen = float(t.get("screen", 0.0))
+        if not math.isfinite(screen) or (screen != 0 and screen < 1):
+            raise ValueError(f"train.screen = {screen!r}; allowed: 0 (off) or a number >= 1")
         objective = t.get("objective", "grpo")
         if objective not in OBJECTIVES:
             raise ValueError(f"train.objective = {objective!r}; allowed: {', '.join(OBJECTIVES)}")
@@ -103,6 +112,7 @@ class GRPOSettings:
             checkpoint_every=t.get("checkpoint_every", 10),
             oversample=oversample,
             objective=objective,
+            screen=screen,
         )
 
     def trainer_loss(self) -> tuple[str, object]:
@@ -113,6 +123,11 @@ class GRPOSettings:
     @property
     def drawn_per_step(self) -> int:
         return math.ceil(self.oversample * self.problems_per_step)
+
+    @property
+    def screened_per_step(self) -> int:
+        """Candidates decoded greedily per step (0 without a screen)."""
+        return math.ceil(self.screen * self.drawn_per_step)
 
 
 FINE_BUCKET_BUDGET = 256  # the longest completion budget `train.completion_bucket = "x8"` takes
@@ -224,6 +239,23 @@ def step_problems(problems: Sequence[Problem], n: int, step: int, seed) -> list[
         order = np.random.default_rng([*np.atleast_1d(seed), epoch]).permutation(total)
         out += [problems[i] for i in order[offset : offset + n - len(out)]]
     return out
+
+
+def screen_problems(
+    policy, tokenizer, candidates: Sequence[Problem], n: int, sampling, reward_cfg
+) -> tuple[list[Problem], int]:
+    """(`n` problems, how many candidates failed): each candidate answered greedily by
+    `policy` (the sampling settings at temperature 0), those whose greedy plan is not valid
+    first, then the others, each in drawn order."""
+    if n > len(candidates):
+        raise ValueError(f"{n} problems wanted from {len(candidates)} candidates")
+    greedy = dataclasses.replace(sampling, temperature=0.0)
+    model = rollout.policy_model(policy)
+    samples = rollout.sample(model, tokenizer, candidates, 1, greedy, None)
+    verdict, _ = rollout.score(candidates, 1, samples.texts, reward_cfg)
+    valid = np.asarray(verdict.valid, bool)
+    order = np.concatenate([np.flatnonzero(~valid), np.flatnonzero(valid)])[:n]
+    return [candidates[i] for i in order], int((~valid).sum())
 
 
 def useful_groups(objective: str, valid: np.ndarray, rewards: np.ndarray, g: int) -> np.ndarray:
@@ -344,11 +376,20 @@ def run_phase(
         out_dir, total_steps=s.steps, initial_step=start_step, progress=progress
     )
     for step in range(start_step, s.steps):
-        drawn = step_problems(problems, s.drawn_per_step, step, [*seed, 1])
         key = jax.random.key(seed[0])
         for x in (*seed[1:], step):
             key = jax.random.fold_in(key, x)
         t0 = time.perf_counter()
+        screened = {}
+        if s.screen:
+            candidates = step_problems(problems, s.screened_per_step, step, [*seed, 1])
+            drawn, failed = screen_problems(
+                trainer, tokenizer, candidates, s.drawn_per_step, s.sampling, s.reward
+            )
+            screened = {"screened": len(candidates), "screen_failed": failed}
+            screened["screen_seconds"] = time.perf_counter() - t0
+        else:
+            drawn = step_problems(problems, s.drawn_per_step, step, [*seed, 1])
         batch, rs = rollout.rollout(
             trainer, tokenizer, drawn, s.group_size, s.sampling, s.reward, key, grpo_cfg=s.loss
         )
@@ -377,6 +418,7 @@ def run_phase(
             **rs.as_dict(),
             "kept_mixed": n_useful / s.problems_per_step,
             "drawn": len(drawn),
+            **screened,
             "groups": groups,
             **{f"train_{k}": v for k, v in updates[-1].items()},
         }

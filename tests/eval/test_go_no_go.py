@@ -92,6 +92,15 @@ def test_top_p_reaches_the_rollouts(args, want):
     assert _run_probe(probe, args)[-2:] == [want, want]
 
 
+@pytest.mark.parametrize("args, want", [([], [0.0, "unset"]), (["--screen=2"], [2.0, 2.0])])
+def test_screen_reaches_the_driver_and_leaves_the_config_alone_when_off(args, want):
+    probe = _PROBE.replace(
+        "c.train.objective, c.train.temperature]",
+        "driver.GRPOSettings.from_config(c).screen, c.train.get('screen', 'unset')]",
+    ).replace("print(", "from mapfjax.rl import driver\nprint(")
+    assert _run_probe(probe, args)[-2:] == want
+
+
 def test_a_thinking_arm_pads_completions_to_powers_of_two_and_its_settings_load():
     """The CPU config's multiples of 8 would compile an update per 8 tokens of a 640-token
     trace budget; a thinking arm goes back to power-of-two widths, passes the checks and
@@ -188,6 +197,7 @@ def test_a_thinking_update_runs_in_micro_batches_of_at_most_four_groups(args, wa
         (["--rounds=0"], ["--rounds=0", "not a positive integer"]),
         (["--temperature=0"], ["--temperature=0", "in (0, 2]"]),
         (["--top_p=0"], ["--top_p=0", "in (0, 1]"]),
+        (["--screen=0.5"], ["--screen=0.5", "0 (off) or a number >= 1"]),
         (["--top_p=1.5"], ["--top_p=1.5", "in (0, 1]"]),
         (["--optimal_bonus=-1"], ["--optimal_bonus=-1", "not a non-negative number"]),
         (
