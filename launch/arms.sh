@@ -48,6 +48,26 @@ print(int(float(sys.argv[2]) // (sum(secs) / len(secs))))
 PY
 }
 
+pilot_then_arm() {  # NAME VAR SEED DRAW LABEL FLAGS...: a 3-update pilot of FLAGS fixes VAR,
+  # the updates that fit BUDGET_S (once, kept in results/go_no_go/trace_NAME_pilot.txt); then
+  # the arm (TRACE_WAIT's start) on held-out draw DRAW with its no-wait mismatched arm on a
+  # gain (runs/gng_NAME -> results/go_no_go/trace_wait_NAME), and the arm beside the shipped
+  # model under LABEL
+  local name=$1 var=$2 seed=$3 draw=$4 label=$5 r=results/go_no_go n
+  shift 5
+  local counts=$r/trace_${name}_pilot.txt
+  if [ ! -f "$counts" ]; then
+    n=$(pilot_updates "trace_${name}_pilot" 3 "$@")
+    printf '%s=%s\n' "$var" "$n" > "$counts"
+  fi
+  source "$counts"
+  check_counts "$counts" "$var"
+  gate "${TRACE_WAIT[@]}" "$@" --updates "${!var}" --seed "$seed" --held_out_seed "$draw" \
+    --mismatched no_wait --mismatched_when gain --workdir "runs/gng_$name" \
+    --out "$r/trace_wait_$name"
+  vs_shipped "$r/trace_wait_$name" "runs/gng_$name" "$label"
+}
+
 check_counts() {  # FILE NAME...: each NAME in FILE is a count >= 1, else exit 2
   local file=$1 name
   shift

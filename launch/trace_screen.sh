@@ -11,16 +11,6 @@ shopt -s inherit_errexit  # a failed pilot inside $(...) stops the script
 # The pilot's mean leaves out its first update, whose compilations take about 2.5 minutes more.
 BUDGET_S=${BUDGET_S:-1650}
 source launch/arms.sh
-R=results/go_no_go
 
-SCREEN=(--groups 32 --lr 1e-4 --kl_coef 0 --screen 2)
-if [ ! -f $R/trace_screen_pilot.txt ]; then
-  NK=$(pilot_updates trace_screen_pilot 3 "${SCREEN[@]}")
-  printf 'NK=%s\n' "$NK" > $R/trace_screen_pilot.txt
-fi
-source $R/trace_screen_pilot.txt
-check_counts $R/trace_screen_pilot.txt NK
-
-gate "${TRACE_WAIT[@]}" "${SCREEN[@]}" --updates "$NK" --seed 5 --held_out_seed 12353 \
-  --mismatched no_wait --mismatched_when gain --workdir runs/gng_screen --out $R/trace_wait_screen
-vs_shipped $R/trace_wait_screen runs/gng_screen "GRPO (K: H's flags with screen 2; seed 5)"
+pilot_then_arm screen NK 5 12353 "GRPO (K: H's flags with screen 2; seed 5)" \
+  --groups 32 --lr 1e-4 --kl_coef 0 --screen 2

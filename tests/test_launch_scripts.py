@@ -126,9 +126,38 @@ def test_vs_shipped_refuses_a_label_with_a_comma_before_running_anything(tmp_pat
 def test_every_vs_shipped_label_is_one_label(script):
     """compare_evals splits --labels at commas: a label with one stops the arm's last step."""
     for line in script.read_text().splitlines():
-        if line.startswith("vs_shipped "):
+        if line.startswith(("vs_shipped ", "pilot_then_arm ")):
             label = line.split('"')[1]
             assert "," not in label, f"{script.name}: {line}"
+
+
+def test_pilot_then_arm_with_its_count_kept_runs_the_arm_and_its_comparison(tmp_path):
+    """The arm's flags, pilot count, seed, draw, no-wait mismatch, workdir and output follow
+    NAME and the kept count; its table beside the shipped model comes last."""
+    r = tmp_path / "results" / "go_no_go"
+    r.mkdir(parents=True)
+    (r / "trace_x_pilot.txt").write_text("NX=7\n")
+    made = tmp_path / "runs" / "gng_x_shipped"
+    made.mkdir(parents=True)
+    for name in ("results.md", "results.csv", "verdicts.jsonl"):
+        (made / name).write_text(name)
+    (r / "trace_wait_x").mkdir()
+    body = (
+        "export WRITE=verdict_no_wait.md\nTRACE_WAIT=(--policy p)\n"
+        'pilot_then_arm x NX 4 99 "GRPO (X)" --groups 2 --screen 2\necho "NX=$NX"'
+    )
+    out = _bash(tmp_path, body)
+    calls = (tmp_path / "calls.txt").read_text().splitlines()
+    assert out.returncode == 0 and out.stdout.strip().endswith("NX=7"), out.stderr
+    assert [c.split()[0] for c in calls] == [
+        "launch/go_no_go.py", "launch/evaluate.py", "launch/compare_evals.py"
+    ]  # fmt: skip
+    assert calls[0] == (
+        "launch/go_no_go.py --policy p --groups 2 --screen 2 --updates 7 --seed 4 "
+        "--held_out_seed 99 --mismatched no_wait --mismatched_when gain --workdir runs/gng_x "
+        "--out results/go_no_go/trace_wait_x"
+    )
+    assert "GRPO (X),shipped model" in calls[2]
 
 
 @pytest.mark.parametrize("verdict, rc", [(None, 2), ("**GO** (400 held-out puzzles)", 0)])
