@@ -171,7 +171,10 @@ def _settings(config: dict) -> str:
     waits = sorted({v.get("wait_ratio") for v in used.values()})
     lr = config.get("optim", {}).get("lr")
     parts = {"rft": ["RFT"], "placebo": ["placebo"]}.get(train.get("objective"), [])
-    parts += [f"lr {lr:.0e}".replace("e-0", "e-") if isinstance(lr, (int, float)) else "lr ?"]
+    if not isinstance(lr, (int, float)):
+        parts += ["lr ?"]
+    else:  # Adam's 1e-4 as such; the momentum optimiser's 0.93 in two digits
+        parts += [f"lr {lr:.0e}".replace("e-0", "e-") if lr < 0.01 else f"lr {lr:.2g}"]
     optimizer = config.get("optim", {}).get("optimizer", "adamw")  # older records: adamw
     parts += [f"{optimizer} optimiser"] if optimizer != "adamw" else []
     rank = config.get("optim", {}).get("lora_rank", 0)

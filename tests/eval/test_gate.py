@@ -134,6 +134,7 @@ def test_arms_summarise_every_finished_arm(tmp_path):
     _arm(tmp_path, "b_kl", start, gain, lr=3e-5, kl=0.1, trace_loss="moves", temperature=0.7,
          top_p=0.95, optimizer="momentum", screen=2.0)  # fmt: skip
     _arm(tmp_path, "a_plain", start, start)
+    _arm(tmp_path, "g_momentum", start, start, lr=0.9305, optimizer="momentum", groups=32)
     _arm(tmp_path, "c_rft", start, start, objective="rft", bonus=0.5)
     _arm(tmp_path, "e_placebo", start, start, kl=0.1, objective="placebo", groups=32, lora=4)
     # An arm stopped before its first round finished is left out.
@@ -141,7 +142,8 @@ def test_arms_summarise_every_finished_arm(tmp_path):
     (tmp_path / "d_stopped" / "matched" / "run_config.json").write_text("{}")
     logged = [(3, 8, 4.0, True), (3, 4, 6.0, True), (3, 8, 0.0, False), (4, 2, 5.0, True)]
     _arm(tmp_path, "f_valid_only", start, start, kl=0.1, bonus=0.0, logged=logged, seed=2)
-    a, b, c, e, f = gate.arms(tmp_path)
+    a, b, c, e, f, g = gate.arms(tmp_path)
+    assert g.settings.startswith("lr 0.93, momentum optimiser, 32 groups per update")
     assert [a.name, b.name, c.name] == ["a_plain/matched", "b_kl/matched", "c_rft/matched"]
     assert c.settings == "RFT, lr 1e-4, trains all, wait ratio 0.3, 3x3 only"
     assert e.settings == (
