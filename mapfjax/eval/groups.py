@@ -18,9 +18,12 @@ SEP = "#"  # a copy's id: "<puzzle id>#<copy>"
 
 
 def repeat_instances(rows: Sequence[dict], k: int, every: int = 1) -> list[dict]:
-    """Every `every`-th row of an instance file, each k times as "<id>#<j>" (j < k)."""
+    """Every `every`-th row of an instance file, each k times as "<id>#<j>" (j < k); with k=1
+    the rows themselves, ids unchanged (the puzzles a greedy evaluation answers)."""
     if k < 1 or every < 1:
         raise ValueError(f"k={k}, every={every}: both must be >= 1")
+    if k == 1:
+        return list(rows[::every])
     out = []
     for row in rows[::every]:
         if SEP in row["id"]:
@@ -90,7 +93,7 @@ def table(rows: Sequence[tuple[str, GroupCounts, float | None]]) -> str:
     """Markdown: one line per (label, counts, decode seconds or None)."""
     lines = [
         "| sampling | puzzles | mixed groups | on puzzles greedy fails | share | on puzzles "
-        "greedy solves (slips) | all valid | none valid | seconds |",
+        "greedy solves | all valid | none valid | seconds |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for label, c, secs in rows:

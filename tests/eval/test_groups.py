@@ -17,6 +17,7 @@ def test_repeat_keeps_every_nth_puzzle_k_times_under_copy_ids():
     out = groups.repeat_instances(rows, 3, every=2)
     assert [r["id"] for r in out] == [f"p{i}#{j}" for i in (0, 2, 4) for j in range(3)]
     assert all(r["grid"] == ["F"] for r in out) and rows[0]["id"] == "p0"  # input untouched
+    assert groups.repeat_instances(rows, 1, every=2) == rows[::2]  # k=1: the puzzles as such
     with pytest.raises(ValueError, match="marks a copy"):
         groups.repeat_instances([{"id": "a#1"}], 2)
     with pytest.raises(ValueError, match="k=0"):
