@@ -62,8 +62,11 @@ def main(argv):
             print(f"{_INSTANCES.value}: {label_summary_line(summary)}", file=sys.stderr)
         if _CKPT.value:
             mesh = parallel.make_mesh({"data": -1}) if jax.device_count() > 1 else None
-            new = {"max_new_tokens": _MAX_NEW.value, "temperature": _TEMP.value}
-            new |= {"top_p": _TOP_P.value}
+            new = {
+                "max_new_tokens": _MAX_NEW.value,
+                "temperature": _TEMP.value,
+                "top_p": _TOP_P.value,
+            }
             sampling = dataclasses.replace(ev.EVAL_SAMPLING, enable_thinking=_THINK.value, **new)
             solver = ev.CheckpointSolver(_CKPT.value, sampling, _DTYPE.value, mesh, _SEED.value)
             label, family = _CKPT.value, paper.model_family(checkpoint=_CKPT.value)

@@ -10,8 +10,6 @@ suffixed ids so that one `launch/evaluate.py` call at temperature > 0 samples ev
 from __future__ import annotations
 
 import dataclasses
-import json
-import pathlib
 from collections.abc import Mapping, Sequence
 
 SEP = "#"  # a copy's id: "<puzzle id>#<copy>"
@@ -79,14 +77,11 @@ def group_counts(greedy: Mapping[str, bool], sampled: Mapping[str, bool]) -> Gro
 
 
 def read_valid(path) -> dict[str, bool]:
-    """id -> valid from an evaluation directory's verdicts.jsonl or a run's validation.json."""
-    p = pathlib.Path(path)
-    if p.is_dir():
-        p = p / "verdicts.jsonl"
-        rows = [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
-    else:
-        rows = json.loads(p.read_text())["rows"]
-    return {r["id"]: bool(r["valid"]) for r in rows}
+    """id -> valid from an evaluation directory or a run's validation.json
+    (`evaluate.read_outcomes`)."""
+    from mapfjax.eval import evaluate  # imports JAX: only when verdicts are read
+
+    return {pid: bool(r["valid"]) for pid, r in evaluate.read_outcomes(path).items()}
 
 
 def table(rows: Sequence[tuple[str, GroupCounts, float | None]]) -> str:
