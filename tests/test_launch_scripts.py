@@ -116,19 +116,34 @@ def test_vs_shipped_evaluates_the_shipped_model_once_then_compares(tmp_path):
     assert calls[1].endswith("--out out/arm/vs_shipped.md")
 
 
-def test_vs_shipped_refuses_a_label_with_a_comma_before_running_anything(tmp_path):
-    out = _bash(tmp_path, 'vs_shipped out/arm runs/gng_x "GRPO (flags, seed 3)"')
+@pytest.mark.parametrize("labels", ['"GRPO (flags, seed 3)"', '"GRPO (arm)" "grid, 6000"'])
+def test_vs_shipped_refuses_a_label_with_a_comma_before_running_anything(tmp_path, labels):
+    out = _bash(tmp_path, f"vs_shipped out/arm runs/gng_x {labels}")
     assert out.returncode == 2 and "holds a comma" in out.stderr
     assert not (tmp_path / "calls.txt").exists()
 
 
+def test_vs_shipped_names_the_start_it_is_given(tmp_path):
+    made = tmp_path / "runs" / "gng_x_shipped"
+    made.mkdir(parents=True)
+    for name in ("results.md", "results.csv", "verdicts.jsonl"):
+        (made / name).write_text(name)
+    out = _bash(tmp_path, 'vs_shipped out/arm runs/gng_x "GRPO (arm)" "grid trace 6000"')
+    assert out.returncode == 0, out.stderr
+    calls = (tmp_path / "calls.txt").read_text().splitlines()
+    assert "start (grid trace 6000),GRPO (arm),shipped model" in calls[-1]
+
+
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
 def test_every_vs_shipped_label_is_one_label(script):
-    """compare_evals splits --labels at commas: a label with one stops the arm's last step."""
-    for line in script.read_text().splitlines():
+    """compare_evals splits --labels at commas: a label with one stops the arm's last step
+    (every quoted argument of the call, continuation lines joined)."""
+    for line in script.read_text().replace("\\\n", " ").splitlines():
         if line.startswith(("vs_shipped ", "pilot_then_arm ")):
-            label = line.split('"')[1]
-            assert "," not in label, f"{script.name}: {line}"
+            labels = line.split('"')[1::2]
+            assert labels, f"{script.name}: {line}"
+            for label in labels:
+                assert "," not in label, f"{script.name}: {line}"
 
 
 def test_pilot_then_arm_with_its_count_kept_runs_the_arm_and_its_comparison(tmp_path):
