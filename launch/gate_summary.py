@@ -2,9 +2,13 @@ r"""Every go / no-go arm under a results folder in one table and one picture: th
 policy, what the arm changed (learning rate, KL, trace_loss, training wait ratio), greedy valid
 before and after GRPO and the paired change with its 95 % interval (`mapfjax.eval.gate.arms`).
 Reads only the committed small files (<results>/<name>/<arm>/run_config.json, start/ and
-round_*/validation.json); writes <results>/arms.md and <results>/arms.png.
+round_*/validation.json); writes <results>/arms.md and <results>/arms.png. With --pool, the
+paired change pooled over the named arms' puzzles instead (`gate.pooled_change`), written to
+<results>/pooled.md.
 
     python launch/gate_summary.py --results results/go_no_go
+    python launch/gate_summary.py --results results/go_no_go \
+        --pool "rebuilt=trace_wait_more/matched,trace_wait_optim/matched"
 """
 
 import pathlib
@@ -12,6 +16,12 @@ import pathlib
 from absl import app, flags
 
 _RESULTS = flags.DEFINE_string("results", "results/go_no_go", "folder of go_no_go.py outputs")
+_POOL = flags.DEFINE_multi_string(
+    "pool",
+    [],
+    "NAME=ARM,ARM,...: pool these arms' paired changes (ARM as arms.md names it, "
+    "<name>/<arm>; arms on different held-out draws); repeat for more pools",
+)
 
 
 def main(argv):
@@ -20,6 +30,11 @@ def main(argv):
     from mapfjax.eval import gate
 
     results = pathlib.Path(_RESULTS.value)
+    if _POOL.value:
+        return files.report_command(
+            lambda: gate.pooled_markdown(gate.parse_pools(_POOL.value, results)).rstrip("\n"),
+            results / "pooled.md",
+        )
 
     def build():
         found = gate.arms(results)

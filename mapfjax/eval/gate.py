@@ -279,6 +279,59 @@ def arms_markdown(found: list[Arm], min_gain: float = 0.05, budget_minutes: floa
     return "\n".join(blocks)
 
 
+def pooled_change(workdirs) -> stats.Estimate:
+    """The paired change of greedy valid from start to last round over several arms' puzzles
+    together (`workdirs`: run directories, each with its own held-out puzzles): every puzzle of
+    every arm is one pair, so the interval is that of the pooled pairs. A puzzle id that comes
+    twice (two arms on one draw) counts twice; its two pairs are not independent, so pool arms
+    on different draws. Raises ValueError when an arm's start and end cover other puzzles."""
+    ends, starts = [], []
+    for workdir in workdirs:
+        start_rows, end_rows = _start_and_end(pathlib.Path(workdir))
+        start, end = valid_by_id(start_rows), valid_by_id(end_rows)
+        if set(start) != set(end):
+            raise ValueError(f"{workdir}: the start and the last round cover other puzzles")
+        ids = sorted(start)
+        ends += [end[i] for i in ids]
+        starts += [start[i] for i in ids]
+    if not ends:
+        raise ValueError("nothing to pool: no arm given")
+    return stats.paired_proportion_difference(ends, starts)
+
+
+def parse_pools(specs, results) -> list[tuple[str, list[pathlib.Path]]]:
+    """`NAME=ARM,ARM,...` strings (ARM: `<name>/<arm>` under `results`, as arms.md names them)
+    -> (NAME, run directories); each directory must exist. Raises ValueError naming the bad
+    spec or arm."""
+    out = []
+    for spec in specs:
+        name, sep, arms_text = spec.partition("=")
+        names = [a.strip() for a in arms_text.split(",") if a.strip()]
+        if not sep or not name.strip() or not names:
+            raise ValueError(f"pool {spec!r}: expected NAME=ARM,ARM,... (ARM as in arms.md)")
+        dirs = [pathlib.Path(results) / a for a in names]
+        for a, d in zip(names, dirs, strict=True):
+            if not (d / "run_config.json").is_file():
+                raise ValueError(f"pool {name.strip()!r}: arm {a!r} has no {d}/run_config.json")
+        out.append((name.strip(), dirs))
+    return out
+
+
+def pooled_markdown(pools: list[tuple[str, list[pathlib.Path]]]) -> str:
+    """One row per arm of every pool, then the pool's pooled change (`pooled_change`)."""
+    rows = []
+    for name, dirs in pools:
+        for d in dirs:
+            e = pooled_change([d])
+            rows.append([name, f"{d.parent.name}/{d.name}", str(e.n), stats.interval_text(e, True)])
+        e = pooled_change(dirs)
+        rows.append([f"**{name}, pooled**", f"{len(dirs)} arms", str(e.n),
+                     f"**{stats.interval_text(e, True)}**"])  # fmt: skip
+    header = ["pool", "arm", "pairs", "held-out change (points, paired, 95 %)"]
+    title = "Greedy valid, last round against the start, each puzzle of each arm one pair."
+    return f"{title}\n\n" + stats.markdown_table(header, rows) + "\n"
+
+
 def plot_arms(found: list[Arm], path, min_gain: float = 0.05) -> None:
     """A forest plot of the arms' paired changes with their intervals, the gate's bar and 0."""
     import matplotlib

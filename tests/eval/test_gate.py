@@ -245,3 +245,53 @@ def test_a_mismatched_arm_not_run_fails_its_criterion_and_says_so(tmp_path):
     _write(matched, "round_0", _draw(0.3, n=399))  # other puzzles at the end: refused
     with pytest.raises(ValueError, match="validated on other puzzles"):
         gate.evaluate(matched, None)
+
+
+def test_pooled_change_is_the_paired_interval_of_every_arms_pairs_together(tmp_path):
+    """Two arms on different puzzles pooled: the same estimate as their pairs concatenated (a
+    NumPy reference), its n the pairs of both; one arm alone is its own paired change."""
+    s1, s2 = _draw(0.5, seed=1), _draw(0.6, n=300, seed=2)
+    e1, e2 = s1 | _draw(0.1, seed=3), s2 & ~_draw(0.05, n=300, seed=4)
+    a = _arm(tmp_path, "a", s1, e1)
+    b = _arm(tmp_path, "b", s2, e2)
+    d = np.concatenate([e1, e2]).astype(float) - np.concatenate([s1, s2])
+    half = 1.959964 * d.std() / np.sqrt(d.size)
+    got = gate.pooled_change([a, b])
+    assert got.n == 700
+    assert got.value == pytest.approx(d.mean())
+    assert (got.low, got.high) == pytest.approx((d.mean() - half, d.mean() + half), rel=1e-5)
+    alone = gate.pooled_change([a])
+    want = stats.paired_proportion_difference(list(e1), list(s1))
+    assert (alone.value, alone.low, alone.high) == pytest.approx((want.value, want.low, want.high))
+    with pytest.raises(ValueError, match="no arm given"):
+        gate.pooled_change([])
+
+
+def test_pools_are_named_arms_and_bad_specs_say_what_is_allowed(tmp_path):
+    import pathlib
+    import subprocess
+    import sys
+
+    start = _draw(0.4, seed=5)
+    _arm(tmp_path, "a", start, start | _draw(0.1, seed=6))
+    _arm(tmp_path, "b", start, start)
+    pools = gate.parse_pools(["two=a/matched, b/matched"], tmp_path)
+    assert pools == [("two", [tmp_path / "a" / "matched", tmp_path / "b" / "matched"])]
+    text = gate.pooled_markdown(pools)
+    assert (
+        "| **two, pooled** | 2 arms | 800 |" in text
+        and "| two | b/matched | 400 | 0.0 [0, 0] |" in text
+    )
+    for spec, message in [("a/matched", "expected NAME=ARM"), ("x=", "expected NAME=ARM"),
+                          ("x=c/matched", "arm 'c/matched' has no")]:  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            gate.parse_pools([spec], tmp_path)
+    root = pathlib.Path(__file__).resolve().parents[2]
+    script = [sys.executable, str(root / "launch" / "gate_summary.py"), f"--results={tmp_path}"]
+    out = subprocess.run(
+        [*script, "--pool=two=a/matched,b/matched"], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "pooled.md").read_text() == text
+    out = subprocess.run([*script, "--pool=two=a/matched,zz"], capture_output=True, text=True)
+    assert out.returncode == 2 and "arm 'zz' has no" in out.stderr
