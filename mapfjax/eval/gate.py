@@ -279,23 +279,30 @@ def arms_markdown(found: list[Arm], min_gain: float = 0.05, budget_minutes: floa
     return "\n".join(blocks)
 
 
-def pooled_change(workdirs) -> stats.Estimate:
+def pooled_change(workdirs, needs_wait: bool | None = None) -> stats.Estimate:
     """The paired change of greedy valid from start to last round over several arms' puzzles
     together (`workdirs`: run directories, each with its own held-out puzzles): every puzzle of
     every arm is one pair, so the interval is that of the pooled pairs. A puzzle id that comes
     twice (two arms on one draw) counts twice; its two pairs are not independent, so pool arms
-    on different draws. Raises ValueError when an arm's start and end cover other puzzles."""
+    on different draws. needs_wait: only the puzzles that need a wait (True) or need none
+    (False), by the start's `needs_wait` labels. Raises ValueError when an arm's start and end
+    cover other puzzles, or a start row has no label and one is asked for."""
     ends, starts = [], []
     for workdir in workdirs:
         start_rows, end_rows = _start_and_end(pathlib.Path(workdir))
         start, end = valid_by_id(start_rows), valid_by_id(end_rows)
         if set(start) != set(end):
             raise ValueError(f"{workdir}: the start and the last round cover other puzzles")
+        if needs_wait is not None:
+            labels = {r["id"]: r.get("needs_wait") for r in start_rows}
+            if None in labels.values():
+                raise ValueError(f"{workdir}: a start row has no needs_wait label")
+            start = {i: v for i, v in start.items() if labels[i] == needs_wait}
         ids = sorted(start)
         ends += [end[i] for i in ids]
         starts += [start[i] for i in ids]
     if not ends:
-        raise ValueError("nothing to pool: no arm given")
+        raise ValueError("nothing to pool: no arm given, or no puzzle of the kind asked for")
     return stats.paired_proportion_difference(ends, starts)
 
 
@@ -318,16 +325,24 @@ def parse_pools(specs, results) -> list[tuple[str, list[pathlib.Path]]]:
 
 
 def pooled_markdown(pools: list[tuple[str, list[pathlib.Path]]]) -> str:
-    """One row per arm of every pool, then the pool's pooled change (`pooled_change`)."""
+    """One row per arm of every pool, then the pool's pooled change (`pooled_change`): on all
+    its puzzles, on those that need a wait and on those that need none."""
     rows = []
+
+    def cells(dirs) -> list[str]:
+        out = []
+        for kind in (None, True, False):
+            e = pooled_change(dirs, kind)
+            out += [str(e.n), stats.interval_text(e, True)]
+        return out
+
     for name, dirs in pools:
-        for d in dirs:
-            e = pooled_change([d])
-            rows.append([name, f"{d.parent.name}/{d.name}", str(e.n), stats.interval_text(e, True)])
-        e = pooled_change(dirs)
-        rows.append([f"**{name}, pooled**", f"{len(dirs)} arms", str(e.n),
-                     f"**{stats.interval_text(e, True)}**"])  # fmt: skip
-    header = ["pool", "arm", "pairs", "held-out change (points, paired, 95 %)"]
+        rows += [[name, f"{d.parent.name}/{d.name}", *cells([d])] for d in dirs]
+        pooled = [f"**{c}**" if k % 2 else c for k, c in enumerate(cells(dirs))]
+        arms = f"{len(dirs)} arm" + ("s" if len(dirs) > 1 else "")
+        rows.append([f"**{name}, pooled**", arms, *pooled])
+    header = ["pool", "arm", "pairs", "change (points, paired, 95 %)"]
+    header += ["needs a wait: pairs", "change", "needs none: pairs", "change"]
     title = "Greedy valid, last round against the start, each puzzle of each arm one pair."
     return f"{title}\n\n" + stats.markdown_table(header, rows) + "\n"
 

@@ -247,6 +247,15 @@ def test_a_mismatched_arm_not_run_fails_its_criterion_and_says_so(tmp_path):
         gate.evaluate(matched, None)
 
 
+def _label(run, waits):
+    """Write needs_wait labels (bool per puzzle) into an arm's start rows."""
+    path = run / "start" / "validation.json"
+    doc = json.loads(path.read_text())
+    for row, w in zip(doc["rows"], waits, strict=True):
+        row["needs_wait"] = bool(w)
+    path.write_text(json.dumps(doc))
+
+
 def test_pooled_change_is_the_paired_interval_of_every_arms_pairs_together(tmp_path):
     """Two arms on different puzzles pooled: the same estimate as their pairs concatenated (a
     NumPy reference), its n the pairs of both; one arm alone is its own paired change."""
@@ -265,6 +274,14 @@ def test_pooled_change_is_the_paired_interval_of_every_arms_pairs_together(tmp_p
     assert (alone.value, alone.low, alone.high) == pytest.approx((want.value, want.low, want.high))
     with pytest.raises(ValueError, match="no arm given"):
         gate.pooled_change([])
+    with pytest.raises(ValueError, match="has no needs_wait label"):
+        gate.pooled_change([a], needs_wait=True)
+    w1, w2 = _draw(0.5, seed=7), _draw(0.5, n=300, seed=8)
+    _label(a, w1)
+    _label(b, w2)
+    for kind, keep in [(True, np.concatenate([w1, w2])), (False, ~np.concatenate([w1, w2]))]:
+        part = gate.pooled_change([a, b], needs_wait=kind)
+        assert part.n == keep.sum() and part.value == pytest.approx(d[keep].mean())
 
 
 def test_pools_are_named_arms_and_bad_specs_say_what_is_allowed(tmp_path):
@@ -273,14 +290,15 @@ def test_pools_are_named_arms_and_bad_specs_say_what_is_allowed(tmp_path):
     import sys
 
     start = _draw(0.4, seed=5)
-    _arm(tmp_path, "a", start, start | _draw(0.1, seed=6))
-    _arm(tmp_path, "b", start, start)
+    waits = np.arange(400) % 2 == 0
+    _label(_arm(tmp_path, "a", start, start | _draw(0.1, seed=6)), waits)
+    _label(_arm(tmp_path, "b", start, start), waits)
     pools = gate.parse_pools(["two=a/matched, b/matched"], tmp_path)
     assert pools == [("two", [tmp_path / "a" / "matched", tmp_path / "b" / "matched"])]
     text = gate.pooled_markdown(pools)
     assert (
         "| **two, pooled** | 2 arms | 800 |" in text
-        and "| two | b/matched | 400 | 0.0 [0, 0] |" in text
+        and "| two | b/matched | 400 | 0.0 [0, 0] | 200 | 0.0 [0, 0] | 200 | 0.0 [0, 0] |" in text
     )
     for spec, message in [("a/matched", "expected NAME=ARM"), ("x=", "expected NAME=ARM"),
                           ("x=c/matched", "arm 'c/matched' has no")]:  # fmt: skip
