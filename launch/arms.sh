@@ -1,6 +1,7 @@
 # Shared by the scripts that run planned go / no-go arms (launch/trace_bonus0.sh,
 # launch/trace_lora.sh, launch/trace_step.sh, launch/trace_confirm.sh, launch/trace_more.sh,
-# launch/trace_optim.sh, launch/trace_top_p.sh, launch/trace_screen.sh, launch/trace_start.sh);
+# launch/trace_optim.sh, launch/trace_top_p.sh, launch/trace_screen.sh, launch/trace_start.sh,
+# launch/trace_first_stage.sh);
 # sourced, not run. They set BUDGET_S (the seconds of GRPO an arm may take) before calling
 # pilot_updates, and call build_start first where the start may not be built yet.
 
@@ -40,10 +41,17 @@ pilot_updates() {  # NAME N FLAGS...: a pilot of N updates, then the updates tha
   local out=runs/$1 n=$2  # at the pilot's mean seconds per update after the first
   shift 2
   gate "${COMMON[@]}" "$@" --updates "$n" --per_size 5 --workdir "${out}_work" --out "$out" >&2
-  python - "$out/matched" "$BUDGET_S" <<'PY'
+  updates_that_fit "$out/matched"
+}
+
+updates_that_fit() {  # RUN: the updates that fit BUDGET_S at RUN's mean seconds per update after
+  # the first (whose compilations take minutes more); RUN's round_*/metrics.jsonl(.gz)
+  python - "$1" "$BUDGET_S" <<'PY'
 import pathlib, sys
 from mapfjax.eval import report
 secs = [row["seconds"] for _, row in report.training_curves(pathlib.Path(sys.argv[1]))][1:]
+if not secs:
+    sys.exit(f"error: {sys.argv[1]} logs fewer than 2 updates; no mean after the first")
 print(int(float(sys.argv[2]) // (sum(secs) / len(secs))))
 PY
 }

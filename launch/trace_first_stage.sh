@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Arm N, as planned in results/go_no_go/PLAN_first_stage.md: arm M's flags and start (the
+# recipe's first stage, 6,000 grid-trace SFT updates) with the updates that fit 30 minutes at
+# M's logged pace, on a new held-out draw, its no-wait mismatched arm on a gain, and beside the
+# shipped model. Resumable: the same command goes on where it stood.
+#
+#   bash launch/trace_first_stage.sh            # about 1 hour on 2 CPU cores, once built
+set -euo pipefail
+shopt -s inherit_errexit  # a failed count inside $(...) stops the script
+BUDGET_S=${BUDGET_S:-1650}
+source launch/arms.sh
+R=results/go_no_go
+
+build_start
+counts=$R/trace_first_stage_count.txt
+if [ ! -f "$counts" ]; then
+  n=$(updates_that_fit $R/trace_grid6000_fstep/matched)
+  printf 'NN=%s\n' "$n" > "$counts"
+fi
+source "$counts"
+check_counts "$counts" NN
+gate "${TRACE_WAIT[@]}" --policy runs/tiny_trace_grid/export_aw10_6000 --groups 32 --lr 1e-4 \
+  --updates "$NN" --seed 7 --held_out_seed 12355 --mismatched no_wait --mismatched_when gain \
+  --workdir runs/gng_first --out $R/trace_grid6000_more
+vs_shipped $R/trace_grid6000_more runs/gng_first "GRPO (N: M's flags for 30 minutes; seed 7)" \
+  "grid trace 6000"
