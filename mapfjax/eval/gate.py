@@ -306,6 +306,23 @@ def pooled_change(workdirs, needs_wait: bool | None = None) -> stats.Estimate:
     return stats.paired_proportion_difference(ends, starts)
 
 
+def truncated_ids(*row_lists) -> list[str]:
+    """The puzzle ids whose answer ran out of the token budget in any of these validation
+    rows (`truncated`), sorted."""
+    return sorted({r["id"] for rows in row_lists for r in rows if r.get("truncated")})
+
+
+def with_redone(rows, redone: dict[str, bool]) -> dict[str, bool]:
+    """id -> greedy valid from validation `rows`, with the puzzles answered again (`redone`:
+    id -> valid, e.g. at a larger budget) replaced. Raises ValueError for a redone id the rows
+    do not hold."""
+    out = valid_by_id(rows)
+    unknown = sorted(set(redone) - set(out))
+    if unknown:
+        raise ValueError(f"answered again but not in the validation rows: {unknown[:5]}")
+    return {**out, **redone}
+
+
 def parse_pools(specs, results) -> list[tuple[str, list[pathlib.Path]]]:
     """`NAME=ARM,ARM,...` strings (ARM: `<name>/<arm>` under `results`, as arms.md names them)
     -> (NAME, run directories); each directory must exist. Raises ValueError naming the bad

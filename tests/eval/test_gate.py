@@ -313,3 +313,45 @@ def test_pools_are_named_arms_and_bad_specs_say_what_is_allowed(tmp_path):
     assert (tmp_path / "pooled.md").read_text() == text
     out = subprocess.run([*script, "--pool=two=a/matched,zz"], capture_output=True, text=True)
     assert out.returncode == 2 and "arm 'zz' has no" in out.stderr
+
+
+def test_truncated_ids_and_answers_redone_at_a_larger_budget():
+    start = [{"id": "a", "valid": False, "truncated": True}, {"id": "b", "valid": True}]
+    end = [{"id": "a", "valid": False}, {"id": "b", "valid": False, "truncated": True}]
+    assert gate.truncated_ids(start, end) == ["a", "b"]
+    assert gate.truncated_ids(start[1:], end[:1]) == []
+    assert gate.with_redone(start, {"a": True}) == {"a": True, "b": True}
+    with pytest.raises(ValueError, match=r"not in the validation rows: \['z'\]"):
+        gate.with_redone(start, {"z": True})
+
+
+def test_budget_check_script_without_truncated_answers_reruns_nothing(tmp_path):
+    """No answer ran out of budget: nothing is answered again, both budgets give the same
+    change; puzzles missing from --instances are named (with the real script)."""
+    import pathlib
+    import subprocess
+    import sys
+
+    start = _draw(0.5, seed=9)
+    run = _arm(tmp_path, "a", start, start | _draw(0.1, seed=10))
+    (run / "run_config.json").write_text(json.dumps({"validation": {"max_new_tokens": 640}}))
+    inst = tmp_path / "held.jsonl"
+    inst.write_text("".join(json.dumps({"id": f"p{i}"}) + "\n" for i in range(400)))
+    root = pathlib.Path(__file__).resolve().parents[2]
+    args = [sys.executable, str(root / "launch" / "budget_check.py"), f"--arm={run}",
+            f"--instances={inst}", "--start=s", "--end=e", f"--out={tmp_path / 'out'}"]  # fmt: skip
+    out = subprocess.run(args, capture_output=True, text=True, cwd=root)
+    assert out.returncode == 0, out.stderr
+    text = (tmp_path / "out" / "budget.md").read_text()
+    want = stats.interval_text(
+        stats.paired_proportion_difference(list(start | _draw(0.1, seed=10)), list(start)), True
+    )
+    assert f"| 640 (the arm's) | 0 | {want} |" in text and f"| 800 | 0 | {want} |" in text
+    assert "| start | 0 | 0 | 0 |" in text and "| end | 0 | 0 | 0 |" in text
+    assert not (tmp_path / "out" / "start").exists()  # no evaluation ran
+    doc = json.loads((run / "round_0" / "validation.json").read_text())
+    doc["rows"][3]["truncated"] = True
+    (run / "round_0" / "validation.json").write_text(json.dumps(doc))
+    inst.write_text(json.dumps({"id": "p0"}) + "\n")
+    out = subprocess.run(args, capture_output=True, text=True, cwd=root)
+    assert out.returncode != 0 and "lacks the arm's puzzles ['p3']" in out.stderr
