@@ -28,6 +28,7 @@ _BUDGET = flags.DEFINE_integer(
     "max_new_tokens", 800, "the larger budget (prompt + budget within the model's positions)"
 )
 _OUT = flags.DEFINE_string("out", None, "output folder", required=True)
+_EVALUATE = pathlib.Path(__file__).resolve().with_name("evaluate.py")
 
 
 def main(argv):
@@ -54,12 +55,15 @@ def main(argv):
     redone = {}
     for label, model in (("start", _START.value), ("end", _END.value)):
         where = out / label
-        if ids and not (where / "verdicts.jsonl").exists():
-            cmd = [sys.executable, "launch/evaluate.py", f"--checkpoint={model}",
+        done = (where / "verdicts.jsonl").exists() and set(evaluate.read_outcomes(where)) == set(
+            ids
+        )
+        if ids and not done:  # verdicts of other puzzles (an older run) are answered again
+            cmd = [sys.executable, str(_EVALUATE), f"--checkpoint={model}",
                    f"--instances={subset}", f"--out_dir={where}", "--enable_thinking",
                    f"--max_new_tokens={_BUDGET.value}", f"--batch_size={len(ids)}"]  # fmt: skip
             if subprocess.run(cmd).returncode:
-                sys.exit(f"error: launch/evaluate.py failed on the {label} model {model} (above)")
+                sys.exit(f"error: {_EVALUATE} failed on the {label} model {model} (above)")
         redone[label] = evaluate.read_outcomes(where) if ids else {}
     before = report.paired_change(report.valid_by_id(end_rows), report.valid_by_id(start_rows))
     valid = {k: {i: bool(r["valid"]) for i, r in v.items()} for k, v in redone.items()}
@@ -81,7 +85,7 @@ def main(argv):
             str(sum(again[i].get("failure") == gate.PARSE_ERROR for i in cut)),
         ])  # fmt: skip
     header = ["model", f"answers cut at {budget}", f"of them valid at {_BUDGET.value}"]
-    header += [f"still parse errors at {_BUDGET.value}"]
+    header += [f"of them parse errors at {_BUDGET.value} (cut again or unreadable)"]
     text = (
         f"`{arm}`: greedy held-out valid, end against start, paired (n = {before.n}).\n\n"
         + stats.markdown_table(["token budget", "puzzles answered again", "change"], rows)
