@@ -37,10 +37,10 @@ def main(argv):
     from mapfjax.eval import evaluate, gate, report
 
     arm, out = pathlib.Path(_ARM.value), pathlib.Path(_OUT.value)
-    found = report.validation_rows(arm)
-    if len(found) < 2:
-        sys.exit(f"error: {arm}: no start and finished round with validation.json")
-    start_rows, end_rows = found[0][1], found[-1][1]
+    try:
+        start_rows, end_rows = gate.start_and_end(arm)
+    except ValueError as e:
+        sys.exit(f"error: {e}")
     ids = gate.truncated_ids(start_rows, end_rows)
     lines = {}
     for line in pathlib.Path(_INSTANCES.value).read_text().splitlines():
@@ -55,16 +55,15 @@ def main(argv):
     redone = {}
     for label, model in (("start", _START.value), ("end", _END.value)):
         where = out / label
-        done = (where / "verdicts.jsonl").exists() and set(evaluate.read_outcomes(where)) == set(
-            ids
-        )
-        if ids and not done:  # verdicts of other puzzles (an older run) are answered again
+        have = evaluate.read_outcomes(where) if (where / "verdicts.jsonl").exists() else {}
+        if ids and set(have) != set(ids):  # none yet, or of other puzzles (an older run)
             cmd = [sys.executable, str(_EVALUATE), f"--checkpoint={model}",
                    f"--instances={subset}", f"--out_dir={where}", "--enable_thinking",
                    f"--max_new_tokens={_BUDGET.value}", f"--batch_size={len(ids)}"]  # fmt: skip
             if subprocess.run(cmd).returncode:
                 sys.exit(f"error: {_EVALUATE} failed on the {label} model {model} (above)")
-        redone[label] = evaluate.read_outcomes(where) if ids else {}
+            have = evaluate.read_outcomes(where)
+        redone[label] = have if ids else {}
     before = report.paired_change(report.valid_by_id(end_rows), report.valid_by_id(start_rows))
     valid = {k: {i: bool(r["valid"]) for i, r in v.items()} for k, v in redone.items()}
     s_new = gate.with_redone(start_rows, valid["start"])

@@ -47,7 +47,9 @@ def _parse_rate(rows: list[dict]) -> stats.Estimate:
     return stats.proportion([r.get("failure") != PARSE_ERROR for r in rows])
 
 
-def _start_and_end(workdir: pathlib.Path) -> tuple[list[dict], list[dict]]:
+def start_and_end(workdir: pathlib.Path) -> tuple[list[dict], list[dict]]:
+    """The validation rows of a run's start and of its last finished round; ValueError when it
+    has no finished round."""
     found = validation_rows(workdir)
     if len(found) < 2:
         raise ValueError(f"{workdir}: no finished round with a validation.json")
@@ -64,14 +66,14 @@ def evaluate(
     --mismatched_when gain` after a matched arm that misses the first two criteria); its
     criterion then fails as "not run"."""
     matched = pathlib.Path(matched)
-    start_rows, end_rows = _start_and_end(matched)
+    start_rows, end_rows = start_and_end(matched)
     base, end = valid_by_id(start_rows), valid_by_id(end_rows)
     if set(end) != set(base):
         raise ValueError(f"{matched} was validated on other puzzles than {matched}/start")
     other_end = None
     if mismatched is not None:
         mismatched = pathlib.Path(mismatched)
-        other_start_rows, other_end_rows = _start_and_end(mismatched)
+        other_start_rows, other_end_rows = start_and_end(mismatched)
         other_start, other_end = valid_by_id(other_start_rows), valid_by_id(other_end_rows)
         if set(other_start) != set(base) or set(other_end) != set(base):
             raise ValueError(f"{mismatched} was validated on other puzzles than {matched}/start")
@@ -289,7 +291,7 @@ def pooled_change(workdirs, needs_wait: bool | None = None) -> stats.Estimate:
     cover other puzzles, or a start row has no label and one is asked for."""
     ends, starts = [], []
     for workdir in workdirs:
-        start_rows, end_rows = _start_and_end(pathlib.Path(workdir))
+        start_rows, end_rows = start_and_end(pathlib.Path(workdir))
         start, end = valid_by_id(start_rows), valid_by_id(end_rows)
         if set(start) != set(end):
             raise ValueError(f"{workdir}: the start and the last round cover other puzzles")
