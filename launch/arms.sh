@@ -1,7 +1,7 @@
 # Shared by the scripts that run planned go / no-go arms (launch/trace_bonus0.sh,
 # launch/trace_lora.sh, launch/trace_step.sh, launch/trace_confirm.sh, launch/trace_more.sh,
 # launch/trace_optim.sh, launch/trace_top_p.sh, launch/trace_screen.sh, launch/trace_start.sh,
-# launch/trace_first_stage.sh);
+# launch/trace_first_stage.sh, launch/trace_lessons.sh);
 # sourced, not run. They set BUDGET_S (the seconds of GRPO an arm may take) before calling
 # pilot_updates, and call build_start first where the start may not be built yet.
 
@@ -44,15 +44,19 @@ pilot_updates() {  # NAME N FLAGS...: a pilot of N updates, then the updates tha
   updates_that_fit "$out/matched"
 }
 
-updates_that_fit() {  # RUN: the updates that fit BUDGET_S at RUN's mean seconds per update after
-  # the first (whose compilations take minutes more); RUN's round_*/metrics.jsonl(.gz)
-  python - "$1" "$BUDGET_S" <<'PY'
+updates_that_fit() {  # RUN [SCALE]: the updates that fit BUDGET_S at SCALE (default 1) x RUN's
+  # mean seconds per update after the first (whose compilations take minutes more); RUN's
+  # round_*/metrics.jsonl(.gz). SCALE: an update of SCALE x RUN's rows (groups) costs about SCALE x
+  python - "$1" "$BUDGET_S" "${2:-1}" <<'PY'
 import pathlib, sys
 from mapfjax.eval import report
 secs = [row["seconds"] for _, row in report.training_curves(pathlib.Path(sys.argv[1]))][1:]
 if not secs:
     sys.exit(f"error: {sys.argv[1]} logs fewer than 2 updates; no mean after the first")
-print(int(float(sys.argv[2]) // (sum(secs) / len(secs))))
+scale = float(sys.argv[3])
+if not scale > 0:
+    sys.exit(f"error: updates_that_fit scale {sys.argv[3]}; allowed: a number > 0")
+print(int(float(sys.argv[2]) // (scale * sum(secs) / len(secs))))
 PY
 }
 
