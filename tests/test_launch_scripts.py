@@ -215,17 +215,26 @@ def test_momentum_lr_is_twice_adams_step_per_unit_of_gradient(tmp_path, grad_nor
         assert float(out.stdout) == pytest.approx(6 * 1.015, rel=1e-3)  # the median's 1.015
 
 
-@pytest.mark.parametrize("seconds, want", [([200.0, 100.0, 110.0, 90.0], "16"), ([200.0], None)])
-def test_updates_that_fit_leave_out_the_first_update(tmp_path, seconds, want):
-    """BUDGET_S over the mean seconds of the updates after the first (1650 / 100 -> 16), with the
-    real Python; a run of one update has no such mean and is refused."""
+@pytest.mark.parametrize(
+    "seconds, scale, want",
+    [
+        ([200.0, 100.0, 110.0, 90.0], "", "16"),
+        ([200.0, 100.0, 110.0, 90.0], " 4", "4"),  # 1650 / (4 x 100)
+        ([200.0, 100.0, 110.0, 90.0], " 0", "allowed: a number > 0"),
+        ([200.0], "", "fewer than 2 updates"),
+    ],
+)
+def test_updates_that_fit_leave_out_the_first_update(tmp_path, seconds, scale, want):
+    """BUDGET_S over the mean seconds of the updates after the first (1650 / 100 -> 16), times
+    an optional scale, with the real Python; a run of one update has no such mean and is
+    refused, and so is a scale that is not positive."""
     d = tmp_path / "matched" / "round_0"
     d.mkdir(parents=True)
     (d / "record.json").write_text("{}")
     rows = [{"step": k + 1, "seconds": s} for k, s in enumerate(seconds)]
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    out = _bash(tmp_path, "BUDGET_S=1650 updates_that_fit matched", fake_python=False)
-    if want is None:
-        assert out.returncode != 0 and "fewer than 2 updates" in out.stderr
+    out = _bash(tmp_path, f"BUDGET_S=1650 updates_that_fit matched{scale}", fake_python=False)
+    if not want.isdigit():
+        assert out.returncode != 0 and want in out.stderr
     else:
         assert out.returncode == 0 and out.stdout.strip() == want, out.stderr
