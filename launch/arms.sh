@@ -1,7 +1,7 @@
 # Shared by the scripts that run planned go / no-go arms (launch/trace_bonus0.sh,
 # launch/trace_lora.sh, launch/trace_step.sh, launch/trace_confirm.sh, launch/trace_more.sh,
 # launch/trace_optim.sh, launch/trace_top_p.sh, launch/trace_screen.sh, launch/trace_start.sh,
-# launch/trace_first_stage.sh, launch/trace_lessons.sh);
+# launch/trace_first_stage.sh, launch/trace_lessons.sh, launch/trace_scale.sh);
 # sourced, not run. They set BUDGET_S (the seconds of GRPO an arm may take) before calling
 # pilot_updates, and call build_start first where the start may not be built yet.
 
@@ -93,7 +93,7 @@ check_counts() {  # FILE NAME...: each NAME in FILE is a count >= 1, else exit 2
 
 vs_shipped() {  # OUT WORKDIR LABEL [START]: the shipped answer-only model on the matched arm's
   # held-out puzzles (once), then the start (labelled START, trace_wait unless given), the GRPO
-  # arm (LABEL) and it side by side in OUT/vs_shipped.md
+  # arm's last round (LABEL) and it side by side in OUT/vs_shipped.md
   local out=$1 work=$2 label=$3 start=${4:-trace_wait} l
   for l in "$label" "$start"; do
     if [[ $l == *,* ]]; then  # compare_evals splits its --labels at commas
@@ -101,13 +101,19 @@ vs_shipped() {  # OUT WORKDIR LABEL [START]: the shipped answer-only model on th
       return 2
     fi
   done
+  local last  # the run's last round (round_0 for a one-round arm)
+  last=$(printf '%s\n' "$out"/matched/round_*/validation.json | sort -V | tail -n 1)
+  if [ ! -f "$last" ]; then
+    echo "error: vs_shipped: $out/matched holds no round_*/validation.json; run the arm first" >&2
+    return 2
+  fi
   if [ ! -f "$out/shipped/verdicts.jsonl" ]; then
     python launch/evaluate.py --checkpoint mapfjax/assets/tiny --max_new_tokens 64 \
       --batch_size 100 --instances "$work/matched/validation_set.jsonl" --out_dir "${work}_shipped"
     mkdir -p "$out/shipped"
     cp "${work}_shipped"/{results.md,results.csv,verdicts.jsonl} "$out/shipped/"
   fi
-  local evals=$out/matched/start/validation.json,$out/matched/round_0/validation.json,$out/shipped
+  local evals=$out/matched/start/validation.json,$last,$out/shipped
   python launch/compare_evals.py --instances "$work/matched/validation_set.jsonl" --sizes 3-6 \
     --split_wait --evals "$evals" --labels "start ($start),$label,shipped model" \
     --out "$out/vs_shipped.md"

@@ -94,13 +94,27 @@ def test_build_start_runs_the_recipe_steps_not_built_yet_with_extra_flags(tmp_pa
         assert "--config.out_dir=runs/tiny_trace_grid/export_aw10_6000" in calls[0]
 
 
-def test_vs_shipped_evaluates_the_shipped_model_once_then_compares(tmp_path):
-    """The shipped model is evaluated on the arm's held-out puzzles the first time only (its
-    files copied beside the arm's), the three-way comparison every time."""
-    made = tmp_path / "runs" / "gng_x_shipped"  # what evaluate.py writes (the stub does not)
+def _shipped_made(tmp_path) -> None:
+    """What evaluate.py writes for the shipped model on arm x (the stub writes nothing)."""
+    made = tmp_path / "runs" / "gng_x_shipped"
     made.mkdir(parents=True)
     for name in ("results.md", "results.csv", "verdicts.jsonl"):
         (made / name).write_text(name)
+
+
+def _arm_rounds(tmp_path, *rounds: int) -> None:
+    """An exported arm out/arm with these rounds validated."""
+    for k in rounds:
+        d = tmp_path / "out" / "arm" / "matched" / f"round_{k}"
+        d.mkdir(parents=True)
+        (d / "validation.json").write_text("{}")
+
+
+def test_vs_shipped_evaluates_the_shipped_model_once_then_compares(tmp_path):
+    """The shipped model is evaluated on the arm's held-out puzzles the first time only (its
+    files copied beside the arm's), the three-way comparison every time."""
+    _arm_rounds(tmp_path, 0)
+    _shipped_made(tmp_path)
     body = 'vs_shipped out/arm runs/gng_x "GRPO (arm)"\nvs_shipped out/arm runs/gng_x "GRPO (arm)"'
     out = _bash(tmp_path, body)
     assert out.returncode == 0, out.stderr
@@ -116,6 +130,22 @@ def test_vs_shipped_evaluates_the_shipped_model_once_then_compares(tmp_path):
     assert calls[1].endswith("--out out/arm/vs_shipped.md")
 
 
+@pytest.mark.parametrize("rounds, want", [((0, 1, 2, 10), "round_10"), ((), None)])
+def test_vs_shipped_compares_the_last_round(tmp_path, rounds, want):
+    """A run of several rounds is compared at its last (by number, round_10 after round_2); an
+    arm with no validated round is refused before the shipped model is evaluated."""
+    _arm_rounds(tmp_path, *rounds)
+    _shipped_made(tmp_path)
+    out = _bash(tmp_path, 'vs_shipped out/arm runs/gng_x "GRPO (arm)"')
+    if want is None:
+        assert out.returncode == 2 and "holds no round_*/validation.json" in out.stderr
+        assert not (tmp_path / "calls.txt").exists()
+    else:
+        assert out.returncode == 0, out.stderr
+        calls = (tmp_path / "calls.txt").read_text().splitlines()
+        assert f"out/arm/matched/{want}/validation.json,out/arm/shipped" in calls[-1]
+
+
 @pytest.mark.parametrize("labels", ['"GRPO (flags, seed 3)"', '"GRPO (arm)" "grid, 6000"'])
 def test_vs_shipped_refuses_a_label_with_a_comma_before_running_anything(tmp_path, labels):
     out = _bash(tmp_path, f"vs_shipped out/arm runs/gng_x {labels}")
@@ -124,10 +154,8 @@ def test_vs_shipped_refuses_a_label_with_a_comma_before_running_anything(tmp_pat
 
 
 def test_vs_shipped_names_the_start_it_is_given(tmp_path):
-    made = tmp_path / "runs" / "gng_x_shipped"
-    made.mkdir(parents=True)
-    for name in ("results.md", "results.csv", "verdicts.jsonl"):
-        (made / name).write_text(name)
+    _arm_rounds(tmp_path, 0)
+    _shipped_made(tmp_path)
     out = _bash(tmp_path, 'vs_shipped out/arm runs/gng_x "GRPO (arm)" "grid trace 6000"')
     assert out.returncode == 0, out.stderr
     calls = (tmp_path / "calls.txt").read_text().splitlines()
@@ -152,11 +180,9 @@ def test_pilot_then_arm_with_its_count_kept_runs_the_arm_and_its_comparison(tmp_
     r = tmp_path / "results" / "go_no_go"
     r.mkdir(parents=True)
     (r / "trace_x_pilot.txt").write_text("NX=7\n")
-    made = tmp_path / "runs" / "gng_x_shipped"
-    made.mkdir(parents=True)
-    for name in ("results.md", "results.csv", "verdicts.jsonl"):
-        (made / name).write_text(name)
-    (r / "trace_wait_x").mkdir()
+    _shipped_made(tmp_path)
+    (r / "trace_wait_x" / "matched" / "round_0").mkdir(parents=True)
+    (r / "trace_wait_x" / "matched" / "round_0" / "validation.json").write_text("{}")
     body = (
         "export WRITE=verdict_no_wait.md\nTRACE_WAIT=(--policy p)\n"
         'pilot_then_arm x NX 4 99 "GRPO (X)" --groups 2 --screen 2\necho "NX=$NX"'
