@@ -34,6 +34,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
+from mapfjax import stats
 from mapfjax.env.joint import INF, GridMap
 from mapfjax.env.locality import MOVE_CODES, WAIT
 from mapfjax.env.simulate import simulate
@@ -168,6 +169,64 @@ def relay(problem: Problem) -> tuple[tuple[int, ...] | None, list[list[int]] | N
         if plans is not None:
             return order, plans, tried
     return None, None, tried
+
+
+# How the relay ends with the agents in index order (`index_order_outcome`): a valid plan, a
+# run that is cornered, loops or reaches its horizon, or runs that all settle into a plan the
+# simulator rejects.
+OUTCOMES = ("valid", "cornered", "loop", "horizon", "invalid")
+
+
+def index_order_outcome(problem: Problem) -> tuple[str, bool]:
+    """(how the relay in index order ends (OUTCOMES), whether another order has a valid plan):
+    what a trace that always starts with A0 and writes the other order when a run fails (a
+    retry) would meet. The first outcome is "valid" exactly when `relay` returns index order;
+    the second is True for a valid index order too when another order is also valid."""
+    n, h, w = problem.num_agents, problem.height, problem.width
+    done: list[tuple[int, list[int]]] = []
+    how = "valid"
+    for i in range(n):
+        actions, outcome = agent_run(problem, i, done, 4 * h * w + sum(len(p) for _, p in done))
+        if outcome != "settled":
+            how = outcome
+            break
+        done.append((i, actions))
+    if how == "valid" and plan_in_order(problem, range(n)) is None:
+        how = "invalid"
+    orders = itertools.islice(itertools.permutations(range(n)), 1, MAX_ORDERS)
+    return how, any(plan_in_order(problem, o) is not None for o in orders)
+
+
+def orders_table(problems: Sequence[Problem]) -> str:
+    """Markdown: per whether a puzzle needs a wait (its label, `Problem.needs_wait`), how the
+    relay in index order ends (`index_order_outcome`) and how many of its failures another
+    order solves, so what a trace that retries would reach against one that must choose its
+    first agent. A ValueError names a puzzle without the label."""
+    if unlabelled := [p.id for p in problems if p.needs_wait is None]:
+        raise ValueError(
+            f"{len(unlabelled)} puzzle(s) without a needs_wait label, e.g. {unlabelled[0]!r}: "
+            "label them with the oracle first (env.io writes it)"
+        )
+    needs_wait = [bool(p.needs_wait) for p in problems]
+    outcomes = [index_order_outcome(p) for p in problems]
+    rows = []
+    for label, keep in (("no", False), ("yes", True), ("all", None)):
+        got = [o for o, nw in zip(outcomes, needs_wait, strict=True) if keep in (None, nw)]
+        n = len(got)
+        if not n:
+            continue
+        cells = [label, str(n)]
+        for how in OUTCOMES:
+            k = sum(o == how for o, _ in got)
+            fixed = sum(o == how and b for o, b in got)
+            cells.append(str(k) if how == "valid" else f"{k} ({fixed})")
+        for hits in ([o == "valid" for o, _ in got], [o == "valid" or b for o, b in got]):
+            cells.append(stats.interval_text(stats.proportion(hits)))
+        rows.append(cells)
+    head = ["needs a wait", "puzzles", "index order valid"]
+    head += [f"{how} (another order valid)" for how in OUTCOMES[1:]]
+    head += ["index order valid %", "with a retry: some order valid %"]
+    return stats.markdown_table(head, rows)
 
 
 def plan_from(problem: Problem, agent: int) -> list[list[int]] | None:

@@ -360,3 +360,32 @@ def test_a_run_that_repeats_a_cell_after_the_others_rest_never_settles():
             here = trace.step(here, choices[0])
     assert outcomes == {"loop": 40, "cornered": 32} and saved == 41
     assert min(lines) == 3 and max(lines) == 14
+
+
+def test_index_order_outcome_agrees_with_the_order_relay_finds():
+    """Index order is "valid" exactly when `relay` takes it first; some order is valid exactly
+    when `relay` finds a plan; a failed index order names how its run ended."""
+    seen = set()
+    for p in random_problems(80, seed=11, sizes=(3, 4, 5, 6)):
+        how, other = relay.index_order_outcome(p)
+        order, plans, _ = relay.relay(p)
+        assert how in relay.OUTCOMES
+        assert (how == "valid") == (order == (0, 1))
+        assert (how == "valid" or other) == (plans is not None)
+        seen.add(how)
+    assert "valid" in seen and len(seen) >= 2, seen  # the draw holds failures as well
+
+
+def test_orders_table_counts_every_puzzle_and_refuses_unlabelled_ones():
+    problems = [
+        p.with_labels(None, None, k % 2 == 0)
+        for k, p in enumerate(random_problems(30, seed=12, sizes=(3, 4, 5)))
+    ]
+    table = relay.orders_table(problems).splitlines()
+    assert table[0].startswith("| needs a wait | puzzles | index order valid |")
+    rows = {r.split(" | ")[0].strip("| "): r.split(" | ") for r in table[2:]}
+    assert int(rows["all"][1]) == 30 and int(rows["no"][1]) + int(rows["yes"][1]) == 30
+    for cells in rows.values():  # the outcomes count every puzzle once
+        assert int(cells[2]) + sum(int(c.split(" ")[0]) for c in cells[3:7]) == int(cells[1])
+    with pytest.raises(ValueError, match="without a needs_wait label"):
+        relay.orders_table([problems[0].with_labels(None, None, None)])

@@ -1,0 +1,30 @@
+r"""What a relay trace that retries would reach: per puzzle, how the relay plan
+(`mapfjax.env.relay`) ends with the agents in index order (valid, a run cornered, looping or
+at its horizon, or a plan the simulator rejects) and whether another order has a valid plan,
+split by whether the puzzle needs a wait (`relay.orders_table`).
+
+    python launch/relay_orders.py --instances results/go_no_go/held_out_400.jsonl \
+        --out results/go_no_go/relay/orders.md
+"""
+
+from absl import app, flags
+from absl import logging as absl_logging
+
+_INSTANCES = flags.DEFINE_string("instances", None, "instance JSONL with needs_wait labels")
+_OUT = flags.DEFINE_string("out", None, "also write the table here")
+flags.mark_flags_as_required(["instances"])
+
+
+def main(argv):
+    del argv
+    absl_logging.set_verbosity(absl_logging.WARNING)
+    from mapfjax import files
+    from mapfjax.env import io, relay
+
+    return files.report_command(
+        lambda: relay.orders_table(io.load_instances(_INSTANCES.value)), _OUT.value
+    )
+
+
+if __name__ == "__main__":
+    app.run(main)
