@@ -5,6 +5,9 @@
 # sourced, not run. They set BUDGET_S (the seconds of GRPO an arm may take) before calling
 # pilot_updates, and call build_start first where the start may not be built yet.
 
+shopt -s inherit_errexit  # a failed count or pilot inside $(...) stops the script
+R=results/go_no_go  # where the arms' results go
+
 # The arms' start and the flags every arm shares (results/go_no_go/PLAN_trace_bonus0.md)
 TRACE_WAIT=(--policy runs/tiny_trace_wait/export --thinking --optimal_bonus 0 --kl_coef 0.1
   --wait_ratio 0.5 --samples 0)
@@ -58,6 +61,17 @@ if not scale > 0:
     sys.exit(f"error: updates_that_fit scale {sys.argv[3]}; allowed: a number > 0")
 print(int(float(sys.argv[2]) // (scale * sum(secs) / len(secs))))
 PY
+}
+
+fitted_count() {  # FILE VAR RUN [SCALE]: VAR, the updates that fit BUDGET_S at SCALE x RUN's
+  # pace (`updates_that_fit`), counted once and kept in FILE; then FILE sourced and checked
+  local file=$1 var=$2 n
+  if [ ! -f "$file" ]; then
+    n=$(updates_that_fit "$3" "${4:-1}")
+    printf '%s=%s\n' "$var" "$n" > "$file"
+  fi
+  source "$file"
+  check_counts "$file" "$var"
 }
 
 pilot_then_arm() {  # NAME VAR SEED DRAW LABEL FLAGS...: a 3-update pilot of FLAGS fixes VAR,

@@ -6,19 +6,11 @@
 #
 #   bash launch/trace_first_stage.sh            # about 1 hour on 2 CPU cores, once built
 set -euo pipefail
-shopt -s inherit_errexit  # a failed count inside $(...) stops the script
 BUDGET_S=${BUDGET_S:-1650}
 source launch/arms.sh
-R=results/go_no_go
 
 build_start
-counts=$R/trace_first_stage_count.txt
-if [ ! -f "$counts" ]; then
-  n=$(updates_that_fit $R/trace_grid6000_fstep/matched)
-  printf 'NN=%s\n' "$n" > "$counts"
-fi
-source "$counts"
-check_counts "$counts" NN
+fitted_count $R/trace_first_stage_count.txt NN $R/trace_grid6000_fstep/matched
 gate "${TRACE_WAIT[@]}" --policy runs/tiny_trace_grid/export_aw10_6000 --groups 32 --lr 1e-4 \
   --updates "$NN" --seed 7 --held_out_seed 12355 --mismatched no_wait --mismatched_when gain \
   --workdir runs/gng_first --out $R/trace_grid6000_more

@@ -6,19 +6,11 @@
 #
 #   bash launch/trace_lessons.sh            # about 1 hour on 2 CPU cores, once built
 set -euo pipefail
-shopt -s inherit_errexit  # a failed count inside $(...) stops the script
 BUDGET_S=${BUDGET_S:-1650}
 source launch/arms.sh
-R=results/go_no_go
 
 build_start
-counts=$R/trace_lessons_count.txt
-if [ ! -f "$counts" ]; then
-  n=$(updates_that_fit $R/trace_grid6000_fstep/matched 4)
-  printf 'NO=%s\n' "$n" > "$counts"
-fi
-source "$counts"
-check_counts "$counts" NO
+fitted_count $R/trace_lessons_count.txt NO $R/trace_grid6000_fstep/matched 4
 gate "${TRACE_WAIT[@]}" --policy runs/tiny_trace_grid/export_aw10_6000 --groups 128 --lr 2e-4 \
   --updates "$NO" --seed 9 --held_out_seed 12357 --mismatched no_wait --mismatched_when gain \
   --workdir runs/gng_lessons --out $R/trace_grid6000_lessons

@@ -7,7 +7,6 @@
 #   ROUNDS=4 bash launch/trace_scale.sh   # the plan's 4 rounds (40 updates)
 set -euo pipefail
 source launch/arms.sh
-R=results/go_no_go
 
 build_start
 gate "${TRACE_WAIT[@]}" --policy runs/tiny_trace_grid/export_aw10_6000 --groups 128 --lr 1e-4 \
