@@ -52,7 +52,7 @@ TRACE_SIZES = {3: 0.25, 4: 0.25, 5: 0.25, 6: 0.25}
 VARIANTS = (
     *("", "quick", "broad", "trace", "trace_quick"),
     *("trace_long", "trace_wait", "trace_ahead", "trace_relay", "trace_relay_where"),
-    *("trace_relay_scratch", "trace_relay_next_scratch"),
+    *("trace_relay_scratch", "trace_relay_next_scratch", "trace_retry_scratch"),
 )
 
 
@@ -68,7 +68,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     traces that plan the agents one after another (`mapfjax.env.relay`); "trace_relay_where"
     continues trace_relay with each later agent's lines also writing where the earlier ones
     stand; "trace_relay_scratch" trains the relay layout from scratch with the trace recipe,
-    "trace_relay_next_scratch" the same with the earlier agents' cells written after their key."""
+    "trace_relay_next_scratch" the same with the earlier agents' cells written after their key,
+    "trace_retry_scratch" the same with a relay that starts in index order and, when a run is
+    cornered or loops, writes so and starts again in the next order."""
     if arg not in VARIANTS:
         raise ValueError(f"configs/tiny_model.py: unknown variant {arg!r}; known: {VARIANTS}")
     c = ml_collections.ConfigDict()
@@ -81,7 +83,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     # With thinking: how the plan is found, written before the moves (`mapfjax.env.lookahead`:
     # "search" or "priority"; "relay": each agent's plan in turn by the move lines' rule, no
     # block, "relay_where" / "relay_next" the same with where earlier agents stand written on
-    # later agents' lines; the plan is the one found that way; "" = the oracle's, no block).
+    # later agents' lines, "relay_retry" index order first and another order after a failed
+    # run; the plan is the one found that way; "" = the oracle's, no block).
     c.trace_lookahead = ""
     c.init = ""  # a checkpoint directory to continue from (its tokenizer too); "" = from scratch
     c.workdir = "/tmp/mapfjax_tiny"  # tokenizer, data cache, checkpoints, logs
@@ -265,7 +268,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         # marks compare cells on the same line instead of a line up to 15 lines above.
         continue_from(c, "runs/tiny_trace_relay/export", "trace_relay_where", 71, 0.7, 16384, 1000)
         c.trace_lookahead = "relay_where"
-    if arg in ("trace_relay_scratch", "trace_relay_next_scratch"):
+    if arg in ("trace_relay_scratch", "trace_relay_next_scratch", "trace_retry_scratch"):
         # The relay layout from scratch: the trace recipe (6 layers, 6,000 updates of 16 in three
         # resumable stages), answer tokens weighing 10, the gate's puzzles kept out; about 2.5
         # hours on 2 cores. Continuing a step-layout policy on it lost 9.5 points (trace_relay).
@@ -283,6 +286,16 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.trace_lookahead = "relay_next"
         c.workdir = "runs/tiny_trace_relay_next_scratch"
         c.out_dir = "runs/tiny_trace_relay_next_scratch/export"
+    if arg == "trace_retry_scratch":
+        # The same from scratch, the first agent a check instead of a choice: index order
+        # first; a run that is cornered (`= cornered`) or comes back to a cell once the earlier
+        # agents rest (`= loop tJ`) ends the attempt, `retry A1 A0` names the next order
+        # (`mapfjax.env.relay.retry`). The relay policy lost 31 of the gate's puzzles on its
+        # first agent alone; the retry reaches a plan on 84 % of those that need a wait
+        # (results/go_no_go/relay/orders.md).
+        c.trace_lookahead = "relay_retry"
+        c.workdir = "runs/tiny_trace_retry_scratch"
+        c.out_dir = "runs/tiny_trace_retry_scratch/export"
     if arg == "trace_quick":
         c.workdir = "/tmp/mapfjax_tiny_trace_quick"
         c.out_dir = "/tmp/mapfjax_tiny_trace_quick/export"

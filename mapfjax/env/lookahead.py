@@ -98,6 +98,7 @@ class Lookahead:
     opened: int
     order: tuple[int, ...] | None = None
     where: str = ""
+    tries: tuple = ()  # failed relay attempts written before the plan (`relay_retry_form`)
 
 
 def path(m: GridMap, start, goal, cons: Sequence[Constraint], limit: int = 256):
@@ -293,6 +294,15 @@ def relay_next_form(problem: Problem) -> Lookahead:
     return dataclasses.replace(relay_form(problem), where="next")
 
 
+def relay_retry_form(problem: Problem) -> Lookahead:
+    """`relay_form` that always starts in index order and, when a run fails (cornered, or a
+    loop), writes that run's last line and `retry` with the next order (`relay.retry`): the
+    first agent becomes a check instead of a choice. plans is None when no order is valid or
+    an order fails in a way no line shows."""
+    order, plans, tries, tried = relay.retry(problem)
+    return Lookahead((), plans, tried, order, tries=tries)
+
+
 # The look-ahead forms a trace can write (`rl.data.response`, `launch/trace_lengths.py`).
 LOOKAHEADS = {
     "search": search,
@@ -300,6 +310,7 @@ LOOKAHEADS = {
     "relay": relay_form,
     "relay_where": relay_where_form,
     "relay_next": relay_next_form,
+    "relay_retry": relay_retry_form,
 }
 
 

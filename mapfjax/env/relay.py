@@ -26,7 +26,10 @@ rather than waiting for ever. An agent's run ends when it stands on its goal and
 agent comes there later. The first agent that runs is the one choice the trace makes that no
 line decides: `relay` takes the first order (in `itertools.permutations` order) whose plan
 is valid, which on the gate's held-out puzzles is every one that needs no wait and 84 % of
-those that need one (the agents in index order alone: 65 %).
+those that need one (the agents in index order alone: 65 %). `retry` makes that choice a
+check: index order first, and a run that is cornered or loops ends its attempt on a line that
+says so, after which the trace names the next order and starts again (`trace.render_trace`'s
+tries).
 """
 
 from __future__ import annotations
@@ -39,8 +42,12 @@ from mapfjax.env.joint import INF, GridMap
 from mapfjax.env.locality import MOVE_CODES, WAIT
 from mapfjax.env.simulate import simulate
 from mapfjax.env.trace import (
+    CORNERED,
+    LOOP,
     RELAY_LINE,
+    RETRY_LINE,
     TAKEN,
+    Attempt,
     cells_by_time,
     detect_style,
     parse_relay,
@@ -177,23 +184,73 @@ def relay(problem: Problem) -> tuple[tuple[int, ...] | None, list[list[int]] | N
 OUTCOMES = ("valid", "cornered", "loop", "horizon", "invalid")
 
 
+def attempt(problem: Problem, order: Sequence[int]):
+    """The relay in `order`, as a trace that retries writes it -> (plans, failed, outcome):
+    plans when the plan is valid (outcome "valid"); else None, with `failed` the attempt's
+    runs up to the one that fails (`trace.Attempt`, its `again` the step of that run whose
+    cell the agent has come back to, for a loop) and how it ended (OUTCOMES); failed is None
+    when every run settles into a plan the simulator rejects ("invalid")."""
+    h, w = problem.height, problem.width
+    done: list[tuple[int, list[int]]] = []
+    for i in order:
+        horizon = 4 * h * w + sum(len(p) for _, p in done)
+        actions, outcome = agent_run(problem, i, done, horizon)
+        if outcome != "settled":
+            again = None
+            if outcome == "loop":
+                _, rest = _rule(problem, i, done)
+                cells = cells_by_time(problem.starts[i], actions)
+                again = next(k for k in range(rest, len(cells)) if cells[k - 1] == cells[-1])
+            runs = tuple((j, tuple(p)) for j, p in [*done, (i, actions)])
+            return None, Attempt(tuple(order), runs, outcome, again), outcome
+        done.append((i, actions))
+    plans = dict(done)
+    out = [plans[i] for i in range(problem.num_agents)]
+    return (out, None, "valid") if simulate(problem, out)["valid"] else (None, None, "invalid")
+
+
+def retry(problem: Problem):
+    """The relay that retries -> (order, plans, tries, orders tried): the orders in
+    `itertools.permutations` order (at most MAX_ORDERS) until one gives a valid plan, `tries`
+    the failed attempts before it (`trace.Attempt`, rendered before the plan's runs). order and
+    plans are None when no order is valid or an order fails in a way no line shows (a run at
+    its horizon, or runs that settle into an invalid plan): the trace would have no failure
+    line to write."""
+    tries = []
+    for n, order in enumerate(
+        itertools.islice(itertools.permutations(range(problem.num_agents)), MAX_ORDERS), 1
+    ):
+        plans, failed, outcome = attempt(problem, order)
+        if plans is not None:
+            return order, plans, tuple(tries), n
+        if outcome not in (CORNERED, LOOP):
+            return None, None, tuple(tries), n
+        tries.append(failed)
+    return None, None, tuple(tries), len(tries)
+
+
+def attempts_before(problem: Problem, order: Sequence[int]) -> tuple[Attempt, ...]:
+    """The failed attempts the relay that retries writes before the runs in `order` (the
+    truth a retrying trace's earlier lines are checked against): those of the orders before it
+    in `itertools.permutations` order, up to the first that does not fail on a line."""
+    out = []
+    for o in itertools.islice(itertools.permutations(range(problem.num_agents)), MAX_ORDERS):
+        if tuple(o) == tuple(order):
+            break
+        _, failed, outcome = attempt(problem, o)
+        if outcome not in (CORNERED, LOOP):
+            break
+        out.append(failed)
+    return tuple(out)
+
+
 def index_order_outcome(problem: Problem) -> tuple[str, bool]:
     """(how the relay in index order ends (OUTCOMES), whether another order has a valid plan):
     what a trace that always starts with A0 and writes the other order when a run fails (a
     retry) would meet. The first outcome is "valid" exactly when `relay` returns index order;
     the second is True for a valid index order too when another order is also valid."""
-    n, h, w = problem.num_agents, problem.height, problem.width
-    done: list[tuple[int, list[int]]] = []
-    how = "valid"
-    for i in range(n):
-        actions, outcome = agent_run(problem, i, done, 4 * h * w + sum(len(p) for _, p in done))
-        if outcome != "settled":
-            how = outcome
-            break
-        done.append((i, actions))
-    if how == "valid" and plan_in_order(problem, range(n)) is None:
-        how = "invalid"
-    orders = itertools.islice(itertools.permutations(range(n)), 1, MAX_ORDERS)
+    how = attempt(problem, range(problem.num_agents))[2]
+    orders = itertools.islice(itertools.permutations(range(problem.num_agents)), 1, MAX_ORDERS)
     return how, any(plan_in_order(problem, o) is not None for o in orders)
 
 
@@ -272,7 +329,7 @@ def first_agent(response: str) -> int | None:
 
 
 # Where a response's relay trace first goes wrong (`check`).
-CHECKS = ("right", "header", "first run", "later run", "rule", "unreadable", "missing")
+CHECKS = ("right", "header", "retry", "first run", "later run", "rule", "unreadable", "missing")
 # What the first wrong line of a relay run gets wrong (`line_error`): the agent's cell (or the
 # step label), a `where` field, the `taken` mark after its own cell, a neighbour's `taken`
 # mark left out or written where the cell is free, what a neighbour holds otherwise, the
@@ -293,11 +350,15 @@ def _first_wrong_line(problem: Problem, response: str):
         return ("unreadable" if order else "missing"), "", ""
     got, want = true_lines(problem, body)
     header = len(render_header(problem, detect_style(body)))
+    # a retrying trace's failed attempts end on the truth's last retry line
+    final = max((k + 1 for k, x in enumerate(want) if RETRY_LINE.match(x)), default=header)
     for k, (a, b) in enumerate(zip([*got, ""], [*want, ""], strict=False)):
         if a != b:
             if k < header:
                 return "header", a, b
-            run = "first run" if k - header < len(plans[order[0]]) else "later run"
+            if k < final:
+                return "retry", a, b
+            run = "first run" if k - final < len(plans[order[0]]) else "later run"
             return run, a, b
     order = [*order, *(i for i in range(problem.num_agents) if i not in order)]
     return ("right" if first_departure(problem, plans, order) is None else "rule"), "", ""
@@ -306,9 +367,10 @@ def _first_wrong_line(problem: Problem, response: str):
 def check(problem: Problem, response: str) -> str:
     """Where a response's relay trace first goes wrong (see CHECKS): "missing" (no think block
     or no relay line), "unreadable" (`trace.parse_relay` fails), a line that is not the true
-    line of the plan it writes: in the map and agents' lines ("header"), the run of the agent
-    written first ("first run") or a later one ("later run"); "rule" when every line is right
-    but an action is not the rule's (`first_departure`); else "right"."""
+    line of the plan it writes: in the map and agents' lines ("header"), a failed attempt of a
+    trace that retries or its retry line ("retry", against the rule's attempts), the run of
+    the agent written first ("first run") or a later one ("later run"); "rule" when every line
+    is right but an action is not the rule's (`first_departure`); else "right"."""
     return _first_wrong_line(problem, response)[0]
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from mapfjax.env.answer import parse_answer
 from mapfjax.env.simulate import simulate
@@ -40,6 +41,10 @@ OFF, TAKEN, NONE = "off", "taken", "none"
 # What a relay trace's later lines write of the earlier agents (`render_trace`'s where).
 WHERE_FIELDS = ("", "after", "next")
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+# A relay run that fails (`render_trace`'s tries): its last line ends `= cornered` (no move and
+# no wait allowed) or `= loop tJ` (the agent stands where its line of step J stood, once every
+# earlier agent rests), then `retry A1 A0` names the order written next.
+CORNERED, LOOP, RETRY = "cornered", "loop", "retry"
 
 
 def cell(rc: Sequence[int]) -> str:
@@ -160,8 +165,8 @@ def _move_line(
     """One move line: `head` (a relay line's step label: with it, the agent's cell is followed
     by `where`, the earlier agents' cells after this step, then `taken` when one of them comes
     into it), the agent and its cell, the four cells with what each holds, then
-    `= ACTION (r, c)`."""
-    if not 0 <= action < len(ACTION_NAMES):
+    `= ACTION (r, c)`; action None: `= cornered` (a relay run that can neither move nor wait)."""
+    if action is not None and not 0 <= action < len(ACTION_NAMES):
         raise ValueError(f"agent {agent}: action code {action} out of range")
     parts = [head] if head else []
     parts += [f"A{agent}", cell(here), *where]
@@ -174,6 +179,8 @@ def _move_line(
             continue
         content = TAKEN if (r, c) in taken else symbols.get((r, c), "F")
         parts += [name, cell((r, c)), content]
+    if action is None:
+        return " ".join([*parts, "=", CORNERED])
     dr, dc = ACTION_DELTAS[action]
     parts += ["=", ACTION_NAMES[action], cell((here[0] + int(dr), here[1] + int(dc)))]
     return " ".join(parts)
@@ -210,6 +217,41 @@ def relay_taken(earlier: Sequence[Sequence[tuple[int, int]]], k: int, here) -> s
     return out
 
 
+class Attempt(NamedTuple):
+    """A failed relay attempt (`render_trace`'s tries): the agents' `order`; `runs`, (agent,
+    actions) in that order up to the one that fails; `outcome` CORNERED or LOOP; `again`, for
+    a loop, the step of that run whose line stood on the cell the agent has come back to."""
+
+    order: tuple[int, ...]
+    runs: tuple[tuple[int, tuple[int, ...]], ...]
+    outcome: str
+    again: int | None = None
+
+
+def _relay_runs(
+    problem: Problem, symbols: dict, runs, where: str, lines: list[str], before=()
+) -> list[tuple[int, list[tuple[int, int]]]]:
+    """Append the relay lines of `runs` ((agent, actions) in order) to `lines`, after the runs
+    `before` ((agent, cells by time) pairs, as returned); returns every run's (agent, cells by
+    time), those before included."""
+    agents = [i for i, _ in before]
+    written = [c for _, c in before]
+    for i, actions in runs:
+        try:
+            cells = cells_by_time(problem.starts[i], actions)
+        except ValueError as e:
+            raise ValueError(f"agent {i}: {e}") from None
+        for k, a in enumerate(actions, 1):
+            taken = relay_taken(written, k, cells[k - 1])
+            at = [c[min(k, len(c) - 1)] for c in written]
+            key = f"t{k + 1} " if where == "next" else ""  # "after": none; "": no field
+            who = [f"{key}A{j} {cell(rc)}" for j, rc in zip(agents, at, strict=True) if where]
+            lines.append(_move_line(problem, symbols, i, cells[k - 1], taken, int(a), f"t{k}", who))
+        written.append(cells)
+        agents.append(i)
+    return list(zip(agents, written, strict=True))
+
+
 def render_trace(
     problem: Problem,
     plans: Sequence[Sequence[int]],
@@ -217,6 +259,7 @@ def render_trace(
     plan_lines: Sequence[str] = (),
     order: Sequence[int] | None = None,
     where: str = "",
+    tries: Sequence[Attempt] = (),
 ) -> str:
     """The trace of `plans` (per-agent action codes, as `oracle.answer_actions` gives) on
     `problem`, its map transcribed in `style` (see STYLES). Moves are followed as written (an
@@ -231,32 +274,39 @@ def render_trace(
     after its cell, each earlier agent's cell after step K, so that every `taken` compares
     cells on its own line: "after" as `A0 (1, 2)` (the end of that agent's `tK` line), "next"
     as `t5 A0 (1, 2)` at K = 4 (the start of that agent's `t5` line, after the key the line
-    writes; an agent whose run has ended stays on its last cell)."""
+    writes; an agent whose run has ended stays on its last cell).
+
+    tries (with order): failed relay attempts written before `order`'s runs (`Attempt`; the
+    relay that retries, `env.relay.retry`): each attempt's runs, the last one ending on its
+    failure line (`= cornered`, or `= loop tJ`), then `retry` and the next attempt's order."""
     n = problem.num_agents
     if len(plans) != n:
         raise ValueError(f"{len(plans)} plans for {n} agents")
     if where not in WHERE_FIELDS or (where and order is None):
         raise ValueError(f"where = {where!r}: allowed {WHERE_FIELDS}, a field only with order")
+    if tries and (order is None or where):
+        raise ValueError("tries: failed relay attempts come only with an order, without where")
     symbols = _symbols(problem)
     lines = render_header(problem, style) + list(plan_lines)
     if order is not None:
         order = [*order, *(i for i in range(n) if i not in order)]
         if sorted(order) != list(range(n)):
             raise ValueError(f"order {order}: not an order of the {n} agents")
-        written: list[list[tuple[int, int]]] = []
-        for n_before, i in enumerate(order):
-            try:
-                cells = cells_by_time(problem.starts[i], plans[i])
-            except ValueError as e:
-                raise ValueError(f"agent {i}: {e}") from None
-            for k, a in enumerate(plans[i], 1):
-                taken = relay_taken(written, k, cells[k - 1])
-                at = [c[min(k, len(c) - 1)] for c in written]
-                key = f"t{k + 1} " if where == "next" else ""  # "after": none; "": no field
-                who = [f"{key}A{j} {cell(rc)}" for j, rc in zip(order[:n_before], at) if where]
-                line = _move_line(problem, symbols, i, cells[k - 1], taken, int(a), f"t{k}", who)
-                lines.append(line)
-            written.append(cells)
+        nexts = [t.order for t in tries[1:]] + ([order] if tries else [])
+        for attempt, after in zip(tries, nexts, strict=True):
+            before = _relay_runs(problem, symbols, attempt.runs[:-1], where, lines)
+            i, actions = attempt.runs[-1]
+            cells = _relay_runs(problem, symbols, [attempt.runs[-1]], where, lines, before)[-1][1]
+            k, here = len(actions) + 1, cells[-1]
+            if attempt.outcome == CORNERED:
+                taken = relay_taken([c for _, c in before], k, here)
+                lines.append(_move_line(problem, symbols, i, here, taken, None, f"t{k}"))
+            elif attempt.outcome == LOOP and attempt.again is not None:
+                lines.append(f"t{k} A{i} {cell(here)} = {LOOP} t{attempt.again}")
+            else:
+                raise ValueError(f"attempt {attempt}: a failed run is cornered or loops")
+            lines.append(" ".join([RETRY, *(f"A{j}" for j in after)]))
+        _relay_runs(problem, symbols, [(i, plans[i]) for i in order], where, lines)
         return "\n".join(lines)
     pos = [tuple(int(v) for v in s) for s in problem.starts]
     for t in range(max((len(p) for p in plans), default=0)):
@@ -284,10 +334,11 @@ def render_thinking(
     plan_lines: Sequence[str] = (),
     order: Sequence[int] | None = None,
     where: str = "",
+    tries: Sequence[Attempt] = (),
 ) -> str:
     """The think block of `plans`: '<think>\\n' + trace + '\\n</think>\\n\\n' (the answer follows,
-    as Qwen3 writes it); plan_lines, order and where as in `render_trace`."""
-    body = render_trace(problem, plans, style, plan_lines, order, where)
+    as Qwen3 writes it); plan_lines, order, where and tries as in `render_trace`."""
+    body = render_trace(problem, plans, style, plan_lines, order, where, tries)
     return f"{THINK_OPEN}\n{body}\n{THINK_CLOSE}\n\n"
 
 
@@ -296,6 +347,11 @@ _MOVE = re.compile(r"^A(\d{1,2}) .* = ([A-Z]+) \(-?\d+, -?\d+\)$")
 # A relay line with a `where` field after its cell: "after" (`A0 (r, c)`), "next" (`t5 A0 ...`).
 _WHERE = re.compile(r"^t\d{1,4} A\d{1,2} \(\d{1,2}, \d{1,2}\) (t\d{1,4} )?A\d{1,2} \(", re.M)
 RELAY_LINE = re.compile(r"^t(\d{1,4}) A(\d{1,2}) .* = ([A-Z]+) \(-?\d+, -?\d+\)$")
+# The last line of a failed relay run, and the line naming the order written next.
+FAILED_LINE = re.compile(
+    rf"^t\d{{1,4}} A\d{{1,2}} \(-?\d+, -?\d+\).* = ({CORNERED}|{LOOP} t\d{{1,4}})$"
+)
+RETRY_LINE = re.compile(rf"^{RETRY}( A\d{{1,2}})+$")
 _CELL = re.compile(r"\((\d{1,2}), (\d{1,2})\)")
 
 
@@ -357,11 +413,22 @@ def parse_trace(trace: str, num_agents: int) -> tuple[list[list[int]] | None, st
 def parse_relay(trace: str, num_agents: int):
     """A relay-layout trace (`render_trace` with `order`) -> (plans, order of the agents'
     runs); (None, "") when the trace has no relay line (it may be in the step layout); (None,
-    reason) when it is not a readable relay trace."""
+    reason) when it is not a readable relay trace. A trace that retries (`render_trace`'s
+    tries) is read from its last `retry` line on: a failed run's last line and the `retry`
+    line after it close an attempt, and the plans are those of the attempt written last."""
     plans: list[list[int]] = [[] for _ in range(num_agents)]
     order: list[int] = []
+    failed = False
     for k, line in enumerate(trace.splitlines(), 1):
         line = line.strip()
+        if failed:  # the line after a failed run's last one names the next order
+            if RETRY_LINE.match(line) is None:
+                return None, f"line {k}: no retry line after a failed run: {line[:60]!r}"
+            plans, order, failed = [[] for _ in range(num_agents)], [], False
+            continue
+        if order and FAILED_LINE.match(line):
+            failed = True
+            continue
         m = RELAY_LINE.match(line)
         if m is None:
             if order and line:
@@ -377,6 +444,10 @@ def parse_relay(trace: str, num_agents: int):
         if step != len(plans[i]) + 1:
             return None, f"line {k}: agent {i} step {step} after step {len(plans[i])}"
         plans[i].append(ACTION_NAMES.index(name))
+    if failed:
+        return None, "the trace ends on a failed run"
+    if not order and RETRY in trace:
+        return None, "no run after the last retry line"
     return (plans, order) if order else (None, "")
 
 
@@ -442,7 +513,9 @@ def true_lines(
 ) -> tuple[list[str], list[str]] | None:
     """(the trace's lines, stripped, a look-ahead block's left out; the true lines of the plan
     its move lines choose, in its layout: step blocks or relay runs in its order, with its
-    `where` field), or None when no plan can be read from it. style: the trace's (STYLES);
+    `where` field, after a retrying trace's failed attempts as the relay's rule writes them
+    for the orders before its last, `env.relay.attempts_before`), or None when no plan can be
+    read from it. style: the trace's (STYLES);
     None reads it from the trace's first line."""
     plans, _ = parse_trace(trace, problem.num_agents)
     if plans is None:
@@ -451,7 +524,13 @@ def true_lines(
     order = parse_relay(trace, problem.num_agents)[1] or None
     field = _WHERE.search(trace) if order is not None else None
     where = "" if field is None else "next" if field.group(1) else "after"
-    want = render_trace(problem, plans, style, order=order, where=where).splitlines()
+    tries = ()
+    if order is not None and re.search(rf"^\s*{RETRY} ", trace, re.M):
+        from mapfjax.env import relay  # builds on this module; a retry's truth is its rule's
+
+        tries = relay.attempts_before(problem, order)
+    want = render_trace(problem, plans, style, order=order, where=where, tries=tries)
+    want = want.splitlines()
     # a look-ahead block is not checked here: its own lines say where it went wrong
     got = [line.strip() for line in trace.splitlines() if not LOOKAHEAD_LINE.match(line.strip())]
     return got, want

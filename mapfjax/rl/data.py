@@ -91,7 +91,7 @@ def responses(
                 out.append(None)
                 continue
             body = trace.render_thinking(
-                p, found.plans, style, found.lines, found.order, found.where
+                p, found.plans, style, found.lines, found.order, found.where, found.tries
             )
             out.append(body + text.render_answer(found.plans))
         return out

@@ -151,7 +151,9 @@ def test_sft_data_with_a_lookahead_uses_the_search_s_plan_and_names_a_search_tha
         ValueError, match=r"'cross': the search look-ahead found no plan \(1 opened"
     ):
         data.response(CROSS, None, thinking=True, lookahead="search")
-    allowed = r"allowed \['priority', 'relay', 'relay_next', 'relay_where', 'search'\]"
+    allowed = (
+        r"allowed \['priority', 'relay', 'relay_next', 'relay_retry', 'relay_where', 'search'\]"
+    )
     with pytest.raises(ValueError, match=r"lookahead 'cbs': " + allowed):
         data.response(CROSS, None, thinking=True, lookahead="cbs")
 

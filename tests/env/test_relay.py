@@ -389,3 +389,105 @@ def test_orders_table_counts_every_puzzle_and_refuses_unlabelled_ones():
         assert int(cells[2]) + sum(int(c.split(" ")[0]) for c in cells[3:7]) == int(cells[1])
     with pytest.raises(ValueError, match="without a needs_wait label"):
         relay.orders_table([problems[0].with_labels(None, None, None)])
+
+
+# A1 starts boxed in by a hole and A0's goal: in index order it is cornered at t1, so the
+# trace that retries writes that line and starts again with A1 first (A0 then waits a step).
+CORNER = Problem(
+    id="corner",
+    grid=("FHFF", "FFFF", "FHFF", "FFFF"),
+    starts=((2, 0), (0, 0)),
+    goals=((1, 0), (1, 1)),
+)
+CORNER_LINES = [
+    "t1 A0 (2, 0) UP (1, 0) G DOWN (3, 0) F LEFT off RIGHT (2, 1) H = UP (1, 0)",
+    "t1 A1 (0, 0) UP off DOWN (1, 0) taken LEFT off RIGHT (0, 1) H = cornered",
+    "retry A1 A0",
+    "t1 A1 (0, 0) UP off DOWN (1, 0) G LEFT off RIGHT (0, 1) H = DOWN (1, 0)",
+    "t2 A1 (1, 0) UP (0, 0) s DOWN (2, 0) S LEFT off RIGHT (1, 1) g = RIGHT (1, 1)",
+    "t1 A0 (2, 0) UP (1, 0) taken DOWN (3, 0) F LEFT off RIGHT (2, 1) H = WAIT (2, 0)",
+    "t2 A0 (2, 0) UP (1, 0) G DOWN (3, 0) F LEFT off RIGHT (2, 1) H = UP (1, 0)",
+]
+
+
+def _retry_response(p: Problem, form=lookahead.relay_retry_form) -> str:
+    found = form(p)
+    body = trace.render_thinking(p, found.plans, "grid", (), found.order, "", found.tries)
+    return body + text.render_answer(found.plans)
+
+
+def test_a_cornered_run_is_written_then_the_other_order():
+    order, plans, tries, tried = relay.retry(CORNER)
+    assert (order, tried) == ((1, 0), 2) and [t.outcome for t in tries] == ["cornered"]
+    assert simulate.simulate(CORNER, plans)["valid"] and plans == [[0, 1], [2, 4]]
+    lines = trace.render_trace(CORNER, plans, "holes", order=order, tries=tries).splitlines()
+    assert lines[3:] == CORNER_LINES
+    assert trace.parse_trace("\n".join(lines), 2) == (plans, None)
+
+
+def test_every_retrying_trace_reads_back_checks_right_and_keeps_relays_plan():
+    """Over generated puzzles: the relay that retries ends on relay's own order and plan; its
+    trace and answer read back into that plan, every line checks, the attempts fail on a line
+    (cornered, or a loop back to the cell of the step it names) and start in index order."""
+    retried = 0
+    for p in random_problems(120, seed=13, sizes=(3, 4, 5, 6)):
+        order, plans, tries, _ = relay.retry(p)
+        if plans is None:
+            continue
+        assert (order, plans) == relay.relay(p)[:2]
+        assert not tries or [i for i, _ in tries[0].runs][0] == 0
+        for t in tries:
+            assert t.outcome in ("cornered", "loop")
+            if t.outcome == "loop":
+                i, actions = t.runs[-1]
+                cells = trace.cells_by_time(p.starts[i], actions)
+                assert cells[t.again - 1] == cells[-1] and t.again < len(cells)
+        response = _retry_response(p)
+        body = trace.thinking_text(response)
+        assert trace.parse_trace(body, 2) == (plans, None)
+        assert text.parse_answer(response, 2)[0] == plans
+        assert trace.check_trace(p, response) == (len(body.splitlines()), None)
+        assert relay.check(p, response) == "right"
+        assert body.count("\nretry ") == len(tries)
+        retried += bool(tries)
+    assert retried >= 3  # the draw holds retries (about 1 puzzle in 6)
+
+
+def test_a_wrong_failure_claim_is_a_retry_error():
+    """A trace that gives up on index order where the rule fails it on another line, or names
+    the wrong step of a loop, is first wrong in its failed attempt."""
+    good = _retry_response(CORNER)
+    bad = good.replace("LEFT off RIGHT (0, 1) H = cornered", "LEFT off RIGHT (0, 1) F = cornered")
+    assert relay.check(CORNER, bad) == "retry"
+    assert trace.check_trace(CORNER, bad)[1] == "content"
+    for p in random_problems(120, seed=13, sizes=(3, 4, 5, 6)):
+        tries = relay.retry(p)[2]
+        if tries and tries[0].outcome == "loop":
+            good = _retry_response(p)
+            bad = good.replace(f"= loop t{tries[0].again}", f"= loop t{tries[0].again + 1}")
+            assert bad != good and relay.check(p, bad) == "retry"
+            break
+    else:
+        pytest.fail("no loop among the generated puzzles")
+
+
+@pytest.mark.parametrize(
+    "cut, reason",
+    [
+        (lambda b: b.split("\nretry")[0], "ends on a failed run"),
+        (lambda b: b.replace("retry A1 A0", "try A1 A0"), "no retry line after a failed run"),
+        (lambda b: b.split("\nretry A1 A0")[0] + "\nretry A1 A0", "no run after the last retry"),
+    ],
+)
+def test_a_broken_retry_is_a_parse_error_not_a_crash(cut, reason):
+    body = trace.thinking_text(_retry_response(CORNER))
+    plans, why = trace.parse_trace(cut(body), 2)
+    assert plans is None and reason in why
+    assert relay.check(CORNER, f"<think>\n{cut(body)}\n</think>\n") in ("unreadable", "missing")
+
+
+def test_retry_form_sft_data_and_index_order_outcome_agree():
+    """The SFT data's response for the retry form is the rendered retrying trace; the index
+    order's outcome is the first attempt's."""
+    assert data.responses([CORNER], None, True, "grid", "relay_retry")[0] == _retry_response(CORNER)
+    assert relay.index_order_outcome(CORNER) == ("cornered", True)
