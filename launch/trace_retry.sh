@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# PLAN_retry.md (results/go_no_go): the relay that retries, from scratch by the trace recipe
+# (configs/tiny_model.py:trace_retry_scratch), its greedy answers on the gate's 400 puzzles
+# against trace_wait's and checked line by line, then arm R (F's flags) from it on a new
+# held-out draw, its no-wait mismatched arm on a gain, and beside the shipped model.
+# Resumable: the same command goes on where it stood.
+#
+#   bash launch/trace_retry.sh   # SFT about 2.5 h on 2 CPU cores, then about 1 h
+set -euo pipefail
+source launch/arms.sh
+START=runs/tiny_trace_retry_scratch/export
+EVAL=runs/trace_retry_scratch_eval
+H=results/go_no_go/held_out_400.jsonl
+
+built $START || python launch/train_tiny.py --config configs/tiny_model.py:trace_retry_scratch
+[ -f $EVAL/answers.jsonl ] || python launch/evaluate.py --checkpoint $START --enable_thinking \
+  --max_new_tokens 640 --batch_size 100 --instances $H --out_dir $EVAL --answers_out $EVAL/answers.jsonl
+mkdir -p $R/trace_retry
+python launch/compare_evals.py --instances $H --sizes 3-6 --split_wait \
+  --evals $R/trace_wait_kl0.1_wait0.5/matched/start/validation.json,$EVAL \
+  --labels "trace_wait,trace_retry_scratch (6000 from scratch)" --out $R/trace_retry/comparison.md
+python launch/lookahead_check.py --instances $H --eval $EVAL --form relay \
+  --out $R/trace_retry/retry_check.md
+gate "${TRACE_WAIT[@]}" --policy $START --groups 32 --lr 1e-4 --updates 7 --seed 10 \
+  --held_out_seed 12358 --mismatched no_wait --mismatched_when gain \
+  --workdir runs/gng_retry --out $R/trace_retry_fstep
+vs_shipped $R/trace_retry_fstep runs/gng_retry "GRPO (R: F's flags; seed 10)" "retry 6000"
