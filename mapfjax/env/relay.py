@@ -38,6 +38,7 @@ import itertools
 from collections.abc import Sequence
 
 from mapfjax import stats
+from mapfjax.env import trace as _trace
 from mapfjax.env.joint import INF, GridMap
 from mapfjax.env.locality import MOVE_CODES, WAIT
 from mapfjax.env.simulate import simulate
@@ -244,6 +245,23 @@ def attempts_before(problem: Problem, order: Sequence[int]) -> tuple[Attempt, ..
     return tuple(out)
 
 
+def retry_truth(problem: Problem, body: str) -> tuple[Attempt, ...]:
+    """The failed attempts a trace (the think block's text) is checked against: for one that
+    retries, the rule's for the orders before its last (`attempts_before`); else none."""
+    if not any(RETRY_LINE.match(line.strip()) for line in body.splitlines()):
+        return ()
+    order = parse_relay(body, problem.num_agents)[1]
+    return attempts_before(problem, order) if isinstance(order, list) and order else ()
+
+
+def check_trace(problem: Problem, response: str, style: str | None = None):
+    """`trace.check_trace` for any layout, a retrying relay trace's failed attempts checked
+    against the rule's (`retry_truth`): what greedy evaluation records as `trace_error`."""
+    body = thinking_text(response)
+    tries = retry_truth(problem, body) if body is not None else ()
+    return _trace.check_trace(problem, response, style, tries)
+
+
 def index_order_outcome(problem: Problem) -> tuple[str, bool]:
     """(how the relay in index order ends (OUTCOMES), whether another order has a valid plan):
     what a trace that always starts with A0 and writes the other order when a run fails (a
@@ -348,7 +366,7 @@ def _first_wrong_line(problem: Problem, response: str):
     plans, order = parse_relay(body, problem.num_agents)
     if plans is None:
         return ("unreadable" if order else "missing"), "", ""
-    got, want = true_lines(problem, body)
+    got, want = true_lines(problem, body, tries=retry_truth(problem, body))
     header = len(render_header(problem, detect_style(body)))
     # a retrying trace's failed attempts end on the truth's last retry line
     final = max((k + 1 for k, x in enumerate(want) if RETRY_LINE.match(x)), default=header)

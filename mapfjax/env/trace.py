@@ -509,14 +509,13 @@ def _field_kind(got: str, want: str) -> str:
 
 
 def true_lines(
-    problem: Problem, trace: str, style: str | None = None
+    problem: Problem, trace: str, style: str | None = None, tries: Sequence[Attempt] = ()
 ) -> tuple[list[str], list[str]] | None:
     """(the trace's lines, stripped, a look-ahead block's left out; the true lines of the plan
     its move lines choose, in its layout: step blocks or relay runs in its order, with its
-    `where` field, after a retrying trace's failed attempts as the relay's rule writes them
-    for the orders before its last, `env.relay.attempts_before`), or None when no plan can be
-    read from it. style: the trace's (STYLES);
-    None reads it from the trace's first line."""
+    `where` field, after `tries`, the failed attempts a retrying trace is checked against:
+    `env.relay.retry_truth` gives the rule's), or None when no plan can be read from it.
+    style: the trace's (STYLES); None reads it from the trace's first line."""
     plans, _ = parse_trace(trace, problem.num_agents)
     if plans is None:
         return None
@@ -524,11 +523,7 @@ def true_lines(
     order = parse_relay(trace, problem.num_agents)[1] or None
     field = _WHERE.search(trace) if order is not None else None
     where = "" if field is None else "next" if field.group(1) else "after"
-    tries = ()
-    if order is not None and re.search(rf"^\s*{RETRY} ", trace, re.M):
-        from mapfjax.env import relay  # builds on this module; a retry's truth is its rule's
-
-        tries = relay.attempts_before(problem, order)
+    tries = tries if order is not None else ()
     want = render_trace(problem, plans, style, order=order, where=where, tries=tries)
     want = want.splitlines()
     # a look-ahead block is not checked here: its own lines say where it went wrong
@@ -537,7 +532,7 @@ def true_lines(
 
 
 def check_trace(
-    problem: Problem, response: str, style: str | None = None
+    problem: Problem, response: str, style: str | None = None, tries: Sequence[Attempt] = ()
 ) -> tuple[int, str | None]:
     """Where a response's trace first departs from the true trace of the plan it chooses:
     (number of correct lines before it, the kind of error or None if the trace is right; see
@@ -545,12 +540,13 @@ def check_trace(
     ("holes", in any style) or the agents, tracking its position, naming a neighbouring cell,
     what the cell holds, or the cell its move enters. style: the trace's (see STYLES); None
     reads it from the trace's first line. A look-ahead block's lines (`LOOKAHEAD_LINE`) are
-    left out of the comparison."""
+    left out of the comparison. tries: the failed attempts a retrying relay trace is checked
+    against (`env.relay.check_trace` passes the rule's)."""
     trace = thinking_text(response)
     if trace is None:
         return 0, "no_trace"
     style = detect_style(trace) if style is None else style
-    lines = true_lines(problem, trace, style)
+    lines = true_lines(problem, trace, style, tries)
     if lines is None:
         return 0, "unreadable"
     got, want = lines

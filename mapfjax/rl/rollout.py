@@ -14,7 +14,7 @@ import numpy as np
 from flax import nnx
 
 from mapfjax import stats
-from mapfjax.env import dynamics, reward, text, trace, types
+from mapfjax.env import dynamics, relay, reward, text, trace, types
 from mapfjax.env.types import Problem
 from mapfjax.models import sampler
 from mapfjax.models import tokenizer as tok_lib
@@ -363,7 +363,7 @@ def greedy_eval(
         for n, (j, p, t) in enumerate(zip(at, chunk, samples.texts, strict=True)):
             checked = None
             if enable_thinking:  # which look-up went wrong first; does the answer copy the trace
-                checked = (trace.check_trace(p, t)[1], *trace.trace_plan_outcome(p, t))
+                checked = (relay.check_trace(p, t)[1], *trace.trace_plan_outcome(p, t))
             verdicts = (verdict.valid[n], verdict.optimal[n], verdict.failure[n])
             done[j] = (*verdicts, len(samples.completions[n]), finished[n], checked)
     columns = list(zip(*(done[j] for j in range(len(problems))), strict=True))
