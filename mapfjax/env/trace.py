@@ -418,22 +418,23 @@ def parse_relay(trace: str, num_agents: int):
     line after it close an attempt, and the plans are those of the attempt written last."""
     plans: list[list[int]] = [[] for _ in range(num_agents)]
     order: list[int] = []
-    failed = False
+    started = failed = retried = False  # a relay line read; a run failed; a retry read
     for k, line in enumerate(trace.splitlines(), 1):
         line = line.strip()
         if failed:  # the line after a failed run's last one names the next order
             if RETRY_LINE.match(line) is None:
                 return None, f"line {k}: no retry line after a failed run: {line[:60]!r}"
-            plans, order, failed = [[] for _ in range(num_agents)], [], False
+            plans, order, failed, retried = [[] for _ in range(num_agents)], [], False, True
             continue
-        if order and FAILED_LINE.match(line):
+        if started and FAILED_LINE.match(line):
             failed = True
             continue
         m = RELAY_LINE.match(line)
         if m is None:
-            if order and line:
+            if started and line:
                 return None, f"line {k}: not a relay line: {line[:60]!r}"
             continue  # header lines
+        started = True
         step, i, name = int(m.group(1)), int(m.group(2)), m.group(3)
         if i >= num_agents or name not in ACTION_NAMES:
             return None, f"line {k}: agent {i} or action {name!r} not allowed"
@@ -446,7 +447,7 @@ def parse_relay(trace: str, num_agents: int):
         plans[i].append(ACTION_NAMES.index(name))
     if failed:
         return None, "the trace ends on a failed run"
-    if not order and RETRY in trace:
+    if retried and not order:
         return None, "no run after the last retry line"
     return (plans, order) if order else (None, "")
 

@@ -479,6 +479,7 @@ def test_a_wrong_failure_claim_is_a_retry_error():
         (lambda b: b.split("\nretry")[0], "ends on a failed run"),
         (lambda b: b.replace("retry A1 A0", "try A1 A0"), "no retry line after a failed run"),
         (lambda b: b.split("\nretry A1 A0")[0] + "\nretry A1 A0", "no run after the last retry"),
+        (lambda b: b.replace("retry A1 A0", "retry A1 A0\nnow A1"), "not a relay line: 'now A1'"),
     ],
 )
 def test_a_broken_retry_is_a_parse_error_not_a_crash(cut, reason):
