@@ -64,11 +64,12 @@ print(int(float(sys.argv[2]) // (scale * sum(secs) / len(secs))))
 PY
 }
 
-fitted_count() {  # FILE VAR RUN [SCALE]: VAR, the updates that fit BUDGET_S at SCALE x RUN's
-  # pace (`updates_that_fit`), counted once and kept in FILE; then FILE sourced and checked
+kept_count() {  # FILE VAR COMMAND...: VAR, an update count that COMMAND prints (`pilot_updates`,
+  # `updates_that_fit`), counted once and kept in FILE; then FILE sourced and checked
   local file=$1 var=$2 n
+  shift 2
   if [ ! -f "$file" ]; then
-    n=$(updates_that_fit "$3" "${4:-1}")
+    n=$("$@")
     printf '%s=%s\n' "$var" "$n" > "$file"
   fi
   source "$file"
@@ -80,15 +81,9 @@ pilot_then_arm() {  # NAME VAR SEED DRAW LABEL FLAGS...: a 3-update pilot of FLA
   # the arm (TRACE_WAIT's start) on held-out draw DRAW with its no-wait mismatched arm on a
   # gain (runs/gng_NAME -> results/go_no_go/trace_wait_NAME), and the arm beside the shipped
   # model under LABEL
-  local name=$1 var=$2 seed=$3 draw=$4 label=$5 r=results/go_no_go n
+  local name=$1 var=$2 seed=$3 draw=$4 label=$5 r=results/go_no_go
   shift 5
-  local counts=$r/trace_${name}_pilot.txt
-  if [ ! -f "$counts" ]; then
-    n=$(pilot_updates "trace_${name}_pilot" 3 "$@")
-    printf '%s=%s\n' "$var" "$n" > "$counts"
-  fi
-  source "$counts"
-  check_counts "$counts" "$var"
+  kept_count "$r/trace_${name}_pilot.txt" "$var" pilot_updates "trace_${name}_pilot" 3 "$@"
   gate "${TRACE_WAIT[@]}" "$@" --updates "${!var}" --seed "$seed" --held_out_seed "$draw" \
     --mismatched no_wait --mismatched_when gain --workdir "runs/gng_$name" \
     --out "$r/trace_wait_$name"

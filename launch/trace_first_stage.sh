@@ -10,7 +10,7 @@ BUDGET_S=${BUDGET_S:-1650}
 source launch/arms.sh
 
 build_start
-fitted_count $R/trace_first_stage_count.txt NN $R/trace_grid6000_fstep/matched
+kept_count $R/trace_first_stage_count.txt NN updates_that_fit $R/trace_grid6000_fstep/matched
 gate "${TRACE_WAIT[@]}" --policy runs/tiny_trace_grid/export_aw10_6000 --groups 32 --lr 1e-4 \
   --updates "$NN" --seed 7 --held_out_seed 12355 --mismatched no_wait --mismatched_when gain \
   --workdir runs/gng_first --out $R/trace_grid6000_more

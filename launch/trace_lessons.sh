@@ -10,7 +10,7 @@ BUDGET_S=${BUDGET_S:-1650}
 source launch/arms.sh
 
 build_start
-fitted_count $R/trace_lessons_count.txt NO $R/trace_grid6000_fstep/matched 4
+kept_count $R/trace_lessons_count.txt NO updates_that_fit $R/trace_grid6000_fstep/matched 4
 gate "${TRACE_WAIT[@]}" --policy runs/tiny_trace_grid/export_aw10_6000 --groups 128 --lr 2e-4 \
   --updates "$NO" --seed 9 --held_out_seed 12357 --mismatched no_wait --mismatched_when gain \
   --workdir runs/gng_lessons --out $R/trace_grid6000_lessons

@@ -266,7 +266,7 @@ def test_updates_that_fit_leave_out_the_first_update(tmp_path, seconds, scale, w
         assert out.returncode == 0 and out.stdout.strip() == want, out.stderr
 
 
-def test_fitted_count_is_counted_once_then_kept(tmp_path):
+def test_kept_count_is_counted_once_then_kept(tmp_path):
     """The first call counts the updates that fit (1650 / (4 x 100) -> 4) and keeps them in the
     file; a later call reads the file, whatever the run says by then; a kept count that is not
     a count stops the script."""
@@ -275,7 +275,7 @@ def test_fitted_count_is_counted_once_then_kept(tmp_path):
     (d / "record.json").write_text("{}")
     rows = [{"step": k + 1, "seconds": s} for k, s in enumerate([200.0, 100.0, 110.0, 90.0])]
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    body = 'BUDGET_S=1650 fitted_count c.txt NX matched 4\necho "NX=$NX"'
+    body = 'BUDGET_S=1650 kept_count c.txt NX updates_that_fit matched 4\necho "NX=$NX"'
     out = _bash(tmp_path, body, fake_python=False)
     assert out.returncode == 0 and out.stdout.strip() == "NX=4", out.stderr
     assert (tmp_path / "c.txt").read_text() == "NX=4\n"

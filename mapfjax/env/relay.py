@@ -151,27 +151,22 @@ def agent_plan(
 
 def plan_in_order(problem: Problem, order: Sequence[int]) -> list[list[int]] | None:
     """Every agent's actions by the rule, planned in `order`; None when one of them finds none
-    or the plan is not valid."""
-    h, w = problem.height, problem.width
-    done: list[tuple[int, list[int]]] = []
-    for i in order:
-        horizon = 4 * h * w + sum(len(p) for _, p in done)
-        p = agent_plan(problem, i, done, horizon)
-        if p is None:
-            return None
-        done.append((i, p))
-    plans = dict(done)
-    out = [plans[i] for i in range(problem.num_agents)]
-    return out if simulate(problem, out)["valid"] else None
+    or the plan is not valid (`attempt` says how)."""
+    return attempt(problem, order)[0]
+
+
+def _orders(num_agents: int):
+    """The orders of the agents the relay tries, in turn: `itertools.permutations` order
+    (lexicographic, index order first), at most MAX_ORDERS."""
+    return itertools.islice(itertools.permutations(range(num_agents)), MAX_ORDERS)
 
 
 def relay(problem: Problem) -> tuple[tuple[int, ...] | None, list[list[int]] | None, int]:
     """(order, plans, orders tried): the first order of the agents (`itertools.permutations`,
     index order first; at most MAX_ORDERS) whose relay plan is valid; order and plans are None
     when none is."""
-    orders = itertools.permutations(range(problem.num_agents))
     tried = 0
-    for order in itertools.islice(orders, MAX_ORDERS):
+    for order in _orders(problem.num_agents):
         tried += 1
         plans = plan_in_order(problem, order)
         if plans is not None:
@@ -218,9 +213,7 @@ def retry(problem: Problem):
     its horizon, or runs that settle into an invalid plan): the trace would have no failure
     line to write."""
     tries = []
-    for n, order in enumerate(
-        itertools.islice(itertools.permutations(range(problem.num_agents)), MAX_ORDERS), 1
-    ):
+    for n, order in enumerate(_orders(problem.num_agents), 1):
         plans, failed, outcome = attempt(problem, order)
         if plans is not None:
             return order, plans, tuple(tries), n
@@ -233,16 +226,9 @@ def retry(problem: Problem):
 def attempts_before(problem: Problem, order: Sequence[int]) -> tuple[Attempt, ...]:
     """The failed attempts the relay that retries writes before the runs in `order` (the
     truth a retrying trace's earlier lines are checked against): those of the orders before it
-    in `itertools.permutations` order, up to the first that does not fail on a line."""
-    out = []
-    for o in itertools.islice(itertools.permutations(range(problem.num_agents)), MAX_ORDERS):
-        if tuple(o) == tuple(order):
-            break
-        _, failed, outcome = attempt(problem, o)
-        if outcome not in (CORNERED, LOOP):
-            break
-        out.append(failed)
-    return tuple(out)
+    in `itertools.permutations` order (lexicographic), up to the first that does not fail on a
+    line: `retry`'s failed attempts, those of orders before `order`."""
+    return tuple(t for t in retry(problem)[2] if t.order < tuple(order))
 
 
 def retry_truth(problem: Problem, body: str) -> tuple[Attempt, ...]:
@@ -250,8 +236,8 @@ def retry_truth(problem: Problem, body: str) -> tuple[Attempt, ...]:
     retries, the rule's for the orders before its last (`attempts_before`); else none."""
     if not any(RETRY_LINE.match(line.strip()) for line in body.splitlines()):
         return ()
-    order = parse_relay(body, problem.num_agents)[1]
-    return attempts_before(problem, order) if isinstance(order, list) and order else ()
+    plans, order = parse_relay(body, problem.num_agents)
+    return attempts_before(problem, order) if plans is not None else ()
 
 
 def check_trace(problem: Problem, response: str, style: str | None = None):
@@ -268,7 +254,7 @@ def index_order_outcome(problem: Problem) -> tuple[str, bool]:
     retry) would meet. The first outcome is "valid" exactly when `relay` returns index order;
     the second is True for a valid index order too when another order is also valid."""
     how = attempt(problem, range(problem.num_agents))[2]
-    orders = itertools.islice(itertools.permutations(range(problem.num_agents)), 1, MAX_ORDERS)
+    orders = itertools.islice(_orders(problem.num_agents), 1, None)
     return how, any(plan_in_order(problem, o) is not None for o in orders)
 
 
