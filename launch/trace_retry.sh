@@ -2,10 +2,11 @@
 # PLAN_retry.md (results/go_no_go): the relay that retries, from scratch by the trace recipe
 # (configs/tiny_model.py:trace_retry_scratch), its greedy answers on the gate's 400 puzzles
 # against trace_wait's and checked line by line, then arm R (F's flags) from it on a new
-# held-out draw, its no-wait mismatched arm on a gain, and beside the shipped model.
+# held-out draw, its no-wait mismatched arm on a gain, and beside the shipped model; then (the
+# plan's amendment) R's no-wait arm run anyway and R2, a second training seed on a new draw.
 # Resumable: the same command goes on where it stood.
 #
-#   bash launch/trace_retry.sh   # SFT about 2.5 h on 2 CPU cores, then about 1 h
+#   bash launch/trace_retry.sh   # SFT about 2.5 h on 2 CPU cores, then about 2 h
 set -euo pipefail
 source launch/arms.sh
 START=runs/tiny_trace_retry_scratch/export
@@ -25,3 +26,12 @@ gate "${TRACE_WAIT[@]}" --policy $START --groups 32 --lr 1e-4 --updates 7 --seed
   --held_out_seed 12358 --mismatched no_wait --mismatched_when gain \
   --workdir runs/gng_retry --out $R/trace_retry_fstep
 vs_shipped $R/trace_retry_fstep runs/gng_retry "GRPO (R: F's flags; seed 10)" "retry 6000"
+
+# the amendment: R's no-wait arm (R's matched arm is reused), then R2 and its no-wait arm
+gate "${TRACE_WAIT[@]}" --policy $START --groups 32 --lr 1e-4 --updates 7 --seed 10 \
+  --held_out_seed 12358 --mismatched no_wait --mismatched_when always \
+  --workdir runs/gng_retry --out $R/trace_retry_fstep
+gate "${TRACE_WAIT[@]}" --policy $START --groups 32 --lr 1e-4 --updates 7 --seed 11 \
+  --held_out_seed 12359 --mismatched no_wait --mismatched_when always \
+  --workdir runs/gng_retry2 --out $R/trace_retry_fstep2
+vs_shipped $R/trace_retry_fstep2 runs/gng_retry2 "GRPO (R2: F's flags; seed 11)" "retry 6000"
