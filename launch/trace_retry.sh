@@ -3,7 +3,8 @@
 # (configs/tiny_model.py:trace_retry_scratch), its greedy answers on the gate's 400 puzzles
 # against trace_wait's and checked line by line, then arm R (F's flags) from it on a new
 # held-out draw, its no-wait mismatched arm on a gain, and beside the shipped model; then (the
-# plan's amendment) R's no-wait arm run anyway and R2, a second training seed on a new draw.
+# plan's amendment) R's no-wait arm run anyway and R2, a second training seed on a new draw; then (the second
+# amendment) S, R's flags at 14 updates on another draw.
 # Resumable: the same command goes on where it stood.
 #
 #   bash launch/trace_retry.sh   # SFT about 2.5 h on 2 CPU cores, then about 2 h
@@ -35,3 +36,8 @@ gate "${TRACE_WAIT[@]}" --policy $START --groups 32 --lr 1e-4 --updates 7 --seed
   --held_out_seed 12359 --mismatched no_wait --mismatched_when always \
   --workdir runs/gng_retry2 --out $R/trace_retry_fstep2
 vs_shipped $R/trace_retry_fstep2 runs/gng_retry2 "GRPO (R2: F's flags; seed 11)" "retry 6000"
+
+# the second amendment: arm S, R's flags for the gate's whole budget on a new draw
+gate "${TRACE_WAIT[@]}" --policy $START --groups 32 --lr 1e-4 --updates 14 --seed 12 \
+  --held_out_seed 12360 --mismatched_when gain --workdir runs/gng_retry_s --out $R/trace_retry_s
+vs_shipped $R/trace_retry_s runs/gng_retry_s "GRPO (S: 14 updates; seed 12)" "retry 6000"
