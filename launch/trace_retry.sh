@@ -3,11 +3,11 @@
 # (configs/tiny_model.py:trace_retry_scratch), its greedy answers on the gate's 400 puzzles
 # against trace_wait's and checked line by line, then arm R (F's flags) from it on a new
 # held-out draw, its no-wait mismatched arm on a gain, and beside the shipped model; then (the
-# plan's amendment) R's no-wait arm run anyway and R2, a second training seed on a new draw; then (the second
-# amendment) S, R's flags at 14 updates on another draw.
+# plan's amendments) R's no-wait arm run anyway, R2 (a second training seed on a new draw) and
+# S (R's flags at 14 updates on another draw).
 # Resumable: the same command goes on where it stood.
 #
-#   bash launch/trace_retry.sh   # SFT about 2.5 h on 2 CPU cores, then about 2 h
+#   bash launch/trace_retry.sh   # SFT about 3.6 h on 2 CPU cores (resumable), then about 2 h
 set -euo pipefail
 source launch/arms.sh
 START=runs/tiny_trace_retry_scratch/export
