@@ -23,21 +23,18 @@ python launch/compare_evals.py --instances $H --sizes 3-6 --split_wait \
   --labels "trace_wait,trace_retry_scratch (6000 from scratch)" --out $R/trace_retry/comparison.md
 python launch/lookahead_check.py --instances $H --eval $EVAL --form relay \
   --out $R/trace_retry/retry_check.md
-gate "${TRACE_WAIT[@]}" --policy $START --groups 32 --lr 1e-4 --updates 7 --seed 10 \
-  --held_out_seed 12358 --mismatched no_wait --mismatched_when gain \
-  --workdir runs/gng_retry --out $R/trace_retry_fstep
+# every arm from it takes F's flags; R and R2 with the no-wait mismatch, run always (the plan's
+# amendment ran R's after R was read)
+RETRY=("${TRACE_WAIT[@]}" --policy $START --groups 32 --lr 1e-4)
+gate "${RETRY[@]}" --updates 7 --seed 10 --held_out_seed 12358 --mismatched no_wait \
+  --mismatched_when always --workdir runs/gng_retry --out $R/trace_retry_fstep
 vs_shipped $R/trace_retry_fstep runs/gng_retry "GRPO (R: F's flags; seed 10)" "retry 6000"
-
-# the amendment: R's no-wait arm (R's matched arm is reused), then R2 and its no-wait arm
-gate "${TRACE_WAIT[@]}" --policy $START --groups 32 --lr 1e-4 --updates 7 --seed 10 \
-  --held_out_seed 12358 --mismatched no_wait --mismatched_when always \
-  --workdir runs/gng_retry --out $R/trace_retry_fstep
-gate "${TRACE_WAIT[@]}" --policy $START --groups 32 --lr 1e-4 --updates 7 --seed 11 \
-  --held_out_seed 12359 --mismatched no_wait --mismatched_when always \
-  --workdir runs/gng_retry2 --out $R/trace_retry_fstep2
+gate "${RETRY[@]}" --updates 7 --seed 11 --held_out_seed 12359 --mismatched no_wait \
+  --mismatched_when always --workdir runs/gng_retry2 --out $R/trace_retry_fstep2
 vs_shipped $R/trace_retry_fstep2 runs/gng_retry2 "GRPO (R2: F's flags; seed 11)" "retry 6000"
 
-# the second amendment: arm S, R's flags for the gate's whole budget on a new draw
-gate "${TRACE_WAIT[@]}" --policy $START --groups 32 --lr 1e-4 --updates 14 --seed 12 \
-  --held_out_seed 12360 --mismatched_when gain --workdir runs/gng_retry_s --out $R/trace_retry_s
+# the second amendment: arm S, R's flags for the gate's whole budget on a new draw, with the
+# gate's own mismatch (3x3) on a gain
+gate "${RETRY[@]}" --updates 14 --seed 12 --held_out_seed 12360 --mismatched_when gain \
+  --workdir runs/gng_retry_s --out $R/trace_retry_s
 vs_shipped $R/trace_retry_s runs/gng_retry_s "GRPO (S: 14 updates; seed 12)" "retry 6000"
