@@ -53,6 +53,7 @@ VARIANTS = (
     *("", "quick", "broad", "trace", "trace_quick"),
     *("trace_long", "trace_wait", "trace_ahead", "trace_relay", "trace_relay_where"),
     *("trace_relay_scratch", "trace_relay_next_scratch", "trace_retry_scratch"),
+    "trace_retry_lessons",
 )
 
 
@@ -70,7 +71,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     stand; "trace_relay_scratch" trains the relay layout from scratch with the trace recipe,
     "trace_relay_next_scratch" the same with the earlier agents' cells written after their key,
     "trace_retry_scratch" the same with a relay that starts in index order and, when a run is
-    cornered or loops, writes so and starts again in the next order."""
+    cornered or loops, writes so and starts again in the next order; "trace_retry_lessons"
+    continues trace_retry_scratch with loop lessons (a wrong move back, in the prompt, then the
+    loop line that ends it) beside its own examples."""
     if arg not in VARIANTS:
         raise ValueError(f"configs/tiny_model.py: unknown variant {arg!r}; known: {VARIANTS}")
     c = ml_collections.ConfigDict()
@@ -124,6 +127,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     # completion; at weight 1 a 1,000-update grid-trace run wrote traces whose plans were
     # valid on half the puzzles and answers that copied them on 6 of 78 (results/trace_grid).
     c.sft.answer_weight = 1.0
+    # With trace_lookahead "relay_retry": the share of SFT puzzles that also give a loop lesson
+    # (`mapfjax.rl.data.loop_lesson_examples`: a wrong move back as prompt, then the loop line).
+    c.sft.loop_lessons = 0.0
     # Update counts at which SFT stages end. Each later stage resumes the previous one's
     # weights and optimiser state on a longer cosine schedule (the learning rate jumps back up
     # to where the longer schedule stands, then decays to its end), so a finished run can be
@@ -296,6 +302,16 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.trace_lookahead = "relay_retry"
         c.workdir = "runs/tiny_trace_retry_scratch"
         c.out_dir = "runs/tiny_trace_retry_scratch/export"
+    if arg == "trace_retry_lessons":
+        # trace_retry_scratch continued for 1,000 updates, a quarter of the puzzles also giving
+        # a loop lesson (`mapfjax.rl.data.loop_lesson_examples`): its trace up to a wrong move
+        # back to the cell it came from is prompt, the loss starts at the line `= loop tJ` that
+        # ends the run. 18 of the 19 traces the retry start never closes on the gate's puzzles
+        # go back and forth between cells without that line; the rule's own loops (an agent
+        # that cannot reach its goal) look different (results/go_no_go/PLAN_loop.md).
+        continue_from(c, "runs/tiny_trace_retry_scratch/export", "trace_retry_lessons", 91, 0.5)
+        c.trace_lookahead = "relay_retry"
+        c.sft.loop_lessons = 0.25
     if arg == "trace_quick":
         c.workdir = "/tmp/mapfjax_tiny_trace_quick"
         c.out_dir = "/tmp/mapfjax_tiny_trace_quick/export"

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from mapfjax import stats
 from mapfjax.env import trace as _trace
@@ -221,6 +222,68 @@ def retry(problem: Problem):
             return None, None, tuple(tries), n
         tries.append(failed)
     return None, None, tuple(tries), len(tries)
+
+
+class Lesson(NamedTuple):
+    """A trace that goes wrong once and catches it (`loop_lesson`): `tries` as
+    `trace.render_trace` takes them, the first the index order's attempt with one wrong line,
+    then the plans of `order`, the order the relay that retries reaches from the next one."""
+
+    tries: tuple[Attempt, ...]
+    order: tuple[int, ...]
+    plans: list[list[int]]
+
+
+def loop_lesson(problem: Problem, pick: int) -> Lesson | None:
+    """The index order's rule run with one wrong line: at a step K once the earlier agents
+    rest (K - 1 >= the run's rest step), an agent that has just moved moves back where it came
+    from (a free cell not `taken`, not the rule's move), so that its next line stands on the
+    cell of its line K - 1 and ends the attempt `= loop t<K-1>`; the trace then retries from
+    the next order as `retry` does. The policy's own loops go back and forth between two
+    cells, and this is the check that ends them (the rule alone loops only where an agent
+    cannot reach its goal, a different picture). `pick` chooses among the wrong lines the
+    rule's runs allow (modulo their number; any int). None when there is none, or the retry
+    from the next order reaches no plan (or fails on no line)."""
+    orders = list(_orders(problem.num_agents))
+    tail: list[Attempt] = []
+    for order in orders[1:]:
+        plans, failed, outcome = attempt(problem, order)
+        if plans is not None:
+            break
+        if outcome not in (CORNERED, LOOP):
+            return None
+        tail.append(failed)
+    else:
+        return None
+    first, failed0, _ = attempt(problem, orders[0])
+    if first is not None:
+        runs = [(i, tuple(first[i])) for i in orders[0]]
+    elif failed0 is not None:
+        runs = list(failed0.runs)
+    else:
+        return None
+    wrong = []  # (run, K, the move back)
+    for r, (i, actions) in enumerate(runs):
+        rest = _rule(problem, i, runs[:r])[1]
+        cells = cells_by_time(problem.starts[i], actions)
+        earlier = [cells_by_time(problem.starts[j], p) for j, p in runs[:r]]
+        for k in range(max(2, rest + 1), len(actions) + 1):
+            here, back = cells[k - 1], cells[k - 2]
+            if here == back or back in relay_taken(earlier, k, here):
+                continue
+            a = next(a for a in MOVE_CODES if step(here, a) == back)
+            if a != actions[k - 1]:
+                wrong.append((r, k, a))
+    if not wrong:
+        return None
+    r, k, a = wrong[pick % len(wrong)]
+    i, actions = runs[r]
+    run = (*actions[: k - 1], a)
+    rest = _rule(problem, i, runs[:r])[1]
+    cells = cells_by_time(problem.starts[i], run)
+    again = next(j for j in range(rest, len(cells)) if cells[j - 1] == cells[-1])
+    lesson = Attempt(tuple(orders[0]), (*runs[:r], (i, run)), LOOP, again)
+    return Lesson((lesson, *tail), tuple(order), plans)
 
 
 def attempts_before(problem: Problem, order: Sequence[int]) -> tuple[Attempt, ...]:

@@ -349,7 +349,7 @@ _WHERE = re.compile(r"^t\d{1,4} A\d{1,2} \(\d{1,2}, \d{1,2}\) (t\d{1,4} )?A\d{1,
 RELAY_LINE = re.compile(r"^t(\d{1,4}) A(\d{1,2}) .* = ([A-Z]+) \(-?\d+, -?\d+\)$")
 # The last line of a failed relay run, and the line naming the order written next.
 FAILED_LINE = re.compile(
-    rf"^t\d{{1,4}} A\d{{1,2}} \(-?\d+, -?\d+\).* = ({CORNERED}|{LOOP} t\d{{1,4}})$"
+    rf"^t\d{{1,4}} A\d{{1,2}} \(-?\d+, -?\d+\).* = ({CORNERED}|{LOOP} t\d{{1,4}})$", re.M
 )
 RETRY_LINE = re.compile(rf"^{RETRY}( A\d{{1,2}})+$")
 _CELL = re.compile(r"\((\d{1,2}), (\d{1,2})\)")

@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 from mapfjax import files
-from mapfjax.env import generator, io, oracle, text, trace
+from mapfjax.env import generator, io, oracle, relay, text, trace
 from mapfjax.env import lookahead as look
 from mapfjax.env.types import Problem
 from mapfjax.models import tokenizer as tok_lib
@@ -30,6 +30,9 @@ class Example:
     prompt: tuple[int, ...]
     completion: tuple[int, ...]
     puzzle: str = ""  # io.puzzle_hash of the problem (held-out sets are deduplicated on it)
+    # The completion positions before this one are not in the loss (the context of a lesson,
+    # `loop_lesson_examples`); 0: all trained.
+    loss_from: int = 0
 
 
 def oracle_answers(problems: Sequence[Problem], processes: int = 1, **budget) -> list:
@@ -126,6 +129,34 @@ def sft_examples(
     return out
 
 
+def loop_lesson_examples(tokenizer, problems: Sequence[Problem], share: float, style: str = "grid"):
+    """SFT examples that teach the retrying relay trace (`lookahead.relay_retry_form`) to end
+    a run that comes back to a cell (`env.relay.loop_lesson`), for about `share` of `problems`
+    (chosen by puzzle hash, as is the wrong line: the same puzzles give the same examples).
+    The completion is the whole turn, but the loss starts at the line that names the loop
+    (`Example.loss_from`): the trace up to and including its wrong line is context, and no
+    loss teaches the wrong move. The rows keep the shapes of the puzzles' own examples (the
+    same prompt, a turn as long): on 2 CPU cores, lessons whose context was prompt made each
+    batch a new compiled shape. Puzzles without a lesson are skipped."""
+    if not 0 <= share <= 1:
+        raise ValueError(f"loop lessons: share {share!r}, allowed a number in [0, 1]")
+    im_end = tok_lib.special_ids(tokenizer).im_end
+    out = []
+    for p in problems:
+        h = int(io.puzzle_hash(p)[:12], 16)
+        if h % 10_000 >= share * 10_000 or (lesson := relay.loop_lesson(p, h // 10_000)) is None:
+            continue
+        body = trace.render_thinking(p, lesson.plans, style, (), lesson.order, "", lesson.tries)
+        turn = body + text.render_answer(lesson.plans)
+        split = trace.FAILED_LINE.search(turn).start()  # the first failure: the lesson's loop
+        enc = tokenizer(turn, add_special_tokens=False, return_offsets_mapping=True)
+        ids, offsets = enc["input_ids"], enc["offset_mapping"]
+        cut = next(j for j, (_, end) in enumerate(offsets) if end > split)
+        prompt = encode_prompts(tokenizer, [p], enable_thinking=True)[0]
+        out.append(Example(p.id, tuple(prompt), (*ids, im_end), io.puzzle_hash(p), cut))
+    return out
+
+
 def chunks_by_length(prompts: Sequence[Sequence[int]], size: int) -> list[list[int]]:
     """Positions of `prompts` in order of length (stable), cut into chunks of `size`: each
     chunk then pads its prompts to its own longest."""
@@ -144,7 +175,8 @@ def to_batch(
     completion_multiple: int = 64,
     targets: Sequence[Sequence[int]] | None = None,
 ) -> SequenceBatch:
-    """One SFT `SequenceBatch` (NumPy leaves): every completion token is in the loss.
+    """One SFT `SequenceBatch` (NumPy leaves): every completion token is in the loss, but
+    those before an example's `loss_from`.
 
     targets: per example, prompt positions also in the loss (e.g. `coordinate_targets`); the
     batch then cuts each row at its first target, so the completion columns hold the prompt's
@@ -160,9 +192,13 @@ def to_batch(
     masks = None
     if targets is not None:
         cuts = [min(t, default=len(e.prompt)) for e, t in zip(examples, targets, strict=True)]
+    if targets is not None or any(e.loss_from for e in examples):
         masks = [
-            [j in t for j in range(c, len(e.prompt))] + [True] * len(e.completion)
-            for e, t, c in zip(examples, map(set, targets), cuts, strict=True)
+            [j in t for j in range(c, len(e.prompt))]
+            + [j >= e.loss_from for j in range(len(e.completion))]
+            for e, t, c in zip(
+                examples, map(set, targets or [()] * len(examples)), cuts, strict=True
+            )  # fmt: skip
         ]
     prompts = [list(e.prompt[:c]) for e, c in zip(examples, cuts, strict=True)]
     completions = [list(e.prompt[c:] + e.completion) for e, c in zip(examples, cuts, strict=True)]
@@ -306,6 +342,7 @@ def load_examples(path) -> list[Example]:
                     tuple(d["prompt"]),
                     tuple(d["completion"]),
                     str(d.get("puzzle", "")),
+                    int(d.get("loss_from", 0)),
                 )
             except (ValueError, KeyError, TypeError) as e:
                 raise ValueError(f"{path}:{i}: not an SFT example ({e!r})") from e

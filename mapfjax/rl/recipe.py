@@ -26,6 +26,7 @@ from mapfjax.rl.data import (
     generate_problems,
     held_out,
     load_examples,
+    loop_lesson_examples,
     responses,
     save_examples,
     sft_examples,
@@ -104,6 +105,10 @@ def check_recipe(cfg) -> None:
     ok = ahead == "" or (ahead in lookahead.LOOKAHEADS and cfg.get("thinking", False))
     allowed = " or ".join(repr(k) for k in lookahead.LOOKAHEADS)
     require("trace_lookahead", ahead, ok, f"'' (none), or {allowed} with thinking=True")
+    share = cfg.sft.get("loop_lessons", 0.0)
+    ok = is_finite_real(share) and 0 <= share <= 1 and (share == 0 or ahead == "relay_retry")
+    require("sft.loop_lessons", share, ok, "a share in [0, 1]; above 0 only with the "
+            "trace_lookahead 'relay_retry'")  # fmt: skip
     if cfg.get("thinking", False) and not cfg.rl.train.get("enable_thinking", False):
         require("rl.train.enable_thinking", False, False, "True when thinking=True")
     for where in ("sft.env", "rl.env", "validation.env"):
@@ -182,9 +187,15 @@ def prepare(cfg, workdir) -> RunData:
             log.warning("sft: %d of the drawn puzzles are in sft.exclude; dropped", dropped)
         examples = sft_examples(tok, drawn, thinking=thinking, style=style, lookahead=ahead)
         unplanned("sft", len(drawn), len(examples))
+        if lessons:  # beside the puzzles' own examples (`data.loop_lesson_examples`)
+            extra = loop_lesson_examples(tok, drawn, lessons, style)
+            log.warning("sft: %d loop lessons added (share %s)", len(extra), lessons)
+            examples += extra
         return examples
 
+    lessons = cfg.sft.get("loop_lessons", 0.0) if ahead == "relay_retry" else 0.0
     parts = (tok_dir.name, cfg.sft.env, cfg.sft.instances, sft_holes, *mode)
+    parts += (f"loop-lessons-{lessons}",) if lessons else ()
     sft_data = cached(
         name("sft", ".jsonl", *parts, *([exclude_key] if exclude else [])),
         sft,

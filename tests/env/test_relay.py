@@ -494,3 +494,57 @@ def test_retry_form_sft_data_and_index_order_outcome_agree():
     order's outcome is the first attempt's."""
     assert data.responses([CORNER], None, True, "grid", "relay_retry")[0] == _retry_response(CORNER)
     assert relay.index_order_outcome(CORNER) == ("cornered", True)
+
+
+def _run_lines(body: str) -> list[tuple[int, int, tuple[int, int], str]]:
+    """(step, agent, cell, the rest) of each relay or failure line, read with a regex."""
+    out = []
+    for line in body.splitlines():
+        if m := re.match(r"^t(\d+) A(\d+) \((\d+), (\d+)\)(.*)$", line):
+            out.append((int(m[1]), int(m[2]), (int(m[3]), int(m[4])), m[5]))
+    return out
+
+
+def test_a_loop_lesson_goes_back_once_then_retries_into_a_valid_plan():
+    """Over generated puzzles, read from the rendered text: the lesson's first attempt keeps
+    the rule's index-order lines but one, whose move goes back to the cell of the line before
+    it; the next line names that line's step as a loop; the trace then retries in the next
+    order and reads back into a valid plan, the one `retry` finds from that order on."""
+    made = 0
+    for p in random_problems(80, seed=21, sizes=(3, 4, 5, 6)):
+        for pick in (0, 5):
+            lesson = relay.loop_lesson(p, pick)
+            if lesson is None:
+                continue
+            made += 1
+            body = trace.render_trace(p, lesson.plans, "grid", order=lesson.order,
+                                      tries=lesson.tries)  # fmt: skip
+            assert trace.parse_trace(body, 2) == (lesson.plans, None)
+            assert simulate.simulate(p, lesson.plans)["valid"]
+            head, rest = body.split("\nretry ", 1)
+            lines = _run_lines(head)
+            k, agent, back, loop = lines[-1]
+            j = int(re.fullmatch(r" = loop t(\d+)", loop)[1])
+            run = [x for x in lines[:-1] if x[1] == agent]
+            assert [x[0] for x in run] == list(range(1, k))  # the run's steps, in order
+            assert run[j - 1][2] == back and j == k - 2  # back on the cell of line K - 2
+            wrong = run[-1][3]  # the line before the loop: its move goes back there
+            assert wrong.endswith(f"({back[0]}, {back[1]})") and " = WAIT" not in wrong
+            # the rule's own lines in index order agree up to the wrong one
+            if (first := relay.plan_in_order(p, (0, 1))) is not None:
+                rule = trace.render_trace(p, first, "grid", order=(0, 1)).splitlines()
+                kept = head.splitlines()[:-2]  # all but the wrong line and the loop line
+                assert rule[: len(kept)] == kept and rule[len(kept)] != head.splitlines()[-2]
+            # then the other order, as the rule writes it
+            assert lesson.order == (1, 0) and rest.startswith("A1 A0\n")
+            assert lesson.plans == relay.plan_in_order(p, (1, 0))
+    assert made >= 30
+
+
+def test_no_loop_lesson_where_the_next_order_has_no_plan_or_nothing_goes_back():
+    # one agent waits for ever: a 1x3 corridor with both goals beyond each other
+    stuck = Problem(id="stuck", grid=("FFF",), starts=((0, 0), (0, 2)), goals=((0, 1), (0, 0)))
+    assert relay.loop_lesson(stuck, 0) is None
+    # every run one step long: no agent has a line to go back from
+    short = Problem(id="short", grid=("FF", "FF"), starts=((0, 0), (1, 1)), goals=((0, 1), (1, 0)))
+    assert relay.loop_lesson(short, 0) is None

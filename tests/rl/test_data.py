@@ -2,10 +2,12 @@
 are deterministic, resumable and mask exactly the answer + end-of-turn tokens (+ the stated
 coordinates when asked)."""
 
+import re
+
 import numpy as np
 import pytest
 
-from mapfjax.env import dynamics, text, types
+from mapfjax.env import dynamics, io, text, types
 from mapfjax.models import bpe
 from mapfjax.models import tokenizer as tok_lib
 from mapfjax.rl import data
@@ -211,3 +213,40 @@ def test_chunks_by_length_cover_every_prompt_once_shortest_first():
     prompts = [[1] * n for n in (5, 2, 9, 2, 7)]
     assert chunks_by_length(prompts, 2) == [[1, 3], [0, 4], [2]]
     assert chunks_by_length([], 3) == []
+
+
+def test_loop_lessons_train_from_the_loop_line_after_the_wrong_move(tok, tmp_path):
+    """A loop lesson's prompt is the puzzle's chat prompt and its completion the whole
+    retrying trace with one wrong line, the retry and the answer; the loss starts on the loop
+    line (`loss_from`), so the wrong move is context only, and the batch masks it so. The
+    share chooses puzzles by hash, so a subset of puzzles keeps its lessons."""
+    from mapfjax.env import relay, trace
+
+    problems = random_problems(40, seed=21, sizes=(4, 5, 6))
+    lessons = data.loop_lesson_examples(tok, problems, 1.0)
+    by_id = {p.id: p for p in problems}
+    assert len(lessons) == sum(relay.loop_lesson(p, 0) is not None for p in problems) >= 15
+    ids = tok_lib.special_ids(tok)
+    for e in lessons:
+        p = by_id[e.problem_id]
+        chat = tok_lib.builtin_chat_text([{"role": "user", "content": text.render_prompt(p)}])
+        assert tok.decode(list(e.prompt)) == chat and e.completion[-1] == ids.im_end
+        head = tok.decode(list(e.completion[: e.loss_from]))
+        turn = tok.decode(list(e.completion[e.loss_from : -1]))
+        assert re.match(r"t\d+ A\d \(\d, \d\) = loop t\d+\nretry A1 A0\nt1 A1 ", turn), turn[:60]
+        assert head.startswith("<think>\n") and head.endswith("\n") and "loop" not in head
+        plans, reason = text.parse_answer(turn, 2)
+        assert reason is None and trace.parse_trace(trace.thinking_text(head + turn), 2)[0] == plans
+        assert e.puzzle == io.puzzle_hash(p)
+    batch = data.to_batch(lessons[:4] + data.sft_examples(tok, problems[:2]), ids.pad)
+    for row, e in enumerate(lessons[:4] + data.sft_examples(tok, problems[:2])):
+        mask = np.asarray(batch.loss_mask[row])
+        want = [j >= e.loss_from for j in range(len(e.completion))]
+        assert mask[: len(want)].tolist() == want and not mask[len(want) :].any()
+    data.save_examples(tmp_path / "lessons.jsonl", lessons)
+    assert data.load_examples(tmp_path / "lessons.jsonl") == lessons  # loss_from kept
+    half = data.loop_lesson_examples(tok, problems, 0.5)
+    assert set(half) <= set(lessons) and 0 < len(half) < len(lessons)
+    assert data.loop_lesson_examples(tok, problems, 0.0) == []
+    with pytest.raises(ValueError, match=r"share 1\.5, allowed a number in \[0, 1\]"):
+        data.loop_lesson_examples(tok, problems, 1.5)

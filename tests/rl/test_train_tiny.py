@@ -89,6 +89,8 @@ BAD_RECIPES = [
     ("init", "/nonexistent", r"init = '/nonexistent'; allowed: a model directory or ''"),
     ("sft.exclude", ("/nonexistent.jsonl",), r"sft\.exclude = '/nonexistent\.jsonl'; allowed: "),
     ("sft.completion_multiple", 0, r"sft\.completion_multiple = 0; allowed: an integer >= 1"),
+    ("sft.loop_lessons", 0.25, r"sft\.loop_lessons = 0\.25; allowed: a share in \[0, 1\]; above"),
+    ("sft.loop_lessons", -1.0, r"sft\.loop_lessons = -1\.0; allowed: a share in \[0, 1\]"),
 ]
 
 
@@ -187,3 +189,21 @@ def test_a_lookahead_recipe_writes_the_block_and_drops_puzzles_it_cannot_plan(tm
         assert plans == lookahead.priority(p).plans
     c.trace_lookahead = ""
     assert len(recipe.prepare(c, tmp_path / "w").sft) == len(drawn)  # its own cache entry
+
+
+def test_a_retry_recipe_with_loop_lessons_adds_them_to_its_own_cache_entry(tmp_path):
+    """sft.loop_lessons: the retrying relay's examples, then the lessons
+    (`data.loop_lesson_examples`) of the same drawn puzzles; the cache key changes with it."""
+    from mapfjax import configfile
+    from mapfjax.rl import data, recipe
+
+    c = configfile.get_config("configs/tiny_model.py", "trace_quick")
+    c.sft.instances, c.tokenizer.instances, c.validation.per_size = 48, 32, 2
+    c.trace_lookahead = "relay_retry"
+    plain = recipe.prepare(c, tmp_path / "w").sft
+    c.sft.loop_lessons = 1.0
+    recipe.check_recipe(c)
+    run = recipe.prepare(c, tmp_path / "w")
+    drawn = data.generate_problems(c.sft.env, 48, c.seed + 1, 1, tuple(c.sft.hole_ratios))
+    want = data.loop_lesson_examples(run.tokenizer, drawn, 1.0, c.trace_style)
+    assert want and run.sft == [*plain, *want]

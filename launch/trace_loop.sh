@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# PLAN_loop.md (results/go_no_go): the retry policy continued with loop lessons
+# (configs/tiny_model.py:trace_retry_lessons), its greedy answers on the gate's 400 puzzles
+# against the retry start's, then arm L (F's flags) from it on a new held-out draw with its
+# no-wait mismatched arm, and beside the shipped model.
+# Resumable: the same command goes on where it stood.
+#
+#   bash launch/trace_loop.sh   # SFT about 45 min on 2 CPU cores (resumable), then about 40 min
+set -euo pipefail
+source launch/arms.sh
+START=runs/tiny_trace_retry_lessons/export
+EVAL=runs/trace_retry_lessons_eval
+H=results/go_no_go/held_out_400.jsonl
+
+built $START || python launch/train_tiny.py --config configs/tiny_model.py:trace_retry_lessons
+[ -f $EVAL/answers.jsonl ] || python launch/evaluate.py --checkpoint $START --enable_thinking \
+  --max_new_tokens 640 --batch_size 100 --instances $H --out_dir $EVAL --answers_out $EVAL/answers.jsonl
+mkdir -p $R/trace_loop
+python launch/compare_evals.py --instances $H --sizes 3-6 --split_wait \
+  --evals runs/trace_retry_scratch_eval,$EVAL \
+  --labels "trace_retry_scratch,trace_retry_lessons (+1000 with loop lessons)" \
+  --out $R/trace_loop/comparison.md
+python launch/lookahead_check.py --instances $H --eval $EVAL --form relay \
+  --out $R/trace_loop/retry_check.md
+gate "${TRACE_WAIT[@]}" --policy $START --groups 32 --lr 1e-4 --updates 7 --seed 13 \
+  --held_out_seed 12361 --mismatched no_wait --mismatched_when always --workdir runs/gng_loop \
+  --out $R/trace_loop_fstep
+vs_shipped $R/trace_loop_fstep runs/gng_loop "GRPO (L: F's flags; seed 13)" "loop lessons"
