@@ -2,10 +2,11 @@
 # PLAN_loop.md (results/go_no_go): the retry policy continued with loop lessons
 # (configs/tiny_model.py:trace_retry_lessons), its greedy answers on the gate's 400 puzzles
 # against the retry start's, then arm L (F's flags) from it on a new held-out draw with its
-# no-wait mismatched arm, and beside the shipped model.
+# no-wait mismatched arm, and beside the shipped model; then control C, the same continuation
+# without lessons, on the gate's 400.
 # Resumable: the same command goes on where it stood.
 #
-#   bash launch/trace_loop.sh   # SFT about 45 min on 2 CPU cores (resumable), then about 40 min
+#   bash launch/trace_loop.sh   # SFT about 45 min on 2 CPU cores (resumable), then about 1.5 h
 set -euo pipefail
 source launch/arms.sh
 START=runs/tiny_trace_retry_lessons/export
@@ -26,3 +27,15 @@ gate "${TRACE_WAIT[@]}" --policy $START --groups 32 --lr 1e-4 --updates 7 --seed
   --held_out_seed 12361 --mismatched no_wait --mismatched_when always --workdir runs/gng_loop \
   --out $R/trace_loop_fstep
 vs_shipped $R/trace_loop_fstep runs/gng_loop "GRPO (L: F's flags; seed 13)" "loop lessons"
+
+# control C: the same continuation without lessons, on the gate's 400 beside the two above
+C=runs/tiny_trace_retry_nolessons
+CEVAL=runs/trace_retry_nolessons_eval
+built $C/export || python launch/train_tiny.py --config configs/tiny_model.py:trace_retry_lessons \
+  --config.sft.loop_lessons=0 --config.workdir=$C --config.out_dir=$C/export
+[ -f $CEVAL/answers.jsonl ] || python launch/evaluate.py --checkpoint $C/export --enable_thinking \
+  --max_new_tokens 640 --batch_size 100 --instances $H --out_dir $CEVAL --answers_out $CEVAL/answers.jsonl
+python launch/compare_evals.py --instances $H --sizes 3-6 --split_wait \
+  --evals runs/trace_retry_scratch_eval,$EVAL,$CEVAL \
+  --labels "trace_retry_scratch,loop lessons (+1000),no lessons (+1000)" \
+  --out $R/trace_loop/control.md

@@ -35,6 +35,7 @@ tries).
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -45,10 +46,12 @@ from mapfjax.env.locality import MOVE_CODES, WAIT
 from mapfjax.env.simulate import simulate
 from mapfjax.env.trace import (
     CORNERED,
+    FAILED_LINE,
     LOOP,
     RELAY_LINE,
     RETRY_LINE,
     TAKEN,
+    THINK_CLOSE,
     Attempt,
     cells_by_time,
     detect_style,
@@ -284,6 +287,46 @@ def loop_lesson(problem: Problem, pick: int) -> Lesson | None:
     again = next(j for j in range(rest, len(cells)) if cells[j - 1] == cells[-1])
     lesson = Attempt(tuple(orders[0]), (*runs[:r], (i, run)), LOOP, again)
     return Lesson((lesson, *tail), tuple(order), plans)
+
+
+_CELL_LINE = re.compile(r"^t\d{1,4} A(\d{1,2}) (\(\d{1,2}, \d{1,2}\))")
+
+
+def most_lines_on_a_cell(response: str) -> int:
+    """The most lines a relay trace writes for one agent on one cell within one attempt (the
+    text between `retry` lines): 2 where an agent waits once or comes back once, 3 or more
+    where it goes back and forth. 0 without a relay line. Reads the text only (the trace need
+    not close or parse)."""
+    count: dict = {}
+    best = attempt_no = 0
+    for line in (thinking_text(response) or response).splitlines():
+        line = line.strip()
+        if RETRY_LINE.match(line):
+            attempt_no += 1
+        elif m := _CELL_LINE.match(line):
+            key = (attempt_no, m.group(1), m.group(2))
+            count[key] = count.get(key, 0) + 1
+            best = max(best, count[key])
+    return best
+
+
+LOOP_COLUMNS = ("answers", "trace never closes", "of which an agent on a cell 3+ times",
+                "answers with a loop line", "answers with a retry")  # fmt: skip
+
+
+def loop_counts(responses: Sequence[str]) -> list[int]:
+    """Per LOOP_COLUMNS, how many of `responses` (a policy's answers): all, those whose
+    think block never closes, those of them with an agent on one cell on 3 or more lines of
+    one attempt (`most_lines_on_a_cell`), and those writing a `= loop tJ` line or a `retry`."""
+    cut = [r for r in responses if THINK_CLOSE not in r]
+    lines = [[x.strip() for x in r.splitlines()] for r in responses]
+    return [
+        len(responses),
+        len(cut),
+        sum(most_lines_on_a_cell(r) >= 3 for r in cut),
+        sum(any(FAILED_LINE.match(x) and f"= {LOOP} t" in x for x in ls) for ls in lines),
+        sum(any(RETRY_LINE.match(x) for x in ls) for ls in lines),
+    ]
 
 
 def attempts_before(problem: Problem, order: Sequence[int]) -> tuple[Attempt, ...]:

@@ -548,3 +548,34 @@ def test_no_loop_lesson_where_the_next_order_has_no_plan_or_nothing_goes_back():
     # every run one step long: no agent has a line to go back from
     short = Problem(id="short", grid=("FF", "FF"), starts=((0, 0), (1, 1)), goals=((0, 1), (1, 0)))
     assert relay.loop_lesson(short, 0) is None
+
+
+def test_loop_counts_read_a_back_and_forth_from_the_text(tmp_path):
+    """`most_lines_on_a_cell` counts one agent's lines on one cell within an attempt (a retry
+    starts a new count); `loop_counts` and launch/loop_count.py count traces that never close,
+    those going back and forth, and loop and retry lines."""
+    import json
+    import subprocess
+    import sys
+
+    good = _retry_response(CORNER)
+    assert relay.most_lines_on_a_cell(good) == 2  # A0 waits once, in the attempt after retry
+    line = "t{} A1 (1, 1) UP (0, 1) F DOWN (2, 1) F LEFT (1, 0) F RIGHT (1, 2) F = {} ({}, {})"
+    pingpong = "<think>\n" + "\n".join(
+        line.format(k, "UP", 0, 1) if k % 2 else line.replace("(1, 1) UP", "(0, 1) UP").format(
+            k, "DOWN", 1, 1)
+        for k in range(1, 8)
+    )  # fmt: skip
+    assert relay.most_lines_on_a_cell(pingpong) == 4  # t1, t3, t5, t7 on (1, 1); never closes
+    assert relay.most_lines_on_a_cell("no trace") == 0
+    responses = [good, pingpong, good.replace("retry A1 A0", "")]
+    assert relay.loop_counts(responses) == [3, 1, 1, 0, 1]
+    path = tmp_path / "answers.jsonl"
+    path.write_text("".join(json.dumps({"id": f"p{i}", "text": r}) + "\n"
+                            for i, r in enumerate(responses)))  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "launch/loop_count.py", f"--answers={path}", "--labels=start",
+         f"--out={tmp_path / 't.md'}"], capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert "| start | 3 | 1 | 1 | 0 | 1 |" in out.stdout
+    assert (tmp_path / "t.md").read_text().strip() == out.stdout.strip()
