@@ -17,6 +17,13 @@ COMMON=("${TRACE_WAIT[@]}" --held_out_seed 12348 --mismatched_when gain)
 
 built() { [ -f "$1/VALIDATION.md" ]; }  # train_tiny.py writes it last
 
+held_out_answers() {  # START EVAL: START's greedy answers on the gate's 400 puzzles (thinking
+  # on, 640 new tokens) into EVAL (results, verdicts and answers.jsonl), once
+  [ -f "$2/answers.jsonl" ] || python launch/evaluate.py --checkpoint "$1" --enable_thinking \
+    --max_new_tokens 640 --batch_size 100 --instances $R/held_out_400.jsonl --out_dir "$2" \
+    --answers_out "$2/answers.jsonl"
+}
+
 build_start() {  # TRACE_WAIT's start by the trace recipe (about 8,000 SFT updates of 16: hours
   # on 2 CPU cores, minutes on a GPU); each step resumes or is skipped when built; EXTRA="..."
   # adds recipe flags to each

@@ -14,8 +14,7 @@ EVAL=runs/trace_retry_lessons_eval
 H=results/go_no_go/held_out_400.jsonl
 
 built $START || python launch/train_tiny.py --config configs/tiny_model.py:trace_retry_lessons
-[ -f $EVAL/answers.jsonl ] || python launch/evaluate.py --checkpoint $START --enable_thinking \
-  --max_new_tokens 640 --batch_size 100 --instances $H --out_dir $EVAL --answers_out $EVAL/answers.jsonl
+held_out_answers $START $EVAL
 mkdir -p $R/trace_loop
 python launch/compare_evals.py --instances $H --sizes 3-6 --split_wait \
   --evals runs/trace_retry_scratch_eval,$EVAL \
@@ -33,8 +32,7 @@ C=runs/tiny_trace_retry_nolessons
 CEVAL=runs/trace_retry_nolessons_eval
 built $C/export || python launch/train_tiny.py --config configs/tiny_model.py:trace_retry_lessons \
   --config.sft.loop_lessons=0 --config.workdir=$C --config.out_dir=$C/export
-[ -f $CEVAL/answers.jsonl ] || python launch/evaluate.py --checkpoint $C/export --enable_thinking \
-  --max_new_tokens 640 --batch_size 100 --instances $H --out_dir $CEVAL --answers_out $CEVAL/answers.jsonl
+held_out_answers $C/export $CEVAL
 python launch/compare_evals.py --instances $H --sizes 3-6 --split_wait \
   --evals runs/trace_retry_scratch_eval,$EVAL,$CEVAL \
   --labels "trace_retry_scratch,loop lessons (+1000),no lessons (+1000)" \

@@ -15,8 +15,7 @@ EVAL=runs/trace_retry_scratch_eval
 H=results/go_no_go/held_out_400.jsonl
 
 built $START || python launch/train_tiny.py --config configs/tiny_model.py:trace_retry_scratch
-[ -f $EVAL/answers.jsonl ] || python launch/evaluate.py --checkpoint $START --enable_thinking \
-  --max_new_tokens 640 --batch_size 100 --instances $H --out_dir $EVAL --answers_out $EVAL/answers.jsonl
+held_out_answers $START $EVAL
 mkdir -p $R/trace_retry
 python launch/compare_evals.py --instances $H --sizes 3-6 --split_wait \
   --evals $R/trace_wait_kl0.1_wait0.5/matched/start/validation.json,$EVAL \

@@ -285,3 +285,18 @@ def test_kept_count_is_counted_once_then_kept(tmp_path):
     (tmp_path / "c.txt").write_text("NX=0\n")
     out = _bash(tmp_path, body, fake_python=False)
     assert out.returncode == 2 and "c.txt holds NX=0" in out.stderr
+
+
+def test_held_out_answers_evaluates_a_start_on_the_gates_puzzles_once(tmp_path):
+    """A start's greedy answers on the gate's 400 (thinking on, 640 tokens) are made the first
+    time only: answers.jsonl in the evaluation directory means done."""
+    body = "held_out_answers runs/s/export runs/s_eval\nmkdir -p runs/s_eval\n"
+    body += "touch runs/s_eval/answers.jsonl\nheld_out_answers runs/s/export runs/s_eval"
+    out = _bash(tmp_path, body)
+    assert out.returncode == 0, out.stderr
+    calls = (tmp_path / "calls.txt").read_text().splitlines()
+    assert len(calls) == 1 and calls[0].startswith("launch/evaluate.py --checkpoint runs/s/export")
+    for flag in ("--enable_thinking", "--max_new_tokens 640",
+                 "--instances results/go_no_go/held_out_400.jsonl", "--out_dir runs/s_eval",
+                 "--answers_out runs/s_eval/answers.jsonl"):  # fmt: skip
+        assert flag in calls[0]
