@@ -2,7 +2,8 @@ r"""How often a retrying relay policy's traces never close, and why: per evaluat
 `launch/evaluate.py --answers_out` file), the answers, those whose trace never closes within
 the token budget, those of them with an agent on one cell on 3 or more lines of one attempt
 (going back and forth), and the answers that write a loop line or a retry
-(`env.relay.loop_counts`).
+(`env.relay.loop_counts`); then the share of traces that close against the first file's,
+paired on the same puzzles.
 
     python launch/loop_count.py --answers runs/a/answers.jsonl,runs/b/answers.jsonl \
         --labels "retry start,loop lessons" [--out table.md]
@@ -24,11 +25,23 @@ def main(argv):
     labels = _LABELS.value or _ANSWERS.value
     if len(labels) != len(_ANSWERS.value):
         raise app.UsageError(f"{len(labels)} labels for {len(_ANSWERS.value)} answer files")
-    rows = []
+    rows, first = [], None
     for label, path in zip(labels, _ANSWERS.value, strict=True):
-        responses = [text for _, text in io.load_answers(path)]
-        rows.append([label, *relay.loop_counts(responses)])
-    table = stats.markdown_table(["policy", *relay.LOOP_COLUMNS], rows)
+        answers = dict(io.load_answers(path))
+        closes = {i: relay.THINK_CLOSE in text for i, text in answers.items()}
+        if first is None:
+            first, paired = closes, "-"
+        elif set(closes) != set(first):
+            raise app.UsageError(f"{path}: not the puzzles of {_ANSWERS.value[0]}")
+        else:
+            ids = sorted(first)
+            est = stats.paired_proportion_difference(
+                [closes[i] for i in ids], [first[i] for i in ids]
+            )
+            paired = stats.interval_text(est, signed=True)
+        rows.append([label, *relay.loop_counts(list(answers.values())), paired])
+    head = ["policy", *relay.LOOP_COLUMNS, f"traces that close vs {labels[0]} (paired, points)"]
+    table = stats.markdown_table(head, rows)
     print(table)
     if _OUT.value:
         files.atomic_write(_OUT.value, (table + "\n").encode())

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # PLAN_loop.md (results/go_no_go): the retry policy continued with loop lessons
 # (configs/tiny_model.py:trace_retry_lessons), its greedy answers on the gate's 400 puzzles
-# against the retry start's, then arm L (F's flags) from it on a new held-out draw with its
+# against the retry start's, then arm T (F's flags) from it on a new held-out draw with its
 # no-wait mismatched arm, and beside the shipped model; then control C, the same continuation
 # without lessons, on the gate's 400.
 # Resumable: the same command goes on where it stood.
@@ -25,7 +25,7 @@ python launch/lookahead_check.py --instances $H --eval $EVAL --form relay \
 gate "${TRACE_WAIT[@]}" --policy $START --groups 32 --lr 1e-4 --updates 7 --seed 13 \
   --held_out_seed 12361 --mismatched no_wait --mismatched_when always --workdir runs/gng_loop \
   --out $R/trace_loop_fstep
-vs_shipped $R/trace_loop_fstep runs/gng_loop "GRPO (L: F's flags; seed 13)" "loop lessons"
+vs_shipped $R/trace_loop_fstep runs/gng_loop "GRPO (T: F's flags; seed 13)" "loop lessons"
 
 # control C: the same continuation without lessons, on the gate's 400 beside the two above
 C=runs/tiny_trace_retry_nolessons
@@ -37,3 +37,9 @@ python launch/compare_evals.py --instances $H --sizes 3-6 --split_wait \
   --evals runs/trace_retry_scratch_eval,$EVAL,$CEVAL \
   --labels "trace_retry_scratch,loop lessons (+1000),no lessons (+1000)" \
   --out $R/trace_loop/control.md
+python launch/loop_count.py --answers runs/trace_retry_scratch_eval/answers.jsonl,$EVAL/answers.jsonl,$CEVAL/answers.jsonl \
+  --labels "trace_retry_scratch,loop lessons (+1000),no lessons (+1000)" --out $R/trace_loop/loops.md
+python launch/loop_count.py --answers $CEVAL/answers.jsonl,$EVAL/answers.jsonl \
+  --labels "no lessons (+1000),loop lessons (+1000)" --out $R/trace_loop/loops_vs_control.md
+python launch/compare_evals.py --instances $H --sizes 3-6 --split_wait --evals $CEVAL,$EVAL \
+  --labels "no lessons (+1000),loop lessons (+1000)" --out $R/trace_loop/lessons_vs_control.md

@@ -577,5 +577,12 @@ def test_loop_counts_read_a_back_and_forth_from_the_text(tmp_path):
         [sys.executable, "launch/loop_count.py", f"--answers={path}", "--labels=start",
          f"--out={tmp_path / 't.md'}"], capture_output=True, text=True, check=True,
     )  # fmt: skip
-    assert "| start | 3 | 1 | 1 | 0 | 1 |" in out.stdout
+    assert "| start | 3 | 1 | 1 | 0 | 1 | - |" in out.stdout
     assert (tmp_path / "t.md").read_text().strip() == out.stdout.strip()
+    closed = tmp_path / "closed.jsonl"  # the same puzzles, every trace closing
+    closed.write_text("".join(json.dumps({"id": f"p{i}", "text": good}) + "\n" for i in range(3)))
+    out = subprocess.run(
+        [sys.executable, "launch/loop_count.py", f"--answers={path},{closed}",
+         "--labels=start,later"], capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert "| later | 3 | 0 | 0 | 0 | 3 | +33.3 [-20, 87] |" in out.stdout, out.stdout
