@@ -24,7 +24,8 @@ from mapfjax.rl.batch import SequenceBatch, make_batch
 @dataclasses.dataclass(frozen=True)
 class Example:
     """One SFT example: `prompt` token ids (chat template, generation prompt with the empty
-    think block) and `completion` ids (the canonical answer, then `<|im_end|>`), all trained."""
+    think block) and `completion` ids (the canonical answer, then `<|im_end|>`), trained from
+    `loss_from` on (all of it by default)."""
 
     problem_id: str
     prompt: tuple[int, ...]
