@@ -178,6 +178,12 @@ def relay(problem: Problem) -> tuple[tuple[int, ...] | None, list[list[int]] | N
     return None, None, tried
 
 
+def _loop_step(cells: Sequence[tuple[int, int]], rest: int) -> int:
+    """The step J >= `rest` of the line of a run (`cells`, by time) that stood on the cell the
+    run has come back to (its last): what its loop line `= loop tJ` names."""
+    return next(k for k in range(rest, len(cells)) if cells[k - 1] == cells[-1])
+
+
 # How the relay ends with the agents in index order (`index_order_outcome`): a valid plan, a
 # run that is cornered, loops or reaches its horizon, or runs that all settle into a plan the
 # simulator rejects.
@@ -199,8 +205,7 @@ def attempt(problem: Problem, order: Sequence[int]):
             again = None
             if outcome == "loop":
                 _, rest = _rule(problem, i, done)
-                cells = cells_by_time(problem.starts[i], actions)
-                again = next(k for k in range(rest, len(cells)) if cells[k - 1] == cells[-1])
+                again = _loop_step(cells_by_time(problem.starts[i], actions), rest)
             runs = tuple((j, tuple(p)) for j, p in [*done, (i, actions)])
             return None, Attempt(tuple(order), runs, outcome, again), outcome
         done.append((i, actions))
@@ -216,8 +221,13 @@ def retry(problem: Problem):
     plans are None when no order is valid or an order fails in a way no line shows (a run at
     its horizon, or runs that settle into an invalid plan): the trace would have no failure
     line to write."""
+    return _retry_over(problem, _orders(problem.num_agents))
+
+
+def _retry_over(problem: Problem, orders):
+    """`retry` over the given `orders` in turn (what it returns, the count of those tried)."""
     tries = []
-    for n, order in enumerate(_orders(problem.num_agents), 1):
+    for n, order in enumerate(orders, 1):
         plans, failed, outcome = attempt(problem, order)
         if plans is not None:
             return order, plans, tuple(tries), n
@@ -248,15 +258,8 @@ def loop_lesson(problem: Problem, pick: int) -> Lesson | None:
     rule's runs allow (modulo their number; any int). None when there is none, or the retry
     from the next order reaches no plan (or fails on no line)."""
     orders = list(_orders(problem.num_agents))
-    tail: list[Attempt] = []
-    for order in orders[1:]:
-        plans, failed, outcome = attempt(problem, order)
-        if plans is not None:
-            break
-        if outcome not in (CORNERED, LOOP):
-            return None
-        tail.append(failed)
-    else:
+    order, plans, tail, _ = _retry_over(problem, orders[1:])
+    if plans is None:
         return None
     first, failed0, _ = attempt(problem, orders[0])
     if first is not None:
@@ -265,7 +268,7 @@ def loop_lesson(problem: Problem, pick: int) -> Lesson | None:
         runs = list(failed0.runs)
     else:
         return None
-    wrong = []  # (run, K, the move back)
+    wrong = []  # (run, K, the move back, the run's rest step)
     for r, (i, actions) in enumerate(runs):
         rest = _rule(problem, i, runs[:r])[1]
         cells = cells_by_time(problem.starts[i], actions)
@@ -276,15 +279,13 @@ def loop_lesson(problem: Problem, pick: int) -> Lesson | None:
                 continue
             a = next(a for a in MOVE_CODES if step(here, a) == back)
             if a != actions[k - 1]:
-                wrong.append((r, k, a))
+                wrong.append((r, k, a, rest))
     if not wrong:
         return None
-    r, k, a = wrong[pick % len(wrong)]
+    r, k, a, rest = wrong[pick % len(wrong)]
     i, actions = runs[r]
     run = (*actions[: k - 1], a)
-    rest = _rule(problem, i, runs[:r])[1]
-    cells = cells_by_time(problem.starts[i], run)
-    again = next(j for j in range(rest, len(cells)) if cells[j - 1] == cells[-1])
+    again = _loop_step(cells_by_time(problem.starts[i], run), rest)
     lesson = Attempt(tuple(orders[0]), (*runs[:r], (i, run)), LOOP, again)
     return Lesson((lesson, *tail), tuple(order), plans)
 
