@@ -54,6 +54,7 @@ VARIANTS = (
     *("trace_long", "trace_wait", "trace_ahead", "trace_relay", "trace_relay_where"),
     *("trace_relay_scratch", "trace_relay_next_scratch", "trace_retry_scratch"),
     "trace_retry_lessons",
+    "trace_end_scratch",
 )
 
 
@@ -73,7 +74,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     "trace_retry_scratch" the same with a relay that starts in index order and, when a run is
     cornered or loops, writes so and starts again in the next order; "trace_retry_lessons"
     continues trace_retry_scratch with loop lessons (a wrong move back, in the prompt, then the
-    loop line that ends it) beside its own examples."""
+    loop line that ends it) beside its own examples; "trace_end_scratch" trains the retrying
+    relay from scratch, its trace also ending on `no order left` where every order fails."""
     if arg not in VARIANTS:
         raise ValueError(f"configs/tiny_model.py: unknown variant {arg!r}; known: {VARIANTS}")
     c = ml_collections.ConfigDict()
@@ -87,7 +89,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     # "search" or "priority"; "relay": each agent's plan in turn by the move lines' rule, no
     # block, "relay_where" / "relay_next" the same with where earlier agents stand written on
     # later agents' lines, "relay_retry" index order first and another order after a failed
-    # run; the plan is the one found that way; "" = the oracle's, no block).
+    # run, "relay_retry_end" the same ending on `no order left` where every order fails; the
+    # plan is the one found that way; "" = the oracle's, no block).
     c.trace_lookahead = ""
     c.init = ""  # a checkpoint directory to continue from (its tokenizer too); "" = from scratch
     c.workdir = "/tmp/mapfjax_tiny"  # tokenizer, data cache, checkpoints, logs
@@ -274,7 +277,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         # marks compare cells on the same line instead of a line up to 15 lines above.
         continue_from(c, "runs/tiny_trace_relay/export", "trace_relay_where", 71, 0.7, 16384, 1000)
         c.trace_lookahead = "relay_where"
-    if arg in ("trace_relay_scratch", "trace_relay_next_scratch", "trace_retry_scratch"):
+    if arg in ("trace_relay_scratch", "trace_relay_next_scratch", "trace_retry_scratch",
+               "trace_end_scratch"):  # fmt: skip
         # The relay layout from scratch: the trace recipe (6 layers, 6,000 updates of 16 in three
         # resumable stages), answer tokens weighing 10, the gate's puzzles kept out; about 2.5
         # hours on 2 cores. Continuing a step-layout policy on it lost 9.5 points (trace_relay).
@@ -302,6 +306,15 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.trace_lookahead = "relay_retry"
         c.workdir = "runs/tiny_trace_retry_scratch"
         c.out_dir = "runs/tiny_trace_retry_scratch/export"
+    if arg == "trace_end_scratch":
+        # trace_retry_scratch's recipe, the trace also ending where every order fails on a
+        # line: the last failed run, then `no order left`, then the oracle's answer
+        # (`lookahead.relay_retry_end_form`). The retry data left those puzzles out (6.5 % of
+        # the SFT draw, 31 of the gate's 400), and on them the retry policy often never closed
+        # its trace: 10 of the 18 traces the lesson policy left open (results/go_no_go/PLAN_end.md).
+        c.trace_lookahead = "relay_retry_end"
+        c.workdir = "runs/tiny_trace_end_scratch"
+        c.out_dir = "runs/tiny_trace_end_scratch/export"
     if arg == "trace_retry_lessons":
         # trace_retry_scratch continued for 1,000 updates, a quarter of the puzzles also giving
         # a loop lesson (`mapfjax.rl.data.loop_lesson_examples`): its trace up to a wrong move

@@ -6,7 +6,9 @@ block; `env.relay.check`): whether each line and each action is right, and where
 and agents' lines, the first agent's run, a later run, an action not the rule's), and how
 often the policy runs first the agent the rule's first valid order does, and how often it
 runs first an agent no order starting with which has a valid plan; then, over all the
-puzzles, which field of the first wrong line in a run is wrong (`env.relay.line_error`).
+puzzles, which field of the first wrong line in a run is wrong (`env.relay.line_error`); and
+on the puzzles where every order fails on a line, how many traces end on `no order left`, how
+many are right (`relay_retry_end`'s ending) and how many answers are valid.
 
     python launch/lookahead_check.py --instances results/go_no_go/held_out_400.jsonl \
         --eval runs/trace_ahead_eval --form priority [--out table.md]
@@ -28,7 +30,7 @@ def main(argv):
     import pathlib
 
     from mapfjax import files, stats
-    from mapfjax.env import io, lookahead, relay
+    from mapfjax.env import io, lookahead, relay, trace
     from mapfjax.eval import evaluate as ev
 
     def build():
@@ -80,7 +82,22 @@ def main(argv):
         by_run = [[run, *(fields.count((run, f)) for f in relay.LINE_FIELDS)]
                   for run in ("first run", "later run")]  # fmt: skip
         wrong = ["first wrong line in", *relay.LINE_FIELDS]
-        return stats.markdown_table(header, rows) + "\n\n" + stats.markdown_table(wrong, by_run)
+        tables = [stats.markdown_table(header, rows), stats.markdown_table(wrong, by_run)]
+        # the puzzles where every order fails on a line: a trace that ends there is right
+        # when it writes the rule's attempts and then `no order left`
+        ends = [p for i, p in problems.items()
+                if orders[i] is None and relay.every_order_fails(p) is not None]  # fmt: skip
+        if ends:
+            bodies = [trace.thinking_text(answers[p.id]) for p in ends]
+            said = sum(b is not None and trace.parse_trace(b, p.num_agents)[1] == trace.NO_ORDER
+                       for b, p in zip(bodies, ends, strict=True))  # fmt: skip
+            right = sum(relay.check(p, answers[p.id]) == "right" for p in ends)
+            valid = stats.proportion([bool(verdicts[p.id]["valid"]) for p in ends])
+            head = ["puzzles where every order fails", "trace ends on `no order left`",
+                    "trace right", "valid %"]  # fmt: skip
+            row = [len(ends), said, right, stats.interval_text(valid)]
+            tables.append(stats.markdown_table(head, [row]))
+        return "\n\n".join(tables)
 
     return files.report_command(build, _OUT.value)
 

@@ -99,6 +99,9 @@ class Lookahead:
     order: tuple[int, ...] | None = None
     where: str = ""
     tries: tuple = ()  # failed relay attempts written before the plan (`relay_retry_form`)
+    # plans is None because every order failed on a line: the trace writes `tries`, then
+    # `no order left` (`relay_retry_end_form`), and the answer is another's (`rl.data`)
+    ended: bool = False
 
 
 def path(m: GridMap, start, goal, cons: Sequence[Constraint], limit: int = 256):
@@ -303,6 +306,16 @@ def relay_retry_form(problem: Problem) -> Lookahead:
     return Lookahead((), plans, tried, order, tries=tries)
 
 
+def relay_retry_end_form(problem: Problem) -> Lookahead:
+    """`relay_retry_form` that also ends where every order fails on a line: the failed
+    attempts, then `no order left` (`relay.every_order_fails`; `ended`). plans is None then,
+    and when an order fails in a way no line shows."""
+    found = relay.retry(problem)
+    order, plans, tries, tried = found
+    ended = relay.every_order_fails(problem, found) is not None
+    return Lookahead((), plans, tried, order, tries=tries, ended=ended)
+
+
 # The look-ahead forms a trace can write (`rl.data.response`, `launch/trace_lengths.py`).
 LOOKAHEADS = {
     "search": search,
@@ -311,6 +324,7 @@ LOOKAHEADS = {
     "relay_where": relay_where_form,
     "relay_next": relay_next_form,
     "relay_retry": relay_retry_form,
+    "relay_retry_end": relay_retry_end_form,
 }
 
 

@@ -48,6 +48,7 @@ from mapfjax.env.trace import (
     CORNERED,
     FAILED_LINE,
     LOOP,
+    NO_ORDER,
     RELAY_LINE,
     RETRY_LINE,
     TAKEN,
@@ -224,6 +225,16 @@ def retry(problem: Problem):
     return _retry_over(problem, _orders(problem.num_agents))
 
 
+def every_order_fails(problem: Problem, found=None) -> tuple[Attempt, ...] | None:
+    """The failed attempts of a puzzle on which every order the relay that retries tries
+    (MAX_ORDERS: every order of up to 4 agents) fails on a line (cornered or a loop), as a
+    trace that ends on `no order left` writes them (`trace.render_trace`'s ended); None when
+    an order has a valid plan or fails in a way no line shows. found: `retry(problem)`, when
+    already at hand."""
+    _, plans, tries, tried = retry(problem) if found is None else found
+    return tries if plans is None and tries and len(tries) == tried else None
+
+
 def _retry_over(problem: Problem, orders):
     """`retry` over the given `orders` in turn (what it returns, the count of those tried)."""
     tries = []
@@ -347,12 +358,36 @@ def retry_truth(problem: Problem, body: str) -> tuple[Attempt, ...]:
     return attempts_before(problem, order) if plans is not None else ()
 
 
+def rule_trace(problem: Problem, style: str) -> str | None:
+    """The trace the relay that retries writes for `problem` (map in `style`): its failed
+    attempts, then the runs of the first valid order, or `no order left` after the last when
+    every order fails on a line (`every_order_fails`); None when an order fails in a way no
+    line shows."""
+    found = retry(problem)
+    order, plans, tries, _ = found
+    if plans is not None:
+        return _trace.render_trace(problem, plans, style, order=order, tries=tries)
+    if (failed := every_order_fails(problem, found)) is None:
+        return None
+    return _trace.render_trace(problem, [[]] * problem.num_agents, style, tries=failed, ended=True)
+
+
+def _truths(problem: Problem, body: str):
+    """(tries, truth) a think block's text is checked against (`trace.true_lines`): the rule's
+    failed attempts before its last order (`retry_truth`), or for one that ends on `no order
+    left`, the rule's whole trace (`rule_trace`)."""
+    if parse_relay(body, problem.num_agents)[1] == NO_ORDER:
+        return (), rule_trace(problem, detect_style(body))
+    return retry_truth(problem, body), None
+
+
 def check_trace(problem: Problem, response: str, style: str | None = None):
     """`trace.check_trace` for any layout, a retrying relay trace's failed attempts checked
-    against the rule's (`retry_truth`): what greedy evaluation records as `trace_error`."""
+    against the rule's (`retry_truth`), one that ends on `no order left` against the rule's
+    whole trace: what greedy evaluation records as `trace_error`."""
     body = thinking_text(response)
-    tries = retry_truth(problem, body) if body is not None else ()
-    return _trace.check_trace(problem, response, style, tries)
+    tries, truth = _truths(problem, body) if body is not None else ((), None)
+    return _trace.check_trace(problem, response, style, tries, truth)
 
 
 def index_order_outcome(problem: Problem) -> tuple[str, bool]:
@@ -457,9 +492,13 @@ def _first_wrong_line(problem: Problem, response: str):
     if body is None:
         return "missing", "", ""
     plans, order = parse_relay(body, problem.num_agents)
-    if plans is None:
+    if plans is None and order != NO_ORDER:
         return ("unreadable" if order else "missing"), "", ""
-    got, want = true_lines(problem, body, tries=retry_truth(problem, body))
+    tries, truth = _truths(problem, body)
+    lines = true_lines(problem, body, tries=tries, truth=truth)
+    if lines is None:  # ends on `no order left` where the rule fails in a way no line shows
+        return "retry", NO_ORDER, ""
+    got, want = lines
     header = len(render_header(problem, detect_style(body)))
     # a retrying trace's failed attempts end on the truth's last retry line
     final = max((k + 1 for k, x in enumerate(want) if RETRY_LINE.match(x)), default=header)
@@ -467,10 +506,12 @@ def _first_wrong_line(problem: Problem, response: str):
         if a != b:
             if k < header:
                 return "header", a, b
-            if k < final:
+            if k < final or plans is None:
                 return "retry", a, b
             run = "first run" if k - final < len(plans[order[0]]) else "later run"
             return run, a, b
+    if plans is None:  # every order failed, as the rule's did
+        return "right", "", ""
     order = [*order, *(i for i in range(problem.num_agents) if i not in order)]
     return ("right" if first_departure(problem, plans, order) is None else "rule"), "", ""
 

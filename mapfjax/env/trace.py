@@ -43,8 +43,10 @@ WHERE_FIELDS = ("", "after", "next")
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 # A relay run that fails (`render_trace`'s tries): its last line ends `= cornered` (no move and
 # no wait allowed) or `= loop tJ` (the agent stands where its line of step J stood, once every
-# earlier agent rests), then `retry A1 A0` names the order written next.
+# earlier agent rests), then `retry A1 A0` names the order written next; after the last
+# order's failed run, `no order left` ends the trace (`render_trace`'s ended).
 CORNERED, LOOP, RETRY = "cornered", "loop", "retry"
+NO_ORDER = "no order left"
 
 
 def cell(rc: Sequence[int]) -> str:
@@ -260,6 +262,7 @@ def render_trace(
     order: Sequence[int] | None = None,
     where: str = "",
     tries: Sequence[Attempt] = (),
+    ended: bool = False,
 ) -> str:
     """The trace of `plans` (per-agent action codes, as `oracle.answer_actions` gives) on
     `problem`, its map transcribed in `style` (see STYLES). Moves are followed as written (an
@@ -278,19 +281,23 @@ def render_trace(
 
     tries (with order): failed relay attempts written before `order`'s runs (`Attempt`; the
     relay that retries, `env.relay.retry`): each attempt's runs, the last one ending on its
-    failure line (`= cornered`, or `= loop tJ`), then `retry` and the next attempt's order."""
+    failure line (`= cornered`, or `= loop tJ`), then `retry` and the next attempt's order.
+    ended (with tries, without order): every order failed; the last attempt's failure line is
+    followed by NO_ORDER and the trace ends there (`plans` are not written)."""
     n = problem.num_agents
     if len(plans) != n:
         raise ValueError(f"{len(plans)} plans for {n} agents")
     if where not in WHERE_FIELDS or (where and order is None):
         raise ValueError(f"where = {where!r}: allowed {WHERE_FIELDS}, a field only with order")
-    if tries and (order is None or where):
+    if ended and (not tries or order is not None):
+        raise ValueError("ended: a trace that ends on NO_ORDER has tries and no order")
+    if tries and ((order is None and not ended) or where):
         raise ValueError("tries: failed relay attempts come only with an order, without where")
     symbols = _symbols(problem)
     lines = render_header(problem, style) + list(plan_lines)
-    if order is not None:
-        order = [*order, *(i for i in range(n) if i not in order)]
-        if sorted(order) != list(range(n)):
+    if order is not None or ended:
+        order = None if ended else [*order, *(i for i in range(n) if i not in order)]
+        if order is not None and sorted(order) != list(range(n)):
             raise ValueError(f"order {order}: not an order of the {n} agents")
         nexts = [t.order for t in tries[1:]] + ([order] if tries else [])
         for attempt, after in zip(tries, nexts, strict=True):
@@ -305,7 +312,11 @@ def render_trace(
                 lines.append(f"t{k} A{i} {cell(here)} = {LOOP} t{attempt.again}")
             else:
                 raise ValueError(f"attempt {attempt}: a failed run is cornered or loops")
-            lines.append(" ".join([RETRY, *(f"A{j}" for j in after)]))
+            lines.append(
+                NO_ORDER if after is None else " ".join([RETRY, *(f"A{j}" for j in after)])
+            )
+        if ended:
+            return "\n".join(lines)
         _relay_runs(problem, symbols, [(i, plans[i]) for i in order], where, lines)
         return "\n".join(lines)
     pos = [tuple(int(v) for v in s) for s in problem.starts]
@@ -335,10 +346,11 @@ def render_thinking(
     order: Sequence[int] | None = None,
     where: str = "",
     tries: Sequence[Attempt] = (),
+    ended: bool = False,
 ) -> str:
     """The think block of `plans`: '<think>\\n' + trace + '\\n</think>\\n\\n' (the answer follows,
-    as Qwen3 writes it); plan_lines, order, where and tries as in `render_trace`."""
-    body = render_trace(problem, plans, style, plan_lines, order, where, tries)
+    as Qwen3 writes it); plan_lines, order, where, tries and ended as in `render_trace`."""
+    body = render_trace(problem, plans, style, plan_lines, order, where, tries, ended)
     return f"{THINK_OPEN}\n{body}\n{THINK_CLOSE}\n\n"
 
 
@@ -415,13 +427,22 @@ def parse_relay(trace: str, num_agents: int):
     runs); (None, "") when the trace has no relay line (it may be in the step layout); (None,
     reason) when it is not a readable relay trace. A trace that retries (`render_trace`'s
     tries) is read from its last `retry` line on: a failed run's last line and the `retry`
-    line after it close an attempt, and the plans are those of the attempt written last."""
+    line after it close an attempt, and the plans are those of the attempt written last. A
+    trace whose last failed run is followed by NO_ORDER (`render_trace`'s ended) has no plan:
+    (None, NO_ORDER)."""
     plans: list[list[int]] = [[] for _ in range(num_agents)]
     order: list[int] = []
-    started = failed = retried = False  # a relay line read; a run failed; a retry read
+    started = failed = retried = ended = False  # a relay line read; a run failed; a retry read
     for k, line in enumerate(trace.splitlines(), 1):
         line = line.strip()
-        if failed:  # the line after a failed run's last one names the next order
+        if ended:
+            if line:
+                return None, f"line {k}: a line after {NO_ORDER!r}: {line[:60]!r}"
+            continue
+        if failed:  # the line after a failed run's last one names the next order, or none
+            if line == NO_ORDER:
+                ended = True
+                continue
             if RETRY_LINE.match(line) is None:
                 return None, f"line {k}: no retry line after a failed run: {line[:60]!r}"
             plans, order, failed, retried = [[] for _ in range(num_agents)], [], False, True
@@ -445,6 +466,8 @@ def parse_relay(trace: str, num_agents: int):
         if step != len(plans[i]) + 1:
             return None, f"line {k}: agent {i} step {step} after step {len(plans[i])}"
         plans[i].append(ACTION_NAMES.index(name))
+    if ended:
+        return None, NO_ORDER
     if failed:
         return None, "the trace ends on a failed run"
     if retried and not order:
@@ -510,22 +533,31 @@ def _field_kind(got: str, want: str) -> str:
 
 
 def true_lines(
-    problem: Problem, trace: str, style: str | None = None, tries: Sequence[Attempt] = ()
+    problem: Problem,
+    trace: str,
+    style: str | None = None,
+    tries: Sequence[Attempt] = (),
+    truth: str | None = None,
 ) -> tuple[list[str], list[str]] | None:
     """(the trace's lines, stripped, a look-ahead block's left out; the true lines of the plan
     its move lines choose, in its layout: step blocks or relay runs in its order, with its
     `where` field, after `tries`, the failed attempts a retrying trace is checked against:
-    `env.relay.retry_truth` gives the rule's), or None when no plan can be read from it.
+    `env.relay.retry_truth` gives the rule's), or None when no plan can be read from it. A
+    trace that ends on NO_ORDER chooses no plan: its true lines are `truth` (the rule's whole
+    trace, `env.relay.rule_trace`), None without it.
     style: the trace's (STYLES); None reads it from the trace's first line."""
-    plans, _ = parse_trace(trace, problem.num_agents)
-    if plans is None:
-        return None
+    plans, how = parse_trace(trace, problem.num_agents)
     style = detect_style(trace) if style is None else style
-    order = parse_relay(trace, problem.num_agents)[1] or None
-    field = _WHERE.search(trace) if order is not None else None
-    where = "" if field is None else "next" if field.group(1) else "after"
-    tries = tries if order is not None else ()
-    want = render_trace(problem, plans, style, order=order, where=where, tries=tries)
+    if plans is None:  # a trace that ends on NO_ORDER is checked against the given truth
+        if how != NO_ORDER or truth is None:
+            return None
+        want = truth
+    else:
+        order = parse_relay(trace, problem.num_agents)[1] or None
+        field = _WHERE.search(trace) if order is not None else None
+        where = "" if field is None else "next" if field.group(1) else "after"
+        tries = tries if order is not None else ()
+        want = render_trace(problem, plans, style, order=order, where=where, tries=tries)
     want = want.splitlines()
     # a look-ahead block is not checked here: its own lines say where it went wrong
     got = [line.strip() for line in trace.splitlines() if not LOOKAHEAD_LINE.match(line.strip())]
@@ -533,7 +565,11 @@ def true_lines(
 
 
 def check_trace(
-    problem: Problem, response: str, style: str | None = None, tries: Sequence[Attempt] = ()
+    problem: Problem,
+    response: str,
+    style: str | None = None,
+    tries: Sequence[Attempt] = (),
+    truth: str | None = None,
 ) -> tuple[int, str | None]:
     """Where a response's trace first departs from the true trace of the plan it chooses:
     (number of correct lines before it, the kind of error or None if the trace is right; see
@@ -542,12 +578,13 @@ def check_trace(
     what the cell holds, or the cell its move enters. style: the trace's (see STYLES); None
     reads it from the trace's first line. A look-ahead block's lines (`LOOKAHEAD_LINE`) are
     left out of the comparison. tries: the failed attempts a retrying relay trace is checked
-    against (`env.relay.check_trace` passes the rule's)."""
+    against (`env.relay.check_trace` passes the rule's); truth: the true trace of one that
+    ends on NO_ORDER (`true_lines`)."""
     trace = thinking_text(response)
     if trace is None:
         return 0, "no_trace"
     style = detect_style(trace) if style is None else style
-    lines = true_lines(problem, trace, style, tries)
+    lines = true_lines(problem, trace, style, tries, truth)
     if lines is None:
         return 0, "unreadable"
     got, want = lines

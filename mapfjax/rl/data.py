@@ -83,21 +83,29 @@ def responses(
 ) -> list[str | None]:
     """Each problem's `response`; `answers` (per-problem action lists) default to the oracle's,
     which is not called with a look-ahead: the form runs once per puzzle, and a puzzle it finds
-    no plan for gets None (callers leave it out and count it)."""
+    no plan for gets None (callers leave it out and count it). A form's trace that ends where
+    every order fails (`Lookahead.ended`, `relay_retry_end`) is followed by `answers`' plan
+    (the oracle's by default): the trace decides nothing there, and the answer stays valid."""
     ahead = lookahead if thinking else ""
     if ahead and ahead not in look.LOOKAHEADS:
         raise ValueError(f"lookahead {ahead!r}: allowed {sorted(look.LOOKAHEADS)}")
     if ahead:
+        found = [look.LOOKAHEADS[ahead](p) for p in problems]
+        ended = [j for j, f in enumerate(found) if f.plans is None and f.ended]
+        given = [answers[j] for j in ended] if answers is not None else None
+        others = dict(
+            zip(ended, given or oracle_answers([problems[j] for j in ended]), strict=True)
+        )
         out: list[str | None] = []
-        for p in problems:
-            found = look.LOOKAHEADS[ahead](p)
-            if found.plans is None:
+        for j, (p, f) in enumerate(zip(problems, found, strict=True)):
+            if f.plans is None and not f.ended:
                 out.append(None)
                 continue
+            plans = f.plans if f.plans is not None else others[j]
             body = trace.render_thinking(
-                p, found.plans, style, found.lines, found.order, found.where, found.tries
+                p, plans, style, f.lines, f.order, f.where, f.tries, f.ended
             )
-            out.append(body + text.render_answer(found.plans))
+            out.append(body + text.render_answer(plans))
         return out
     answers = oracle_answers(problems) if answers is None else answers
     return [

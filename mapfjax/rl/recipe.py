@@ -106,9 +106,10 @@ def check_recipe(cfg) -> None:
     allowed = " or ".join(repr(k) for k in lookahead.LOOKAHEADS)
     require("trace_lookahead", ahead, ok, f"'' (none), or {allowed} with thinking=True")
     share = cfg.sft.get("loop_lessons", 0.0)
-    ok = is_finite_real(share) and 0 <= share <= 1 and (share == 0 or ahead == "relay_retry")
+    retrying = ahead.startswith("relay_retry")
+    ok = is_finite_real(share) and 0 <= share <= 1 and (share == 0 or retrying)
     require("sft.loop_lessons", share, ok, "a share in [0, 1]; above 0 only with the "
-            "trace_lookahead 'relay_retry'")  # fmt: skip
+            "trace_lookahead 'relay_retry' or 'relay_retry_end'")  # fmt: skip
     if cfg.get("thinking", False) and not cfg.rl.train.get("enable_thinking", False):
         require("rl.train.enable_thinking", False, False, "True when thinking=True")
     for where in ("sft.env", "rl.env", "validation.env"):
@@ -193,7 +194,7 @@ def prepare(cfg, workdir) -> RunData:
             examples += extra
         return examples
 
-    lessons = cfg.sft.get("loop_lessons", 0.0) if ahead == "relay_retry" else 0.0
+    lessons = cfg.sft.get("loop_lessons", 0.0) if ahead.startswith("relay_retry") else 0.0
     parts = (tok_dir.name, cfg.sft.env, cfg.sft.instances, sft_holes, *mode)
     parts += (f"loop-lessons-{lessons}",) if lessons else ()
     sft_data = cached(

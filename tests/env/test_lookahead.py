@@ -152,7 +152,8 @@ def test_sft_data_with_a_lookahead_uses_the_search_s_plan_and_names_a_search_tha
     ):
         data.response(CROSS, None, thinking=True, lookahead="search")
     allowed = (
-        r"allowed \['priority', 'relay', 'relay_next', 'relay_retry', 'relay_where', 'search'\]"
+        r"allowed \['priority', 'relay', 'relay_next', 'relay_retry', 'relay_retry_end', "
+        r"'relay_where', 'search'\]"
     )
     with pytest.raises(ValueError, match=r"lookahead 'cbs': " + allowed):
         data.response(CROSS, None, thinking=True, lookahead="cbs")

@@ -281,10 +281,12 @@ def test_the_check_script_reads_relay_traces(tmp_path):
     from mapfjax.env import io, oracle
 
     probs = [oracle.label(DOC)[0], *(p for p in random_problems(12, 3) if relay.relay(p)[1])][:5]
-    io.save_instances(tmp_path / "inst.jsonl", probs)
+    swap = oracle.label(SWAP)[0]  # every order fails: the ending trace, then the oracle's answer
+    io.save_instances(tmp_path / "inst.jsonl", [*probs, swap])
     ev = tmp_path / "eval"
     ev.mkdir()
-    answers, rows = [], []
+    answers = [{"id": swap.id, "text": _end_response(swap)}]
+    rows = [{"id": swap.id, "valid": False}]
     for i, p in enumerate(probs):
         order, plans, _ = relay.relay(p)
         turn = trace.render_thinking(p, plans, "grid", order=order) + text.render_answer(plans)
@@ -298,7 +300,7 @@ def test_the_check_script_reads_relay_traces(tmp_path):
         cwd=pathlib.Path(__file__).resolve().parents[2], capture_output=True, text=True,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
-    first, fields = out.stdout.strip().split("\n\n")
+    first, fields, ends = out.stdout.strip().split("\n\n")
     table = [[c.strip() for c in x.split("|")[1:-1]] for x in first.splitlines()[2:]]
     col = {name: j for j, name in enumerate(first.splitlines()[0].split("|")[1:-1])}
     counts = [(k.strip(), j) for k, j in col.items() if 0 < j < len(col) - 1]
@@ -309,6 +311,8 @@ def test_the_check_script_reads_relay_traces(tmp_path):
     # every trace is right: no first wrong line in either run
     assert fields.splitlines()[2:] == [f"| {run} |" + " 0 |" * len(relay.LINE_FIELDS)
                                        for run in ("first run", "later run")]  # fmt: skip
+    # SWAP's trace ends right on `no order left`; its verdict here says invalid
+    assert ends.splitlines()[2].startswith("| 1 | 1 | 1 | 0.0 ")
 
 
 def test_a_second_move_closer_to_the_goal_keeps_the_rule():
@@ -586,3 +590,82 @@ def test_loop_counts_read_a_back_and_forth_from_the_text(tmp_path):
          "--labels=start,later"], capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert "| later | 3 | 0 | 0 | 0 | 3 | +33.3 [-20, 87] |" in out.stdout, out.stdout
+
+
+# Two agents swapping ends of a corridor with one side pocket: the oracle sends one into the
+# pocket, the relay's rule corners the second agent in either order.
+SWAP = Problem(
+    id="swap", grid=("FFF", "HFH", "HHH"), starts=((0, 0), (0, 2)), goals=((0, 2), (0, 0))
+)
+SWAP_TAIL = [
+    "t2 A0 (0, 0) taken UP off DOWN (1, 0) H LEFT off RIGHT (0, 1) taken = cornered",
+    "no order left",
+]
+
+
+def _end_response(p: Problem) -> str:
+    return data.responses([p], None, True, "grid", "relay_retry_end")[0]
+
+
+def test_a_trace_ends_when_every_order_fails_and_the_oracle_answers():
+    """Both orders of SWAP are cornered: the trace writes both attempts, then `no order left`,
+    and closes; the answer after it is the oracle's plan (valid), which the trace does not
+    choose. The retry form without the ending has no example for it."""
+    order, plans, tries, tried = relay.retry(SWAP)
+    assert plans is None and tried == 2 and [t.outcome for t in tries] == ["cornered"] * 2
+    assert relay.every_order_fails(SWAP) == tries
+    assert data.responses([SWAP], None, True, "grid", "relay_retry") == [None]
+    response = _end_response(SWAP)
+    body = trace.thinking_text(response)
+    assert body.splitlines()[-2:] == SWAP_TAIL and body.count("\nretry A1 A0\n") == 1
+    assert body == relay.rule_trace(SWAP, "grid")
+    assert trace.parse_trace(body, 2) == (None, trace.NO_ORDER)
+    answer, _ = text.parse_answer(response, 2)
+    assert answer is not None and simulate.simulate(SWAP, answer)["valid"]
+    assert relay.check(SWAP, response) == "right"
+    assert relay.check_trace(SWAP, response) == (len(body.splitlines()), None)
+    assert trace.trace_plan_outcome(SWAP, response) == ("no_plan", None)
+
+
+def test_every_ending_trace_reads_back_and_other_puzzles_keep_the_retry_trace():
+    """Over generated puzzles: where every order fails on a line the ending trace checks right
+    against the rule and its answer is a valid plan; elsewhere the form writes exactly the
+    retrying trace (or, as it, no example)."""
+    ended = 0
+    for p in random_problems(300, seed=13, sizes=(3, 4, 5, 6)):
+        (got,) = data.responses([p], None, True, "grid", "relay_retry_end")
+        if relay.every_order_fails(p) is None:
+            assert got == data.responses([p], None, True, "grid", "relay_retry")[0]
+            continue
+        ended += 1
+        body = trace.thinking_text(got)
+        assert body.endswith("\n" + trace.NO_ORDER) and relay.check(p, got) == "right"
+        assert relay.check_trace(p, got) == (len(body.splitlines()), None)
+        assert simulate.simulate(p, text.parse_answer(got, 2)[0])["valid"]
+    assert ended >= 2  # about 1 puzzle in 60 of this draw
+
+
+def test_a_wrong_ending_is_a_retry_error_and_a_broken_one_a_parse_error():
+    """`no order left` after CORNER's first failed attempt, where the next order has a plan,
+    is first wrong there; text after it, or the line with no failed run before it, is a parse
+    error with its reason, never a crash; render_trace refuses an ending without attempts."""
+    good = trace.thinking_text(_retry_response(CORNER))
+    early = good.split("\nretry A1 A0")[0] + "\nno order left"
+    response = f"<think>\n{early}\n</think>\n\n" + text.render_answer([[0, 1], [2, 4]])
+    assert trace.parse_trace(early, 2) == (None, trace.NO_ORDER)
+    assert relay.check(CORNER, response) == "retry"
+    assert relay.check_trace(CORNER, response)[1] is not None
+    ended = trace.thinking_text(_end_response(SWAP))
+    for bad, reason in [
+        (ended + "\nt1 A0 (0, 0)", "a line after 'no order left'"),
+        (good.replace("retry A1 A0", "no order left\nretry A1 A0"), "a line after"),
+        (good + "\nno order left", "not a relay line: 'no order left'"),
+    ]:
+        plans, why = trace.parse_trace(bad, 2)
+        assert plans is None and reason in why
+        assert relay.check(SWAP, f"<think>\n{bad}\n</think>\n") == "unreadable"
+    tries = relay.retry(SWAP)[2]
+    with pytest.raises(ValueError, match="ended: a trace that ends on NO_ORDER has tries"):
+        trace.render_trace(SWAP, [[], []], "grid", ended=True)
+    with pytest.raises(ValueError, match="ended: a trace that ends on NO_ORDER has tries"):
+        trace.render_trace(SWAP, [[], []], "grid", order=(0, 1), tries=tries, ended=True)

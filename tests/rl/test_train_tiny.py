@@ -85,7 +85,7 @@ BAD_RECIPES = [
     ("dtype", "float7", r"dtype = 'float7'"),
     ("trace_style", "cells", r"trace_style = 'cells'; allowed: one of \('holes', 'rows', 'grid'\)"),
     ("trace_lookahead", "cbs", r"trace_lookahead = 'cbs'; allowed: '' \(none\), or 'search' or"),
-    ("trace_lookahead", "search", r"'relay_retry' with thinking=True"),  # quick: no thinking
+    ("trace_lookahead", "search", r"'relay_retry_end' with thinking=True"),  # quick: no thinking
     ("init", "/nonexistent", r"init = '/nonexistent'; allowed: a model directory or ''"),
     ("sft.exclude", ("/nonexistent.jsonl",), r"sft\.exclude = '/nonexistent\.jsonl'; allowed: "),
     ("sft.completion_multiple", 0, r"sft\.completion_multiple = 0; allowed: an integer >= 1"),

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# PLAN_end.md (results/go_no_go): the retrying relay from scratch, its trace also ending on
+# `no order left` where every order fails (configs/tiny_model.py:trace_end_scratch), its greedy
+# answers on the gate's 400 puzzles against trace_wait's, checked line by line and counted for
+# traces that never close, then arm U (F's flags) from it on a new held-out draw with its no-wait
+# mismatched arm, and beside the shipped model.
+# Resumable: the same command goes on where it stood.
+#
+#   bash launch/trace_end.sh   # SFT about 3.6 h on 2 CPU cores (resumable), then about 1 h
+set -euo pipefail
+source launch/arms.sh
+START=runs/tiny_trace_end_scratch/export
+EVAL=runs/trace_end_scratch_eval
+H=results/go_no_go/held_out_400.jsonl
+
+built $START || python launch/train_tiny.py --config configs/tiny_model.py:trace_end_scratch
+held_out_answers $START $EVAL
+mkdir -p $R/trace_end
+python launch/compare_evals.py --instances $H --sizes 3-6 --split_wait \
+  --evals $R/trace_wait_kl0.1_wait0.5/matched/start/validation.json,$EVAL \
+  --labels "trace_wait,trace_end_scratch (6000 from scratch)" --out $R/trace_end/comparison.md
+python launch/lookahead_check.py --instances $H --eval $EVAL --form relay_retry_end \
+  --out $R/trace_end/retry_check.md
+python launch/loop_count.py --answers $EVAL/answers.jsonl --labels trace_end_scratch \
+  --out $R/trace_end/loops.md
+gate "${TRACE_WAIT[@]}" --policy $START --groups 32 --lr 1e-4 --updates 7 --seed 14 \
+  --held_out_seed 12362 --mismatched no_wait --mismatched_when always --workdir runs/gng_end \
+  --out $R/trace_end_fstep
+vs_shipped $R/trace_end_fstep runs/gng_end "GRPO (U: F's flags; seed 14)" "ending 6000"
