@@ -24,6 +24,20 @@ held_out_answers() {  # START EVAL: START's greedy answers on the gate's 400 puz
     --answers_out "$2/answers.jsonl"
 }
 
+read_start() {  # RECIPE START EVAL OUT LABEL [FORM]: START built by the train_tiny.py config
+  # RECIPE unless built, its greedy answers on the gate's 400 into EVAL (held_out_answers),
+  # paired with trace_wait's committed ones in OUT/comparison.md (START labelled LABEL) and
+  # checked line by line in OUT/retry_check.md (lookahead_check.py --form FORM, default relay)
+  built "$2" || python launch/train_tiny.py --config "$1"
+  held_out_answers "$2" "$3"
+  mkdir -p "$4"
+  python launch/compare_evals.py --instances $R/held_out_400.jsonl --sizes 3-6 --split_wait \
+    --evals "$R/trace_wait_kl0.1_wait0.5/matched/start/validation.json,$3" \
+    --labels "trace_wait,$5" --out "$4/comparison.md"
+  python launch/lookahead_check.py --instances $R/held_out_400.jsonl --eval "$3" \
+    --form "${6:-relay}" --out "$4/retry_check.md"
+}
+
 build_start() {  # TRACE_WAIT's start by the trace recipe (about 8,000 SFT updates of 16: hours
   # on 2 CPU cores, minutes on a GPU); each step resumes or is skipped when built; EXTRA="..."
   # adds recipe flags to each

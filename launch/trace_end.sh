@@ -11,16 +11,9 @@ set -euo pipefail
 source launch/arms.sh
 START=runs/tiny_trace_end_scratch/export
 EVAL=runs/trace_end_scratch_eval
-H=results/go_no_go/held_out_400.jsonl
 
-built $START || python launch/train_tiny.py --config configs/tiny_model.py:trace_end_scratch
-held_out_answers $START $EVAL
-mkdir -p $R/trace_end
-python launch/compare_evals.py --instances $H --sizes 3-6 --split_wait \
-  --evals $R/trace_wait_kl0.1_wait0.5/matched/start/validation.json,$EVAL \
-  --labels "trace_wait,trace_end_scratch (6000 from scratch)" --out $R/trace_end/comparison.md
-python launch/lookahead_check.py --instances $H --eval $EVAL --form relay_retry_end \
-  --out $R/trace_end/retry_check.md
+read_start configs/tiny_model.py:trace_end_scratch $START $EVAL $R/trace_end \
+  "trace_end_scratch (6000 from scratch)" relay_retry_end
 python launch/loop_count.py --answers $EVAL/answers.jsonl --labels trace_end_scratch \
   --out $R/trace_end/loops.md
 gate "${TRACE_WAIT[@]}" --policy $START --groups 32 --lr 1e-4 --updates 7 --seed 14 \

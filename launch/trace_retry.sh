@@ -11,17 +11,9 @@
 set -euo pipefail
 source launch/arms.sh
 START=runs/tiny_trace_retry_scratch/export
-EVAL=runs/trace_retry_scratch_eval
-H=results/go_no_go/held_out_400.jsonl
 
-built $START || python launch/train_tiny.py --config configs/tiny_model.py:trace_retry_scratch
-held_out_answers $START $EVAL
-mkdir -p $R/trace_retry
-python launch/compare_evals.py --instances $H --sizes 3-6 --split_wait \
-  --evals $R/trace_wait_kl0.1_wait0.5/matched/start/validation.json,$EVAL \
-  --labels "trace_wait,trace_retry_scratch (6000 from scratch)" --out $R/trace_retry/comparison.md
-python launch/lookahead_check.py --instances $H --eval $EVAL --form relay \
-  --out $R/trace_retry/retry_check.md
+read_start configs/tiny_model.py:trace_retry_scratch $START runs/trace_retry_scratch_eval \
+  $R/trace_retry "trace_retry_scratch (6000 from scratch)"
 # every arm from it takes F's flags; R and R2 with the no-wait mismatch, run always (the plan's
 # amendment ran R's after R was read)
 RETRY=("${TRACE_WAIT[@]}" --policy $START --groups 32 --lr 1e-4)

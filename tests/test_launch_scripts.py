@@ -300,3 +300,26 @@ def test_held_out_answers_evaluates_a_start_on_the_gates_puzzles_once(tmp_path):
                  "--instances results/go_no_go/held_out_400.jsonl", "--out_dir runs/s_eval",
                  "--answers_out runs/s_eval/answers.jsonl"):  # fmt: skip
         assert flag in calls[0]
+
+
+def test_read_start_builds_evaluates_compares_and_checks_a_start(tmp_path):
+    """A start built by its recipe unless built (VALIDATION.md), then its answers on the gate's
+    400, compared with trace_wait's and checked line by line by the form given (relay by
+    default)."""
+    body = 'read_start cfg.py:v runs/s/export runs/s_eval out "s (6000)" relay_retry_end\n'
+    body += "mkdir -p runs/t/export && touch runs/t/export/VALIDATION.md\n"
+    body += 'read_start cfg.py:w runs/t/export runs/t_eval out2 "t"'
+    out = _bash(tmp_path, body)
+    assert out.returncode == 0, out.stderr
+    calls = (tmp_path / "calls.txt").read_text().splitlines()
+    assert [c.split()[0] for c in calls] == [
+        "launch/train_tiny.py", "launch/evaluate.py", "launch/compare_evals.py",
+        "launch/lookahead_check.py", "launch/evaluate.py", "launch/compare_evals.py",
+        "launch/lookahead_check.py",
+    ]  # fmt: skip
+    assert calls[0] == "launch/train_tiny.py --config cfg.py:v"
+    want = "trace_wait_kl0.1_wait0.5/matched/start/validation.json,runs/s_eval"
+    assert want in calls[2] and "--labels trace_wait,s (6000) --out out/comparison.md" in calls[2]
+    assert calls[3].endswith("--eval runs/s_eval --form relay_retry_end --out out/retry_check.md")
+    assert calls[6].endswith("--eval runs/t_eval --form relay --out out2/retry_check.md")
+    assert (tmp_path / "out2").is_dir()
