@@ -92,10 +92,10 @@ def responses(
     if ahead:
         found = [look.LOOKAHEADS[ahead](p) for p in problems]
         ended = [j for j, f in enumerate(found) if f.plans is None and f.ended]
-        given = [answers[j] for j in ended] if answers is not None else None
-        others = dict(
-            zip(ended, given or oracle_answers([problems[j] for j in ended]), strict=True)
-        )
+        if answers is None:
+            others = dict(zip(ended, oracle_answers([problems[j] for j in ended]), strict=True))
+        else:
+            others = {j: answers[j] for j in ended}
         out: list[str | None] = []
         for j, (p, f) in enumerate(zip(problems, found, strict=True)):
             if f.plans is None and not f.ended:

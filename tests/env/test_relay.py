@@ -625,6 +625,9 @@ def test_a_trace_ends_when_every_order_fails_and_the_oracle_answers():
     assert relay.check(SWAP, response) == "right"
     assert relay.check_trace(SWAP, response) == (len(body.splitlines()), None)
     assert trace.trace_plan_outcome(SWAP, response) == ("no_plan", None)
+    mine = [[4, 4], [3, 3]]  # answers given: the ending trace, then that answer (not the oracle's)
+    given = data.responses([SWAP], [mine], True, "grid", "relay_retry_end")[0]
+    assert given == f"<think>\n{body}\n</think>\n\n" + text.render_answer(mine)
 
 
 def test_every_ending_trace_reads_back_and_other_puzzles_keep_the_retry_trace():
