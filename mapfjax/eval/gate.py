@@ -157,6 +157,7 @@ class Arm:
     # optimal bonus sets them apart; `report.reward_signal`); None when no group was logged
     bonus_only: float | None = None
     held_out: int = 0  # which held-out set (numbered by first use in name order) it ran on
+    draw: int | None = None  # that set's validation seed: its name that new arms do not change
 
 
 def _policy_name(path: str) -> str:
@@ -237,11 +238,17 @@ def arms(results) -> list[Arm]:
                 parses=_parse_rate(start_rows),
                 bonus_only=every / mixed if mixed else None,
                 held_out=held_out,
+                draw=seed,
             )
         )
     if not out:
         raise ValueError(f"{results}: no finished arm (<name>/<arm>/run_config.json, start, round)")
     return out
+
+
+def _draw_text(arm: Arm) -> str:
+    """'draw <validation seed>, ' naming the arm's held-out set, or '' when its config has none."""
+    return "" if arm.draw is None else f"draw {arm.draw}, "
 
 
 def arms_markdown(found: list[Arm], min_gain: float = 0.05, budget_minutes: float = 30.0) -> str:
@@ -269,13 +276,13 @@ def arms_markdown(found: list[Arm], min_gain: float = 0.05, budget_minutes: floa
             ]
             for a in arms_k
         ]  # fmt: skip
-        n = arms_k[0].start.n
+        n, draw = arms_k[0].start.n, _draw_text(arms_k[0])
         if len(sets) == 1:
-            title = f"Greedy valid on the same {n} held-out puzzles, 95 % intervals."
+            title = f"Greedy valid on the same {n} held-out puzzles ({draw}95 % intervals)."
         else:
             title = (
-                f"Held-out set {k + 1} ({n} puzzles, first used by `{arms_k[0].name}`): greedy "
-                "valid, 95 % intervals; changes are paired within the set, not across sets."
+                f"Held-out set {k + 1} ({draw}{n} puzzles, first used by `{arms_k[0].name}`): "
+                "greedy valid, 95 % intervals; changes are paired within the set, not across sets."
             )
         blocks.append(f"{title}\n\n" + stats.markdown_table(header, rows) + "\n")
     return "\n".join(blocks)
@@ -385,11 +392,13 @@ def plot_arms(found: list[Arm], path, min_gain: float = 0.05) -> None:
     gate_label = f"gate: +{100 * min_gain:g} points"
     ax.axvline(100 * min_gain, color="tab:green", ls="--", lw=0.8, label=gate_label)
     several = len({a.held_out for a in found}) > 1  # then each label names its held-out set
-    labels = [
-        (f"[set {a.held_out + 1}] " if several else "")
-        + f"{a.policy}: {a.settings}, {a.updates} updates"
-        for a in found
-    ]
+
+    def label(a: Arm) -> str:
+        what = f"{a.policy}: {a.settings}, {a.updates} updates"
+        draw = "" if a.draw is None else f", draw {a.draw}"
+        return f"[set {a.held_out + 1}{draw}] {what}" if several else what
+
+    labels = [label(a) for a in found]
     ax.set_yticks(ys, labels, fontsize=8)
     ax.set_xlabel("held-out greedy valid,\nafter GRPO minus start\n(points, paired, 95 %)")
     ax.legend(loc="upper left", fontsize=8)

@@ -187,13 +187,12 @@ def test_arms_on_other_puzzles_form_their_own_set(tmp_path):
     assert [a.held_out, b.held_out, c.held_out, d.held_out] == [0, 1, 2, 2]
     table = gate.arms_markdown([a, b, c, d])
     titles = [line for line in table.splitlines() if line.startswith("Held-out set")]
+    assert [a.draw, b.draw, c.draw, d.draw] == [None, None, 12348, 12348]
+    tail = "greedy valid, 95 % intervals; changes are paired within the set, not across sets."
     assert titles == [
-        "Held-out set 1 (400 puzzles, first used by `a/matched`): greedy valid, 95 % intervals; "
-        "changes are paired within the set, not across sets.",
-        "Held-out set 2 (300 puzzles, first used by `b/matched`): greedy valid, 95 % intervals; "
-        "changes are paired within the set, not across sets.",
-        "Held-out set 3 (400 puzzles, first used by `c/matched`): greedy valid, 95 % intervals; "
-        "changes are paired within the set, not across sets.",
+        f"Held-out set 1 (400 puzzles, first used by `a/matched`): {tail}",
+        f"Held-out set 2 (300 puzzles, first used by `b/matched`): {tail}",
+        f"Held-out set 3 (draw 12348, 400 puzzles, first used by `c/matched`): {tail}",
     ]
     # each arm's row stands under its own set's title
     assert table.index("| c/matched |") > table.index(titles[2]) > table.index("| b/matched |")
