@@ -27,4 +27,4 @@ BUDGET_S=1620  # 27 minutes at the mean: the first update compiles (2 min) and s
 kept_count $R/trace_end_v_count.txt V_UPDATES updates_that_fit runs/gng_end/matched
 gate "${TRACE_WAIT[@]}" --policy $START --groups 32 --lr 1e-4 --updates "$V_UPDATES" --seed 15 \
   --held_out_seed 12363 --mismatched_when gain --workdir runs/gng_end_v --out $R/trace_end_v
-vs_shipped $R/trace_end_v runs/gng_end_v "GRPO (V: U's flags, $V_UPDATES updates; seed 15)" "ending 6000"
+vs_shipped $R/trace_end_v runs/gng_end_v "GRPO (V: U's flags; $V_UPDATES updates; seed 15)" "ending 6000"
