@@ -246,9 +246,10 @@ def arms(results) -> list[Arm]:
     return out
 
 
-def _draw_text(arm: Arm) -> str:
-    """'draw <validation seed>, ' naming the arm's held-out set, or '' when its config has none."""
-    return "" if arm.draw is None else f"draw {arm.draw}, "
+def _draw_name(arm: Arm) -> list[str]:
+    """['draw <validation seed>'], the name of the arm's held-out set; [] when its config has
+    no validation seed."""
+    return [] if arm.draw is None else [f"draw {arm.draw}"]
 
 
 def arms_markdown(found: list[Arm], min_gain: float = 0.05, budget_minutes: float = 30.0) -> str:
@@ -276,13 +277,15 @@ def arms_markdown(found: list[Arm], min_gain: float = 0.05, budget_minutes: floa
             ]
             for a in arms_k
         ]  # fmt: skip
-        n, draw = arms_k[0].start.n, _draw_text(arms_k[0])
+        n, draw = arms_k[0].start.n, _draw_name(arms_k[0])
         if len(sets) == 1:
-            title = f"Greedy valid on the same {n} held-out puzzles ({draw}95 % intervals)."
+            title = ", ".join([f"Greedy valid on the same {n} held-out puzzles", *draw])
+            title += ", 95 % intervals."
         else:
+            what = ", ".join([*draw, f"{n} puzzles", f"first used by `{arms_k[0].name}`"])
             title = (
-                f"Held-out set {k + 1} ({draw}{n} puzzles, first used by `{arms_k[0].name}`): "
-                "greedy valid, 95 % intervals; changes are paired within the set, not across sets."
+                f"Held-out set {k + 1} ({what}): greedy valid, 95 % intervals; changes are "
+                "paired within the set, not across sets."
             )
         blocks.append(f"{title}\n\n" + stats.markdown_table(header, rows) + "\n")
     return "\n".join(blocks)
@@ -395,8 +398,8 @@ def plot_arms(found: list[Arm], path, min_gain: float = 0.05) -> None:
 
     def label(a: Arm) -> str:
         what = f"{a.policy}: {a.settings}, {a.updates} updates"
-        draw = "" if a.draw is None else f", draw {a.draw}"
-        return f"[set {a.held_out + 1}{draw}] {what}" if several else what
+        name = ", ".join([f"set {a.held_out + 1}", *_draw_name(a)])
+        return f"[{name}] {what}" if several else what
 
     labels = [label(a) for a in found]
     ax.set_yticks(ys, labels, fontsize=8)
