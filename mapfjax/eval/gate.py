@@ -158,6 +158,10 @@ class Arm:
     bonus_only: float | None = None
     held_out: int = 0  # which held-out set (numbered by first use in name order) it ran on
     draw: int | None = None  # that set's validation seed: its name that new arms do not change
+    # the sampled valid share of the training rollouts (fresh puzzles each update), mean over the
+    # first k and the last k updates (k = min(5, updates // 2)): (first, last, k); None when
+    # fewer than 2 updates logged it
+    rollouts: tuple[float, float, int] | None = None
 
 
 def _policy_name(path: str) -> str:
@@ -239,11 +243,20 @@ def arms(results) -> list[Arm]:
                 bonus_only=every / mixed if mixed else None,
                 held_out=held_out,
                 draw=seed,
+                rollouts=_rollouts(curve),
             )
         )
     if not out:
         raise ValueError(f"{results}: no finished arm (<name>/<arm>/run_config.json, start, round)")
     return out
+
+
+def _rollouts(curve, most: int = 5) -> tuple[float, float, int] | None:
+    valid = [row["valid_rate"] for _, row in curve if "valid_rate" in row]
+    k = min(most, len(valid) // 2)
+    if k == 0:
+        return None
+    return sum(valid[:k]) / k, sum(valid[-k:]) / k, k
 
 
 def _draw_name(arm: Arm) -> list[str]:
@@ -252,14 +265,23 @@ def _draw_name(arm: Arm) -> list[str]:
     return [] if arm.draw is None else [f"draw {arm.draw}"]
 
 
+def _rollouts_text(rollouts) -> str:
+    if rollouts is None:
+        return "-"
+    first, last, k = rollouts
+    return f"{100 * first:.1f} -> {100 * last:.1f} (k={k})"
+
+
 def arms_markdown(found: list[Arm], min_gain: float = 0.05, budget_minutes: float = 30.0) -> str:
     """The arms as one table per held-out set: start, settings, start and end rates, the
-    paired change, the share of the gradient's groups that every sample solved (told apart by
-    the bonus alone), and the gate's two criteria apart: the gain, and the updates' wall time
-    within the budget."""
+    paired change, the training rollouts' sampled valid share over the first and the last
+    updates (`Arm.rollouts`), the share of the gradient's groups that every sample solved (told
+    apart by the bonus alone), and the gate's two criteria apart: the gain, and the updates'
+    wall time within the budget."""
     header = ["arm", "start", "settings", "updates", "start parses %", "start valid %"]
     header += ["end valid %"]
-    header += ["change (points, paired)", "groups apart only by the optimal bonus %"]
+    header += ["change (points, paired)", "training rollouts valid %, first -> last k updates"]
+    header += ["groups apart only by the optimal bonus %"]
     header += [f"gain >= {100 * min_gain:g}, interval > 0", f"updates <= {budget_minutes:g} min"]
     sets = sorted({a.held_out for a in found})
     blocks = []
@@ -271,6 +293,7 @@ def arms_markdown(found: list[Arm], min_gain: float = 0.05, budget_minutes: floa
                 stats.interval_text(a.parses),
                 stats.interval_text(a.start), stats.interval_text(a.end),
                 stats.interval_text(a.change, signed=True),
+                _rollouts_text(a.rollouts),
                 "-" if a.bonus_only is None else f"{100 * a.bonus_only:.0f}",
                 "yes" if a.change.value >= min_gain and a.change.low > 0 else "no",
                 "yes" if a.minutes <= budget_minutes else "no",

@@ -92,11 +92,13 @@ def test_runs_must_share_start_and_puzzles(tmp_path):
 def _arm(results, name, start, end, lr=1e-4, kl=0.0, trace_loss="all", seconds=(30.0, 40.0),
          objective="grpo", temperature=1.0, groups=8, bonus=None, logged=(),
          seed=None, lora=0, held_out_seed=None, top_p=None, optimizer=None,
-         screen=None):  # fmt: skip
+         screen=None, valid_rates=()):  # fmt: skip
     run = results / name / "matched"
     _write(run, "start", start, {0: gate.PARSE_ERROR})
     _write(run, "round_0", end)
     metrics = [{"step": i + 1, "seconds": s} for i, s in enumerate(seconds)]
+    for row, rate in zip(metrics, valid_rates, strict=False):  # the rollouts' valid share
+        row["valid_rate"] = rate
     if logged:  # the sampled groups of the first update: [size, valid, sum |A|, mixed]
         metrics[0]["groups"] = [list(x) for x in logged]
     (run / "round_0" / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
@@ -162,16 +164,17 @@ def test_arms_summarise_every_finished_arm(tmp_path):
     assert a.change.value == 0 and a.parses.value == pytest.approx(399 / 400)
     # 3 groups carry a gradient, 1 of them with every sample valid: told apart by the bonus only
     assert f.bonus_only == pytest.approx(1 / 3) and a.bonus_only is None
-    assert gate.arms_markdown([f]).rstrip().endswith("| 0.0 [0, 0] | 33 | no | yes |")
+    assert gate.arms_markdown([f]).rstrip().endswith("| 0.0 [0, 0] | - | 33 | no | yes |")
     want = stats.paired_proportion_difference(list(gain), list(start))
     assert b.change.value == pytest.approx(want.value) and b.end.value == pytest.approx(gain.mean())
     table = gate.arms_markdown([a, b])
     assert table.startswith("Greedy valid on the same 400 held-out puzzles")
     lines = table.strip().splitlines()
     # b gains ~10 points, a none; both within the budget
-    assert lines[-1].endswith("| - | yes | yes |") and lines[-2].endswith("| - | no | yes |")
+    assert lines[-1].endswith("| - | - | yes | yes |")
+    assert lines[-2].endswith("| - | - | no | yes |")
     slow = gate.arms_markdown([a, b], budget_minutes=0.0).strip().splitlines()[-1]
-    assert b.minutes > 0 and slow.endswith("| - | yes | no |")  # the gain, but past the budget
+    assert b.minutes > 0 and slow.endswith("| - | - | yes | no |")  # the gain, but past the budget
     gate.plot_arms([a, b], tmp_path / "arms.png")
     assert (tmp_path / "arms.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -354,3 +357,19 @@ def test_budget_check_script_without_truncated_answers_reruns_nothing(tmp_path):
     inst.write_text(json.dumps({"id": "p0"}) + "\n")
     out = subprocess.run(args, capture_output=True, text=True, cwd=root)
     assert out.returncode != 0 and "lacks the arm's puzzles ['p3']" in out.stderr
+
+
+def test_arms_report_the_training_rollouts_first_and_last_updates(tmp_path):
+    start = _draw(0.3, seed=1)
+    # five updates logging their rollouts' valid share: k = 2, the middle one in neither mean
+    _arm(tmp_path, "a", start, start, seconds=(30.0,) * 5, valid_rates=(0.5, 0.6, 0.9, 0.7, 0.9))
+    _arm(tmp_path, "b", start, start, seconds=(30.0,) * 12, valid_rates=(0.5,) * 5 + (0.8,) * 7)
+    _arm(tmp_path, "c", start, start, seconds=(30.0,) * 3, valid_rates=(0.5,))  # one: no mean
+    _arm(tmp_path, "d", start, start)  # none logged
+    a, b, c, d = gate.arms(tmp_path)
+    assert a.rollouts == pytest.approx((0.55, 0.8, 2))
+    assert b.rollouts == pytest.approx((0.5, 0.8, 5))  # at most 5 updates each side
+    assert c.rollouts is None and d.rollouts is None
+    rows = gate.arms_markdown([a, b, c, d]).strip().splitlines()[-4:]
+    assert "| 55.0 -> 80.0 (k=2) |" in rows[0] and "| 50.0 -> 80.0 (k=5) |" in rows[1]
+    assert all(len(r.split("|")) == len(rows[0].split("|")) for r in rows)
