@@ -29,6 +29,7 @@ from mapfjax.eval.report import (
     training_curves,
     valid_by_id,
     validation_rows,
+    window_shares,
 )
 
 PARSE_ERROR = "parse_error"
@@ -158,9 +159,9 @@ class Arm:
     bonus_only: float | None = None
     held_out: int = 0  # which held-out set (numbered by first use in name order) it ran on
     draw: int | None = None  # that set's validation seed: its name that new arms do not change
-    # the sampled valid share of the training rollouts (fresh puzzles each update), mean over the
-    # first k and the last k updates (k = min(5, updates // 2)): (first, last, k); None when
-    # fewer than 2 updates logged it
+    # mean@G of the training rollouts (each sampled group's valid share; fresh puzzles each
+    # update) over the first and the last w updates, w as in the arm's report.md
+    # (`report.window_shares`): (first, last, w); None when no group outcome was logged
     rollouts: tuple[float, float, int] | None = None
 
 
@@ -228,7 +229,8 @@ def arms(results) -> list[Arm]:
         seed = config.get("validation", {}).get("seed")
         held_out = sets.setdefault((seed, frozenset(start)), len(sets))
         curve = training_curves(workdir)
-        _, mixed, every, _ = mixed_groups(curve, config.get("train", {}).get("group_size", 8))
+        group_size = config.get("train", {}).get("group_size", 8)
+        _, mixed, every, _ = mixed_groups(curve, group_size)
         out.append(
             Arm(
                 name=f"{workdir.parent.name}/{workdir.name}",
@@ -243,7 +245,7 @@ def arms(results) -> list[Arm]:
                 bonus_only=every / mixed if mixed else None,
                 held_out=held_out,
                 draw=seed,
-                rollouts=_rollouts(curve),
+                rollouts=_rollouts(curve, group_size),
             )
         )
     if not out:
@@ -251,12 +253,13 @@ def arms(results) -> list[Arm]:
     return out
 
 
-def _rollouts(curve, most: int = 5) -> tuple[float, float, int] | None:
-    valid = [row["valid_rate"] for _, row in curve if "valid_rate" in row]
-    k = min(most, len(valid) // 2)
-    if k == 0:
+def _rollouts(curve, group_size: int) -> tuple[float, float, int] | None:
+    if not curve:
         return None
-    return sum(valid[:k]) / k, sum(valid[-k:]) / k, k
+    w, first, last = window_shares(curve, group_size)
+    if not first or not last:
+        return None
+    return sum(first) / len(first), sum(last) / len(last), w
 
 
 def _draw_name(arm: Arm) -> list[str]:
@@ -269,7 +272,7 @@ def _rollouts_text(rollouts) -> str:
     if rollouts is None:
         return "-"
     first, last, k = rollouts
-    return f"{100 * first:.1f} -> {100 * last:.1f} (k={k})"
+    return f"{100 * first:.1f} -> {100 * last:.1f} (w={k})"
 
 
 def arms_markdown(found: list[Arm], min_gain: float = 0.05, budget_minutes: float = 30.0) -> str:
@@ -280,7 +283,7 @@ def arms_markdown(found: list[Arm], min_gain: float = 0.05, budget_minutes: floa
     wall time within the budget."""
     header = ["arm", "start", "settings", "updates", "start parses %", "start valid %"]
     header += ["end valid %"]
-    header += ["change (points, paired)", "training rollouts valid %, first -> last k updates"]
+    header += ["change (points, paired)", "training rollouts mean@G %, first -> last w updates"]
     header += ["groups apart only by the optimal bonus %"]
     header += [f"gain >= {100 * min_gain:g}, interval > 0", f"updates <= {budget_minutes:g} min"]
     sets = sorted({a.held_out for a in found})

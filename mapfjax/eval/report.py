@@ -207,7 +207,7 @@ def training_curves(workdir: pathlib.Path) -> list[tuple[int, dict]]:
 STALL_POINTS, STALL_UPDATES = 10.0, 300
 
 
-def _window_shares(curve: list[tuple[int, dict]], group_size: int, window: int = 30):
+def window_shares(curve: list[tuple[int, dict]], group_size: int, window: int = 30):
     """(w, first, last): each sampled group's valid share over the first and the last w
     updates, w = `window` or a quarter of the run when it is shorter than 4 x window."""
     w = max(1, min(window, len(curve) // 4))
@@ -223,7 +223,7 @@ def rollout_trend(curve: list[tuple[int, dict]], group_size: int, window: int = 
     this learning rate has stalled."""
     if not curve:
         return "No training updates logged."
-    w, first, last = _window_shares(curve, group_size, window)
+    w, first, last = window_shares(curve, group_size, window)
     if not first or not last:
         return "The metrics carry no per-group outcomes (written before they were logged)."
     a, b = stats.bounded_mean(first), stats.bounded_mean(last)
@@ -416,7 +416,7 @@ def compare_runs(workdirs: list[pathlib.Path], labels: list[str] | None = None) 
             line.append(stats.interval_text(paired_change(mine, ref), signed=True))
         g = _group_size(w) if w is not None else None
         if curve and g:
-            _, early, late = _window_shares(curve, g)
+            _, early, late = window_shares(curve, g)
             line.append(stats.interval_text(stats.mean_difference(late, early), signed=True))
         else:
             line.append("-")

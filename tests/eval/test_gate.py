@@ -9,6 +9,7 @@ import pytest
 
 from mapfjax import stats
 from mapfjax.eval import gate
+from mapfjax.rl.metrics import GroupOutcome
 
 
 def _write(run, label, valid, failures=None):
@@ -92,13 +93,13 @@ def test_runs_must_share_start_and_puzzles(tmp_path):
 def _arm(results, name, start, end, lr=1e-4, kl=0.0, trace_loss="all", seconds=(30.0, 40.0),
          objective="grpo", temperature=1.0, groups=8, bonus=None, logged=(),
          seed=None, lora=0, held_out_seed=None, top_p=None, optimizer=None,
-         screen=None, valid_rates=()):  # fmt: skip
+         screen=None, valid_counts=()):  # fmt: skip
     run = results / name / "matched"
     _write(run, "start", start, {0: gate.PARSE_ERROR})
     _write(run, "round_0", end)
     metrics = [{"step": i + 1, "seconds": s} for i, s in enumerate(seconds)]
-    for row, rate in zip(metrics, valid_rates, strict=False):  # the rollouts' valid share
-        row["valid_rate"] = rate
+    for row, valid in zip(metrics, valid_counts, strict=False):  # one 3x3 group of 8 an update
+        row["groups"] = [GroupOutcome(3, valid, 1.0, 0 < valid < 8).to_record()]
     if logged:  # the sampled groups of the first update: [size, valid, sum |A|, mixed]
         metrics[0]["groups"] = [list(x) for x in logged]
     (run / "round_0" / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
@@ -361,15 +362,15 @@ def test_budget_check_script_without_truncated_answers_reruns_nothing(tmp_path):
 
 def test_arms_report_the_training_rollouts_first_and_last_updates(tmp_path):
     start = _draw(0.3, seed=1)
-    # five updates logging their rollouts' valid share: k = 2, the middle one in neither mean
-    _arm(tmp_path, "a", start, start, seconds=(30.0,) * 5, valid_rates=(0.5, 0.6, 0.9, 0.7, 0.9))
-    _arm(tmp_path, "b", start, start, seconds=(30.0,) * 12, valid_rates=(0.5,) * 5 + (0.8,) * 7)
-    _arm(tmp_path, "c", start, start, seconds=(30.0,) * 3, valid_rates=(0.5,))  # one: no mean
-    _arm(tmp_path, "d", start, start)  # none logged
+    # the windows of the arm's report.md: a quarter of the run, at least 1 update, at most 30
+    _arm(tmp_path, "a", start, start, seconds=(30.0,) * 5, valid_counts=(4, 5, 8, 6, 7))
+    _arm(tmp_path, "b", start, start, seconds=(30.0,) * 12, valid_counts=(4,) * 5 + (6,) * 7)
+    _arm(tmp_path, "c", start, start, seconds=(30.0,) * 3, valid_counts=(4,))  # none in the last
+    _arm(tmp_path, "d", start, start)  # no group logged
     a, b, c, d = gate.arms(tmp_path)
-    assert a.rollouts == pytest.approx((0.55, 0.8, 2))
-    assert b.rollouts == pytest.approx((0.5, 0.8, 5))  # at most 5 updates each side
+    assert a.rollouts == pytest.approx((4 / 8, 7 / 8, 1))
+    assert b.rollouts == pytest.approx((4 / 8, 6 / 8, 3))
     assert c.rollouts is None and d.rollouts is None
     rows = gate.arms_markdown([a, b, c, d]).strip().splitlines()[-4:]
-    assert "| 55.0 -> 80.0 (k=2) |" in rows[0] and "| 50.0 -> 80.0 (k=5) |" in rows[1]
+    assert "| 50.0 -> 87.5 (w=1) |" in rows[0] and "| 50.0 -> 75.0 (w=3) |" in rows[1]
     assert all(len(r.split("|")) == len(rows[0].split("|")) for r in rows)
