@@ -254,9 +254,7 @@ def arms(results) -> list[Arm]:
 
 
 def _rollouts(curve, group_size: int) -> tuple[float, float, int] | None:
-    if not curve:
-        return None
-    w, first, last = window_shares(curve, group_size)
+    w, first, last = window_shares(curve, group_size)  # both empty for an empty curve
     if not first or not last:
         return None
     return sum(first) / len(first), sum(last) / len(last), w
@@ -271,8 +269,8 @@ def _draw_name(arm: Arm) -> list[str]:
 def _rollouts_text(rollouts) -> str:
     if rollouts is None:
         return "-"
-    first, last, k = rollouts
-    return f"{100 * first:.1f} -> {100 * last:.1f} (w={k})"
+    first, last, w = rollouts
+    return f"{100 * first:.1f} -> {100 * last:.1f} (w={w})"
 
 
 def arms_markdown(found: list[Arm], min_gain: float = 0.05, budget_minutes: float = 30.0) -> str:
