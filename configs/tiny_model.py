@@ -55,6 +55,7 @@ VARIANTS = (
     *("trace_relay_scratch", "trace_relay_next_scratch", "trace_retry_scratch"),
     "trace_retry_lessons",
     "trace_end_scratch",
+    "trace_end_wide",
 )
 
 
@@ -315,6 +316,15 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.trace_lookahead = "relay_retry_end"
         c.workdir = "runs/tiny_trace_end_scratch"
         c.out_dir = "runs/tiny_trace_end_scratch/export"
+    if arg == "trace_end_wide":
+        # The ending start made twice as wide by a function-preserving growth (`python -m
+        # mapfjax.models.grow runs/tiny_trace_end_scratch/export runs/tiny_trace_end_wide_init
+        # --width 2`: hidden 256, 8 heads, 768 MLP units, 4.9M parameters against 1.3M),
+        # continued for 1,500 updates: capacity, the one axis of the recipe GRPO from the trace
+        # policy has not been tried on (results/go_no_go/PLAN_wide.md). About 4.3 s an update on
+        # 2 cores (1.7 s at width 128).
+        continue_from(c, "runs/tiny_trace_end_wide_init", "trace_end_wide", 101, 0.5, 24576, 1500)
+        c.trace_lookahead = "relay_retry_end"
     if arg == "trace_retry_lessons":
         # trace_retry_scratch continued for 1,000 updates, a quarter of the puzzles also giving
         # a loop lesson (`mapfjax.rl.data.loop_lesson_examples`): its trace up to a wrong move

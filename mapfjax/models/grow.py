@@ -1,8 +1,15 @@
-"""Grow a trained Qwen3 deeper without changing what it computes: new decoder layers whose
-output projections (attention `o`, MLP `down`) are zero add nothing to the residual stream until
-trained; their other weights are freshly initialised, so gradients reach the zeros at once.
+"""Grow a trained Qwen3 deeper or wider without changing what it computes.
+
+Deeper: new decoder layers whose output projections (attention `o`, MLP `down`) are zero add
+nothing to the residual stream until trained. Wider (`widen`, by an integer factor k): k times
+the hidden size, heads, KV heads and MLP units; the trained weights fill the first block of
+each, the new residual dimensions start at zero (embedding columns and every write into them
+zero), new heads and MLP units write nothing, and the RMSNorm scales are divided by sqrt(k)
+(a mean over k times the dimensions, of which the new ones are zero, is k times smaller). In
+both, every other new weight is freshly initialised, so gradients reach the zeros at once.
 
     python -m mapfjax.models.grow SRC DST --layers 18   # SRC, DST: HF checkpoint directories
+    python -m mapfjax.models.grow SRC DST --width 2     # 2x hidden, heads, MLP (~4x parameters)
 
 Used to ask whether capacity, not more updates, is what a small model lacks
 (docs/experiments.md, "The shipped tiny model's history"): continue the grown model with the
@@ -19,6 +26,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from mapfjax.checks import is_int
 from mapfjax.models import hf
 from mapfjax.models.qwen3 import Qwen3
 
@@ -75,26 +83,95 @@ def deepen(model: Qwen3, num_layers: int, seed: int = 0) -> Qwen3:
     return grown
 
 
+def widen(model: Qwen3, factor: int, seed: int = 0) -> Qwen3:
+    """A copy of `model` `factor` times as wide computing the same function (up to float
+    rounding, and the q/k norms' epsilon, divided by `factor` with the others): hidden size,
+    query and KV heads (so each query head keeps its KV head: head n = kv_head * Q + q with Q
+    unchanged) and MLP units are multiplied; head_dim, layers and vocabulary are kept."""
+    if not is_int(factor) or factor < 1:
+        raise ValueError(f"width factor {factor!r}: allowed an integer >= 1")
+    cfg = model.config
+    h, n, kv, f = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size
+    wide_cfg = dataclasses.replace(
+        cfg,
+        hidden_size=h * factor,
+        num_heads=n * factor,
+        num_kv_heads=kv * factor,
+        intermediate_size=f * factor,
+        # The hidden-size norms' mean of squares is `factor` times smaller; so is their epsilon
+        # (one epsilon serves every norm: the per-head q/k norms see it halve, ~1e-7 relative).
+        rms_norm_eps=cfg.rms_norm_eps / factor,
+    )
+    dtype = model.embedding[...].dtype
+    wide = Qwen3(
+        wide_cfg,
+        dtype=model.dtype,
+        param_dtype=dtype,
+        rngs=nnx.Rngs(seed),
+        attention_chunk=model.chunk,
+        attention_block=model.score_block,
+    )
+    old = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+    fresh = dict(nnx.to_flat_state(nnx.state(wide, nnx.Param)))
+    norm = 1.0 / float(factor) ** 0.5
+    # Per parameter (layer axis first where stacked): the trained block's index, and the axes
+    # that write into the residual stream (their new entries are zero, not fresh).
+    blocks = {
+        # The embedding writes the residual stream too (tied, it is also the output head).
+        ("embedding",): ((slice(None), slice(0, h)), "embedding"),
+        ("layers", "attn", "q"): ((slice(None), slice(0, h), slice(0, n)), None),
+        ("layers", "attn", "k"): ((slice(None), slice(0, h), slice(0, kv)), None),
+        ("layers", "attn", "v"): ((slice(None), slice(0, h), slice(0, kv)), None),
+        ("layers", "attn", "o"): ((slice(None), slice(0, n), slice(None), slice(0, h)), "o"),
+        ("layers", "mlp", "gate"): ((slice(None), slice(0, h), slice(0, f)), None),
+        ("layers", "mlp", "up"): ((slice(None), slice(0, h), slice(0, f)), None),
+        ("layers", "mlp", "down"): ((slice(None), slice(0, f), slice(0, h)), "down"),
+    }
+    out = {}
+    for path, var in fresh.items():
+        trained, new = old[path][...], var[...]
+        if path[-1] == "scale" and path[-2] in ("q_norm", "k_norm"):  # per head_dim: kept
+            out[path] = var.replace(trained)
+        elif path[-1] == "scale":  # the hidden-size norms
+            out[path] = var.replace(jnp.full_like(new, norm).at[..., :h].multiply(trained))
+        elif path in blocks:
+            index, writer = blocks[path]
+            base = jnp.zeros_like(new) if writer else new
+            out[path] = var.replace(base.at[index].set(trained))
+        else:
+            raise ValueError(f"widen: parameter {'/'.join(path)} has no rule")
+    nnx.update(wide, nnx.from_flat_state(out))
+    return wide
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m mapfjax.models.grow", description=__doc__.split("\n\n")[0]
     )
     p.add_argument("src", help="a Hugging Face Qwen3 checkpoint directory")
     p.add_argument("dst", help="where the grown checkpoint goes (tokenizer files copied)")
-    p.add_argument("--layers", type=int, required=True, help="decoder layers of the result")
-    p.add_argument("--seed", type=int, default=0, help="initialisation of the inserted layers")
+    p.add_argument("--layers", type=int, help="decoder layers of the result (deeper)")
+    p.add_argument("--width", type=int, help="factor on hidden size, heads and MLP (wider)")
+    p.add_argument("--seed", type=int, default=0, help="initialisation of the new weights")
     a = p.parse_args(argv)
+    if (a.layers is None) == (a.width is None):
+        print("error: give one of --layers N (deeper) and --width K (wider)", file=sys.stderr)
+        return 2
     try:
         model = hf.from_pretrained(a.src, dtype=jnp.float32)
-        grown = deepen(model, a.layers, a.seed)
+        if a.layers is not None:
+            grown = deepen(model, a.layers, a.seed)
+        else:
+            grown = widen(model, a.width, a.seed)
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     out = hf.save_pretrained(grown, a.dst, copy_from=a.src)
     before = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     after = sum(x.size for x in jax.tree.leaves(nnx.state(grown, nnx.Param)))
-    print(f"{a.src}: {model.config.num_layers} layers, {before:,} parameters -> {out}: "
-          f"{a.layers} layers, {after:,} parameters")  # fmt: skip
+    c, g = model.config, grown.config
+    print(f"{a.src}: {c.num_layers} layers of width {c.hidden_size}, {before:,} parameters")
+    print(f"-> {out}: {g.num_layers} layers of width {g.hidden_size}, {after:,} parameters")
     return 0
 
 
