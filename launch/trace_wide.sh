@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # PLAN_wide.md (results/go_no_go): the ending start made twice as wide by a function-preserving
-# growth and continued for 1,500 SFT updates (configs/tiny_model.py:trace_end_wide), its greedy
+# growth and continued for 1,000 SFT updates (configs/tiny_model.py:trace_end_wide), its greedy
 # answers on the gate's 400 puzzles paired with the ending start's and checked line by line;
 # then arm W: U's flags for the gate's half hour (the update count from a 3-update pilot) on a
 # new held-out draw, its no-wait mismatched arm on a gain, and beside the shipped model.
 # Resumable: the same command goes on where it stood.
 #
-#   bash launch/trace_wide.sh   # SFT about 1.8 h on 2 CPU cores (resumable), then about 1.3 h
+#   bash launch/trace_wide.sh   # SFT about 1.3 h on 2 CPU cores (resumable), then about 1.3 h
 set -euo pipefail
 source launch/arms.sh
 NARROW=runs/tiny_trace_end_scratch/export
@@ -16,7 +16,7 @@ EVAL=runs/trace_end_wide_eval
 
 [ -f $INIT/model.safetensors ] || python -m mapfjax.models.grow $NARROW $INIT --width 2
 read_start configs/tiny_model.py:trace_end_wide $START $EVAL $R/trace_end_wide \
-  "trace_end_wide (2x wide + 1500)" relay_retry_end
+  "trace_end_wide (2x wide + 1000)" relay_retry_end
 held_out_answers $NARROW runs/trace_end_scratch_eval
 python launch/compare_evals.py --instances $R/held_out_400.jsonl --sizes 3-6 --split_wait \
   --evals runs/trace_end_scratch_eval,$EVAL --labels "ending start (width 128),wide (width 256)" \
