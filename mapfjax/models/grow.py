@@ -50,23 +50,28 @@ def layer_plan(old: int, new: int) -> list[int]:
     return plan
 
 
+def _fresh_like(model: Qwen3, cfg, seed: int):
+    """A freshly initialised Qwen3 of config `cfg` with `model`'s dtypes and attention settings,
+    and the flat parameter states {path: variable} of `model` and of it."""
+    grown = Qwen3(
+        cfg,
+        dtype=model.dtype,
+        param_dtype=model.embedding[...].dtype,
+        rngs=nnx.Rngs(seed),
+        attention_chunk=model.chunk,
+        attention_block=model.score_block,
+    )
+    old = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+    return grown, old, dict(nnx.to_flat_state(nnx.state(grown, nnx.Param)))
+
+
 def deepen(model: Qwen3, num_layers: int, seed: int = 0) -> Qwen3:
     """A copy of `model` with `num_layers` decoder layers computing the same function (up to
     float rounding): its layers in order, with new zero-output layers between them
     (`layer_plan`). Embeddings, final norm and the other hyper-parameters are unchanged."""
     cfg = model.config
     plan = layer_plan(cfg.num_layers, num_layers)
-    dtype = model.embedding[...].dtype
-    grown = Qwen3(
-        dataclasses.replace(cfg, num_layers=num_layers),
-        dtype=model.dtype,
-        param_dtype=dtype,
-        rngs=nnx.Rngs(seed),
-        attention_chunk=model.chunk,
-        attention_block=model.score_block,
-    )
-    old = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
-    fresh = dict(nnx.to_flat_state(nnx.state(grown, nnx.Param)))
+    grown, old, fresh = _fresh_like(model, dataclasses.replace(cfg, num_layers=num_layers), seed)
     out = {}
     for path, var in fresh.items():
         if path[0] != "layers":  # embeddings, final norm: the trained ones
@@ -102,17 +107,7 @@ def widen(model: Qwen3, factor: int, seed: int = 0) -> Qwen3:
         # (one epsilon serves every norm: the per-head q/k norms see it halve, ~1e-7 relative).
         rms_norm_eps=cfg.rms_norm_eps / factor,
     )
-    dtype = model.embedding[...].dtype
-    wide = Qwen3(
-        wide_cfg,
-        dtype=model.dtype,
-        param_dtype=dtype,
-        rngs=nnx.Rngs(seed),
-        attention_chunk=model.chunk,
-        attention_block=model.score_block,
-    )
-    old = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
-    fresh = dict(nnx.to_flat_state(nnx.state(wide, nnx.Param)))
+    wide, old, fresh = _fresh_like(model, wide_cfg, seed)
     norm = 1.0 / float(factor) ** 0.5
     # Per parameter (layer axis first where stacked): the trained block's index, and the axes
     # that write into the residual stream (their new entries are zero, not fresh).

@@ -23,9 +23,13 @@ def test_layer_plan_keeps_the_old_order_and_spreads_the_new_layers():
 
 
 @pytest.fixture(scope="module")
-def models():
-    model = hf.from_pretrained(TINY, dtype=jnp.float32)
-    return model, grow.deepen(model, 18, seed=3)
+def tiny():
+    return hf.from_pretrained(TINY, dtype=jnp.float32)
+
+
+@pytest.fixture(scope="module")
+def models(tiny):
+    return tiny, grow.deepen(tiny, 18, seed=3)
 
 
 def test_the_grown_model_computes_the_same_logits(models):
@@ -67,9 +71,8 @@ def test_command_line_writes_a_loadable_checkpoint(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def widened():
-    model = hf.from_pretrained(TINY, dtype=jnp.float32)
-    return model, grow.widen(model, 2, seed=5)
+def widened(tiny):
+    return tiny, grow.widen(tiny, 2, seed=5)
 
 
 def test_the_widened_model_computes_the_same_logits(widened):
@@ -109,8 +112,8 @@ def test_the_new_width_gets_gradients(widened):
     assert np.abs(down[:, :, h:]).sum() > 0
 
 
-def test_widen_refuses_a_bad_factor_and_the_command_line_widens(tmp_path):
-    model = hf.from_pretrained(TINY, dtype=jnp.float32)
+def test_widen_refuses_a_bad_factor_and_the_command_line_widens(tiny, tmp_path):
+    model = tiny
     for bad in (0, 1.5, "2"):
         with pytest.raises(ValueError, match="allowed an integer >= 1"):
             grow.widen(model, bad)
