@@ -321,7 +321,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         # mapfjax.models.grow runs/tiny_trace_end_scratch/export runs/tiny_trace_end_wide_init
         # --width 2`: hidden 256, 8 heads, 768 MLP units, 4.9M parameters against 1.3M),
         # continued for 1,000 updates: capacity, the one axis of the recipe GRPO from the trace
-        # policy has not been tried on (results/go_no_go/PLAN_wide.md). About 4.5 s an update on
+        # policy has not been tried on (results/go_no_go/PLAN_wide.md). About 5 s an update on
         # 2 cores (1.7 s at width 128).
         continue_from(c, "runs/tiny_trace_end_wide_init", "trace_end_wide", 101, 0.5, 24576, 1000)
         c.trace_lookahead = "relay_retry_end"

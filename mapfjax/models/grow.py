@@ -109,18 +109,18 @@ def widen(model: Qwen3, factor: int, seed: int = 0) -> Qwen3:
     )
     wide, old, fresh = _fresh_like(model, wide_cfg, seed)
     norm = 1.0 / float(factor) ** 0.5
-    # Per parameter (layer axis first where stacked): the trained block's index, and the axes
-    # that write into the residual stream (their new entries are zero, not fresh).
+    # Per parameter (layer axis first where stacked): the trained block's index, and whether it
+    # writes into the residual stream (then its new entries are zero, not fresh).
     blocks = {
         # The embedding writes the residual stream too (tied, it is also the output head).
-        ("embedding",): ((slice(None), slice(0, h)), "embedding"),
-        ("layers", "attn", "q"): ((slice(None), slice(0, h), slice(0, n)), None),
-        ("layers", "attn", "k"): ((slice(None), slice(0, h), slice(0, kv)), None),
-        ("layers", "attn", "v"): ((slice(None), slice(0, h), slice(0, kv)), None),
-        ("layers", "attn", "o"): ((slice(None), slice(0, n), slice(None), slice(0, h)), "o"),
-        ("layers", "mlp", "gate"): ((slice(None), slice(0, h), slice(0, f)), None),
-        ("layers", "mlp", "up"): ((slice(None), slice(0, h), slice(0, f)), None),
-        ("layers", "mlp", "down"): ((slice(None), slice(0, f), slice(0, h)), "down"),
+        ("embedding",): ((slice(None), slice(0, h)), True),
+        ("layers", "attn", "q"): ((slice(None), slice(0, h), slice(0, n)), False),
+        ("layers", "attn", "k"): ((slice(None), slice(0, h), slice(0, kv)), False),
+        ("layers", "attn", "v"): ((slice(None), slice(0, h), slice(0, kv)), False),
+        ("layers", "attn", "o"): ((slice(None), slice(0, n), slice(None), slice(0, h)), True),
+        ("layers", "mlp", "gate"): ((slice(None), slice(0, h), slice(0, f)), False),
+        ("layers", "mlp", "up"): ((slice(None), slice(0, h), slice(0, f)), False),
+        ("layers", "mlp", "down"): ((slice(None), slice(0, f), slice(0, h)), True),
     }
     out = {}
     for path, var in fresh.items():
