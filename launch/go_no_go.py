@@ -89,6 +89,13 @@ _SCREEN = flags.DEFINE_float(
     "0: off; s >= 1: each update decodes s x the sampled puzzles greedily with the current "
     "weights and samples the groups on those whose greedy plan fails first (train.screen)",
 )
+_GREEDY = flags.DEFINE_bool(
+    "greedy_member",
+    False,
+    "each group's first member is the policy's greedy answer, the other 7 sampled "
+    "(train.greedy_member): the group's advantages then also score the answer the held-out "
+    "validation reads",
+)
 _OBJECTIVE = flags.DEFINE_enum(
     "objective",
     "grpo",
@@ -254,6 +261,8 @@ def arm_config(sizes, wait_ratio: float | None = None):
         c.train.top_p = _TOP_P.value
     if _SCREEN.value:  # else the config as every earlier arm ran it
         c.train.screen = _SCREEN.value
+    if _GREEDY.value:  # else the config as every earlier arm ran it
+        c.train.greedy_member = True
     c.train.objective = _OBJECTIVE.value
     if _SEED.value is not None:
         c.seed = _SEED.value

@@ -193,6 +193,7 @@ def _settings(config: dict) -> str:
     top_p = train.get("top_p", 1.0)
     parts += [f"top_p {top_p:g}"] if top_p != 1.0 else []
     parts += [f"screen {train['screen']:g}"] if train.get("screen") else []
+    parts += ["greedy member"] if train.get("greedy_member") else []
     groups = train.get("problems_per_step", 8)
     parts += [f"{groups} groups per update"] if groups != 8 else []
     default = DEFAULT_REWARD.optimal_bonus  # older records have no reward block

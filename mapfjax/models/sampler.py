@@ -828,7 +828,7 @@ def _vector(sharding):
     return jax.sharding.NamedSharding(sharding.mesh, spec)
 
 
-def _host(x) -> np.ndarray:
+def to_host(x) -> np.ndarray:
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
         # Multi-process: rows live on other hosts; gather the global array everywhere.
         from jax.experimental import multihost_utils
@@ -839,7 +839,7 @@ def _host(x) -> np.ndarray:
 
 def to_lists(output: SampleOutput) -> list[list[int]]:
     """The completions as Python token lists (stop token included, padding dropped)."""
-    toks, lengths = _host(output.tokens), _host(output.lengths)
+    toks, lengths = to_host(output.tokens), to_host(output.lengths)
     return [toks[i, : lengths[i]].tolist() for i in range(toks.shape[0])]
 
 
@@ -847,6 +847,6 @@ def logprob_gap(output: SampleOutput) -> float:
     """Mean |logprobs - logprobs_full| over generated tokens: the cost of top-k/top-p
     truncation as seen by a trainer that recomputes untruncated log-probs."""
     n = output.tokens.shape[1]
-    live = np.arange(n)[None, :] < _host(output.lengths)[:, None]
-    gap = np.abs(_host(output.logprobs) - _host(output.logprobs_full))
+    live = np.arange(n)[None, :] < to_host(output.lengths)[:, None]
+    gap = np.abs(to_host(output.logprobs) - to_host(output.logprobs_full))
     return float(gap[live].mean()) if live.any() else 0.0

@@ -8,7 +8,9 @@ loop (`engineer/loop.py`, one phase per round) and the tiny-model recipe
               checkpoint_every, oversample (dynamic sampling; 1 = off), screen (0 = off;
               s >= 1: groups drawn from the puzzles the current greedy answer fails first),
               objective ("grpo"; "rft": rejection-sampling fine-tuning on the same rollouts;
-              "placebo": GRPO with each group's advantages shuffled, a control)
+              "placebo": GRPO with each group's advantages shuffled, a control),
+              greedy_member (False; True: each group's first member is the greedy answer,
+              `rollout.SamplingConfig.greedy_member`)
     c.grpo:   clip_low, clip_high, kl_coef, aggregation, scale_by_std
     c.optim:  `OptimConfig` fields (lr, warmup_steps, schedule, cycle_steps, ...)
     c.reward: `RewardConfig` fields
@@ -88,6 +90,7 @@ class GRPOSettings:
             trace_loss=t.get("trace_loss", "all"),
             bucket=t.get("bucket", rollout.SamplingConfig.bucket),
             completion_bucket=t.get("completion_bucket", rollout.SamplingConfig.completion_bucket),
+            greedy_member=t.get("greedy_member", False),
         )
         loss = grpo.GRPOConfig(
             group_size=t.group_size, temperature=t.temperature, **c.grpo.to_dict()
@@ -151,6 +154,13 @@ def check_train(t: ml_collections.ConfigDict) -> None:
     require_int("train.problems_per_step", t.get("problems_per_step"), 1)
     require_int("train.checkpoint_every", t.get("checkpoint_every", 10), 1)
     require_int("train.num_iterations", t.get("num_iterations", 1), 1)
+    greedy = t.get("greedy_member", False)
+    require("train.greedy_member", greedy, isinstance(greedy, bool), "True or False")
+    g = t.get("group_size")
+    require(
+        "train.group_size", g, not greedy or not is_int(g) or g >= 2,
+        "an int >= 2 with train.greedy_member (the greedy answer and >= 1 sample per group)",
+    )  # fmt: skip
     require_int("train.max_new_tokens", t.get("max_new_tokens"), 1)
     loss_of = t.get("trace_loss", "all")
     allowed = ", ".join(map(repr, rollout.TRACE_LOSSES))

@@ -43,7 +43,13 @@ class SamplingConfig:
     (`TRACE_LOSSES`): "all" trains every response token; "moves" leaves a thinking response's
     header (the map transcription and the agents' lines before step `t1`, a function of the
     prompt) out of the GRPO loss; "answer" leaves the whole trace out and trains `</think>` and
-    the answer block, the only part the reward reads."""
+    the answer block, the only part the reward reads. greedy_member: each group's first
+    completion is the policy's greedy answer (temperature 0) and the other group_size - 1 are
+    sampled, so the group-relative advantage also scores the answer greedy evaluation reads:
+    a greedy plan that fails beside valid samples is pushed down at the tokens where they part
+    (the idea of self-critical sequence training's greedy baseline, kept inside GRPO's group).
+    The greedy row is not drawn from the policy; its old log-probs are the trainer's at the
+    sampling temperature, so its importance ratio starts at 1 like every other row's."""
 
     max_new_tokens: int = 64
     temperature: float = 1.0
@@ -55,6 +61,7 @@ class SamplingConfig:
     completion_bucket: str = "pow2"
     shared_prefix: bool | str = True
     trace_loss: str = "all"
+    greedy_member: bool = False
 
     def __post_init__(self):
         if self.trace_loss not in TRACE_LOSSES:
@@ -72,6 +79,8 @@ class RolloutStats:
     logprob_gap: mean |sampled - untruncated| log-prob (top-k/top-p cost, 0 without them).
     logprob_mismatch: mean |sampler - trainer recomputed| log-prob over response tokens, or
         None when not measured (`rollout(..., measure_mismatch=True)`).
+    greedy_valid_rate: share of the groups whose greedy member is valid (None without
+        `SamplingConfig.greedy_member`; the other rates count every row, the greedy ones too).
     valid, rewards: per response [B] (NumPy; not in `as_dict`), for per-size statistics and
         group selection.
     """
@@ -86,6 +95,7 @@ class RolloutStats:
     mixed_groups: float
     logprob_gap: float
     logprob_mismatch: float | None = None
+    greedy_valid_rate: float | None = None
     valid: np.ndarray | None = dataclasses.field(default=None, repr=False)
     rewards: np.ndarray | None = dataclasses.field(default=None, repr=False)
 
@@ -186,6 +196,38 @@ def _failure_counts(failure: np.ndarray) -> dict[str, int]:
     return stats.count_labels(names, ("none", *types.FAILURE_NAMES))
 
 
+def greedy_groups(model, tokenizer, problems, group_size: int, cfg: SamplingConfig, key) -> Samples:
+    """`sample`'s rows for `problems` in groups of `group_size`: each group's greedy answer
+    (temperature 0) first, then group_size - 1 completions drawn with `cfg`. The output's arrays
+    are host NumPy in that order; a greedy row's `logprobs_full` is log_softmax(logits), the
+    trainer's own log-prob at temperature 1 only (`rollout` recomputes them at another)."""
+    if group_size < 2:
+        raise ValueError(f"group_size={group_size}: a greedy member needs a sampled row beside it")
+    k, n = group_size - 1, len(problems)
+    drawn = sample(model, tokenizer, problems, k, cfg, key)
+    greedy = sample(model, tokenizer, problems, 1, dataclasses.replace(cfg, temperature=0.0), None)
+    calls = (drawn, greedy)
+    rows = [
+        (1, i) if j == 0 else (0, i * k + j - 1) for i in range(n) for j in range(group_size)
+    ]  # (call, its row) per merged row
+    pad = tok_lib.special_ids(tokenizer).pad
+
+    def merged(field: str) -> np.ndarray:
+        parts = [sampler.to_host(getattr(s.output, field)) for s in calls]
+        if parts[0].ndim == 2:  # [B, N] of two calls: N may differ; the tails are padding / 0
+            width, fill = max(x.shape[1] for x in parts), pad if field == "tokens" else 0
+            parts = [
+                np.pad(x, [(0, 0), (0, width - x.shape[1])], constant_values=fill) for x in parts
+            ]
+        return np.stack([parts[c][r] for c, r in rows])
+
+    fields = ("tokens", "lengths", "logprobs", "logprobs_full", "finished")
+    steps = max(int(sampler.to_host(s.output.steps)) for s in calls)
+    out = sampler.SampleOutput(**{f: merged(f) for f in fields}, steps=np.int32(steps))
+    pick = lambda name: [getattr(calls[c], name)[r] for c, r in rows]  # noqa: E731
+    return Samples(pick("prompts"), out, pick("completions"), pick("texts"))
+
+
 @nnx.jit(static_argnames="temperature")
 def _recomputed_logprobs(model, batch, temperature: float):
     return completion_logprobs(model, batch, temperature)[0]
@@ -224,7 +266,8 @@ def rollout(
         )
     model = policy_model(policy)
     pad = tok_lib.special_ids(tokenizer).pad
-    samples = sample(model, tokenizer, problems, group_size, sampling, key)
+    draw = greedy_groups if sampling.greedy_member else sample
+    samples = draw(model, tokenizer, problems, group_size, sampling, key)
     completions, out = samples.completions, samples.output
     verdict, rew = score(problems, group_size, samples.texts, reward_cfg)
     adv = np.asarray(
@@ -252,6 +295,9 @@ def rollout(
         shared_prefix=sampling.shared_prefix,
         max_completion_len=sampling.max_new_tokens,
     )
+    if sampling.greedy_member and sampling.temperature != 1.0:  # greedy rows: log_softmax(logits)
+        old = np.asarray(_recomputed_logprobs(model, batch, sampling.temperature))
+        batch = batch.replace(old_logprobs=np.where(np.asarray(batch.loss_mask), old, 0.0))
     lengths = np.array([len(c) for c in completions])
     finished = np.asarray(out.finished)[:n]
     grouped = rew.reshape(-1, group_size)
@@ -271,6 +317,11 @@ def rollout(
         mixed_groups=float(np.mean(grouped.max(1) > grouped.min(1))),
         logprob_gap=sampler.logprob_gap(out),
         logprob_mismatch=mismatch,
+        greedy_valid_rate=(
+            float(np.asarray(verdict.valid)[::group_size].mean())
+            if sampling.greedy_member
+            else None
+        ),
         valid=np.asarray(verdict.valid),
         rewards=rew,
     )

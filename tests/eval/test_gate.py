@@ -93,7 +93,7 @@ def test_runs_must_share_start_and_puzzles(tmp_path):
 def _arm(results, name, start, end, lr=1e-4, kl=0.0, trace_loss="all", seconds=(30.0, 40.0),
          objective="grpo", temperature=1.0, groups=8, bonus=None, logged=(),
          seed=None, lora=0, held_out_seed=None, top_p=None, optimizer=None,
-         screen=None, valid_counts=()):  # fmt: skip
+         screen=None, valid_counts=(), greedy=None):  # fmt: skip
     run = results / name / "matched"
     _write(run, "start", start, {0: gate.PARSE_ERROR})
     _write(run, "round_0", end)
@@ -123,6 +123,8 @@ def _arm(results, name, start, end, lr=1e-4, kl=0.0, trace_loss="all", seconds=(
         config["optim"]["optimizer"] = optimizer
     if screen is not None:  # older records have no screen: off
         config["train"]["screen"] = screen
+    if greedy is not None:  # older records have no greedy member: off
+        config["train"]["greedy_member"] = greedy
     if held_out_seed is not None:
         config["validation"] = {"seed": held_out_seed}
     if bonus is not None:  # older records have no reward block: the default bonus, 0.5
@@ -135,7 +137,7 @@ def test_arms_summarise_every_finished_arm(tmp_path):
     start = _draw(0.3, seed=1)
     gain = start | _draw(0.15, seed=2)
     _arm(tmp_path, "b_kl", start, gain, lr=3e-5, kl=0.1, trace_loss="moves", temperature=0.7,
-         top_p=0.95, optimizer="momentum", screen=2.0)  # fmt: skip
+         top_p=0.95, optimizer="momentum", screen=2.0, greedy=True)  # fmt: skip
     _arm(tmp_path, "a_plain", start, start)
     _arm(tmp_path, "g_momentum", start, start, lr=0.9305, optimizer="momentum", groups=32)
     _arm(tmp_path, "c_rft", start, start, objective="rft", bonus=0.5)
@@ -159,7 +161,7 @@ def test_arms_summarise_every_finished_arm(tmp_path):
     )
     assert b.settings == (
         "lr 3e-5, momentum optimiser, KL 0.1, temperature 0.7, top_p 0.95, screen 2, "
-        "trains moves, wait ratio 0.3, 3x3 only"
+        "greedy member, trains moves, wait ratio 0.3, 3x3 only"
     )
     assert (a.policy, a.updates, a.minutes) == ("a_plain_policy", 2, pytest.approx(70 / 60))
     assert a.change.value == 0 and a.parses.value == pytest.approx(399 / 400)
