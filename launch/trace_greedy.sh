@@ -29,3 +29,18 @@ V=matched/round_0/validation.json
 python launch/compare_evals.py --instances runs/gng_greedy/matched/validation_set.jsonl \
   --sizes 3-6 --split_wait --evals $R/trace_end_greedy/$V,$R/trace_end_greedy_control/$V \
   --labels "X (greedy member),C (GRPO alone)" --out $R/trace_end_greedy_X_vs_C.md
+
+# The amendment: the start, X and C greedily on the 608 puzzles X trained on (C drew the same)
+T=$R/trace_end_greedy/trained_puzzles
+mkdir -p $T/evals
+cp runs/gng_greedy/matched/round_0/train_set.jsonl $T/puzzles.jsonl
+for m in start:$START x:runs/gng_greedy/matched/round_0/model \
+  c:runs/gng_greedy_control/matched/round_0/model; do
+  [ -f $T/evals/${m%%:*}/verdicts.jsonl ] && continue
+  python launch/evaluate.py --checkpoint "${m#*:}" --enable_thinking --max_new_tokens 640 \
+    --batch_size 100 --instances $T/puzzles.jsonl --out_dir runs/greedy_trained_${m%%:*}
+  mkdir -p $T/evals/${m%%:*} && cp runs/greedy_trained_${m%%:*}/verdicts.jsonl $T/evals/${m%%:*}/
+done
+python launch/compare_evals.py --instances $T/puzzles.jsonl --split_wait --sizes 3-6 \
+  --evals $T/evals/start,$T/evals/x,$T/evals/c \
+  --labels "start (ending 6000),X (greedy member),C (GRPO alone)" --out $R/trace_end_greedy/trained_puzzles.md
