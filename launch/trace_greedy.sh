@@ -29,6 +29,11 @@ V=matched/round_0/validation.json
 python launch/compare_evals.py --instances runs/gng_greedy/matched/validation_set.jsonl \
   --sizes 3-6 --split_wait --evals $R/trace_end_greedy/$V,$R/trace_end_greedy_control/$V \
   --labels "X (greedy member),C (GRPO alone)" --out $R/trace_end_greedy_X_vs_C.md
+S0=$R/trace_end_greedy/matched/start/validation.json
+python launch/compare_evals.py --instances runs/gng_greedy/matched/validation_set.jsonl \
+  --sizes 3-6 --split_wait --evals $S0,$R/trace_end_greedy/$V,$R/trace_end_greedy_control/$V \
+  --labels "start (ending 6000),X (greedy member),C (GRPO alone)" \
+  --out $R/trace_end_greedy/x_c_vs_start.md
 
 # The amendment: the start, X and C greedily on the 608 puzzles X trained on (C drew the same)
 T=$R/trace_end_greedy/trained_puzzles
@@ -43,4 +48,5 @@ for m in start:$START x:runs/gng_greedy/matched/round_0/model \
 done
 python launch/compare_evals.py --instances $T/puzzles.jsonl --split_wait --sizes 3-6 \
   --evals $T/evals/start,$T/evals/x,$T/evals/c \
-  --labels "start (ending 6000),X (greedy member),C (GRPO alone)" --out $R/trace_end_greedy/trained_puzzles.md
+  --labels "start (ending 6000),X (greedy member),C (GRPO alone)" \
+  --out $R/trace_end_greedy/trained_puzzles.md
