@@ -3,7 +3,7 @@
 # launch/trace_optim.sh, launch/trace_top_p.sh, launch/trace_screen.sh, launch/trace_start.sh,
 # launch/trace_first_stage.sh, launch/trace_lessons.sh, launch/trace_scale.sh,
 # launch/trace_retry.sh, launch/trace_loop.sh, launch/trace_end.sh, launch/trace_wide.sh,
-# launch/trace_greedy.sh);
+# launch/trace_greedy.sh, launch/trace_fresh.sh);
 # sourced, not run. They set BUDGET_S (the seconds of GRPO an arm may take) before calling
 # pilot_updates, and call build_start first where the start may not be built yet.
 

@@ -11,6 +11,7 @@ gate then reads the last round).
         --out results/go_no_go/trace [--reference results/grpo_effect/grpo_lr1e-4]
 """
 
+import math
 import pathlib
 import sys
 
@@ -95,6 +96,12 @@ _GREEDY = flags.DEFINE_bool(
     "each group's first member is the policy's greedy answer, the other 7 sampled "
     "(train.greedy_member): the group's advantages then also score the answer the held-out "
     "validation reads",
+)
+_FRESH = flags.DEFINE_bool(
+    "fresh_puzzles",
+    False,
+    "draw every training puzzle once: --updates x the puzzles sampled per update (2 x --groups) "
+    "training puzzles, where the default, --updates x --groups, draws each about twice",
 )
 _OBJECTIVE = flags.DEFINE_enum(
     "objective",
@@ -250,6 +257,9 @@ def arm_config(sizes, wait_ratio: float | None = None):
     c.rounds = _ROUNDS.value
     c.train.problems_per_step = _GROUPS.value
     c.train.instances = _UPDATES.value * c.train.problems_per_step
+    if _FRESH.value:  # else the config as every earlier arm ran it
+        c.train.steps = _UPDATES.value
+        c.train.instances = _UPDATES.value * math.ceil(c.train.oversample * _GROUPS.value)
     c.optim.lr = _LR.value
     if _OPTIMIZER.value != "adamw":  # else the config as every earlier arm ran it
         c.optim.optimizer = _OPTIMIZER.value

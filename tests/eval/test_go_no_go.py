@@ -101,6 +101,22 @@ def test_screen_reaches_the_driver_and_leaves_the_config_alone_when_off(args, wa
     assert _run_probe(probe, args)[-2:] == want
 
 
+@pytest.mark.parametrize(
+    "args, want", [([], [None, 5, 40, 40]), (["--fresh_puzzles"], [5, 5, 80, 80])]
+)
+def test_fresh_puzzles_draw_each_training_puzzle_once(args, want):
+    """--updates 5 --groups 8 samples 16 puzzles an update: by default from 40 training puzzles
+    (each drawn twice), with --fresh_puzzles from 80 (each once); 5 updates either way."""
+    probe = _PROBE.replace(
+        "c.train.objective, c.train.temperature]",
+        "c.train.get('steps'), s.steps, c.train.instances, len({p for k in range(s.steps) for p "
+        "in driver.step_problems(list(range(c.train.instances)), s.drawn_per_step, k, [0])})]",
+    ).replace(
+        "print(", "from mapfjax.rl import driver\ns = driver.GRPOSettings.from_config(c)\nprint("
+    )
+    assert _run_probe(probe, ["--updates=5", "--groups=8", *args])[-4:] == want
+
+
 def test_a_thinking_arm_pads_completions_to_powers_of_two_and_its_settings_load():
     """The CPU config's multiples of 8 would compile an update per 8 tokens of a 640-token
     trace budget; a thinking arm goes back to power-of-two widths, passes the checks and
