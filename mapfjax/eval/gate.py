@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import pathlib
 
 from mapfjax import stats
@@ -196,6 +197,8 @@ def _settings(config: dict) -> str:
     parts += ["greedy member"] if train.get("greedy_member") else []
     groups = train.get("problems_per_step", 8)
     parts += [f"{groups} groups per update"] if groups != 8 else []
+    steps, drawn = train.get("steps"), math.ceil(train.get("oversample", 1.0) * groups)
+    parts += ["each puzzle once"] if steps and train.get("instances", 0) >= steps * drawn else []
     default = DEFAULT_REWARD.optimal_bonus  # older records have no reward block
     bonus = config.get("reward", {}).get("optimal_bonus", default)
     parts += [f"optimal bonus {bonus:g}"] if bonus != default else []

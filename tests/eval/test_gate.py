@@ -93,7 +93,7 @@ def test_runs_must_share_start_and_puzzles(tmp_path):
 def _arm(results, name, start, end, lr=1e-4, kl=0.0, trace_loss="all", seconds=(30.0, 40.0),
          objective="grpo", temperature=1.0, groups=8, bonus=None, logged=(),
          seed=None, lora=0, held_out_seed=None, top_p=None, optimizer=None,
-         screen=None, valid_counts=(), greedy=None):  # fmt: skip
+         screen=None, valid_counts=(), greedy=None, fresh=False):  # fmt: skip
     run = results / name / "matched"
     _write(run, "start", start, {0: gate.PARSE_ERROR})
     _write(run, "round_0", end)
@@ -123,6 +123,8 @@ def _arm(results, name, start, end, lr=1e-4, kl=0.0, trace_loss="all", seconds=(
         config["optim"]["optimizer"] = optimizer
     if screen is not None:  # older records have no screen: off
         config["train"]["screen"] = screen
+    if fresh:  # --fresh_puzzles: 2 updates of 2 x 8 sampled puzzles from 32, each drawn once
+        config["train"].update(steps=2, instances=32, oversample=2.0)
     if greedy is not None:  # older records have no greedy member: off
         config["train"]["greedy_member"] = greedy
     if held_out_seed is not None:
@@ -140,7 +142,7 @@ def test_arms_summarise_every_finished_arm(tmp_path):
          top_p=0.95, optimizer="momentum", screen=2.0, greedy=True)  # fmt: skip
     _arm(tmp_path, "a_plain", start, start)
     _arm(tmp_path, "g_momentum", start, start, lr=0.9305, optimizer="momentum", groups=32)
-    _arm(tmp_path, "c_rft", start, start, objective="rft", bonus=0.5)
+    _arm(tmp_path, "c_rft", start, start, objective="rft", bonus=0.5, fresh=True)
     _arm(tmp_path, "e_placebo", start, start, kl=0.1, objective="placebo", groups=32, lora=4)
     # An arm stopped before its first round finished is left out.
     _write(tmp_path / "d_stopped" / "matched", "start", start)
@@ -150,7 +152,7 @@ def test_arms_summarise_every_finished_arm(tmp_path):
     a, b, c, e, f, g = gate.arms(tmp_path)
     assert g.settings.startswith("lr 0.93, momentum optimiser, 32 groups per update")
     assert [a.name, b.name, c.name] == ["a_plain/matched", "b_kl/matched", "c_rft/matched"]
-    assert c.settings == "RFT, lr 1e-4, trains all, wait ratio 0.3, 3x3 only"
+    assert c.settings == "RFT, lr 1e-4, each puzzle once, trains all, wait ratio 0.3, 3x3 only"
     assert e.settings == (
         "placebo, lr 1e-4, LoRA rank 4, alpha 16, KL 0.1, 32 groups per update, trains all, "
         "wait ratio 0.3, 3x3 only"
