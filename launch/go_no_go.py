@@ -11,7 +11,6 @@ gate then reads the last round).
         --out results/go_no_go/trace [--reference results/grpo_effect/grpo_lr1e-4]
 """
 
-import math
 import pathlib
 import sys
 
@@ -23,7 +22,7 @@ from mapfjax import hostalloc
 if __name__ == "__main__":
     hostalloc.use_tcmalloc()  # before JAX is imported: a restart costs only the lines above
 
-from mapfjax.rl.driver import FINE_BUCKET_BUDGET, OBJECTIVES  # noqa: E402
+from mapfjax.rl.driver import FINE_BUCKET_BUDGET, OBJECTIVES, drawn_per_step  # noqa: E402
 from mapfjax.rl.optim import OPTIMIZERS  # noqa: E402
 from mapfjax.rl.rollout import TRACE_LOSSES  # noqa: E402
 
@@ -259,7 +258,7 @@ def arm_config(sizes, wait_ratio: float | None = None):
     c.train.instances = _UPDATES.value * c.train.problems_per_step
     if _FRESH.value:  # else the config as every earlier arm ran it
         c.train.steps = _UPDATES.value
-        c.train.instances = _UPDATES.value * math.ceil(c.train.oversample * _GROUPS.value)
+        c.train.instances = _UPDATES.value * drawn_per_step(c.train.oversample, _GROUPS.value)
     c.optim.lr = _LR.value
     if _OPTIMIZER.value != "adamw":  # else the config as every earlier arm ran it
         c.optim.optimizer = _OPTIMIZER.value

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import pathlib
 
 from mapfjax import stats
@@ -32,6 +31,7 @@ from mapfjax.eval.report import (
     validation_rows,
     window_shares,
 )
+from mapfjax.rl.driver import drawn_per_step
 
 PARSE_ERROR = "parse_error"
 
@@ -197,7 +197,7 @@ def _settings(config: dict) -> str:
     parts += ["greedy member"] if train.get("greedy_member") else []
     groups = train.get("problems_per_step", 8)
     parts += [f"{groups} groups per update"] if groups != 8 else []
-    steps, drawn = train.get("steps"), math.ceil(train.get("oversample", 1.0) * groups)
+    steps, drawn = train.get("steps"), drawn_per_step(train.get("oversample", 1.0), groups)
     parts += ["each puzzle once"] if steps and train.get("instances", 0) >= steps * drawn else []
     default = DEFAULT_REWARD.optimal_bonus  # older records have no reward block
     bonus = config.get("reward", {}).get("optimal_bonus", default)

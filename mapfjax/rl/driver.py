@@ -50,6 +50,11 @@ OBJECTIVES = ("grpo", "rft", "placebo")
 MAX_INSTANCES = 1_000_000
 
 
+def drawn_per_step(oversample: float, problems_per_step: int) -> int:
+    """Problems a step samples under dynamic sampling: ceil(oversample x problems_per_step)."""
+    return math.ceil(oversample * problems_per_step)
+
+
 @dataclasses.dataclass(frozen=True)
 class GRPOSettings:
     """One phase of GRPO steps. oversample: each step samples ceil(oversample x
@@ -125,7 +130,7 @@ class GRPOSettings:
 
     @property
     def drawn_per_step(self) -> int:
-        return math.ceil(self.oversample * self.problems_per_step)
+        return drawn_per_step(self.oversample, self.problems_per_step)
 
     @property
     def screened_per_step(self) -> int:
