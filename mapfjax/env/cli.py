@@ -299,10 +299,46 @@ def _generate_args(p):
         help="per-size override, e.g. sizes.s7.hole_ratio=0.4 (repeatable)",
     )
     p.add_argument("--report", default=None, help="write the generation report (JSON) here")
+    p.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="JSONL",
+        help="instance file whose puzzles (grid, starts, goals) are left out, e.g. a run's "
+        "train_set.jsonl; --n then counts the puzzles kept (repeatable)",
+    )
+
+
+# Draws of the config (the first with the seed's key, then keys folded from it) that --exclude
+# may take to keep --n puzzles before it gives up.
+EXCLUDE_DRAWS = 50
+
+
+def _fresh(key, cfg, n: int, seen: set[str], progress: bool):
+    """`n` instances of `cfg` whose puzzles are not in `seen`, and the first draw's report:
+    the first draw uses `key` (so with nothing excluded the output is `generator.generate`'s),
+    later ones fold the draw number into it and prefix their ids with it."""
+    from mapfjax.env import generator, io
+
+    kept, report = [], None
+    for r in range(EXCLUDE_DRAWS):
+        k = key if r == 0 else jax.random.fold_in(key, r)
+        out = generator.generate(
+            k, cfg, n - len(kept), id_prefix=f"d{r}_" if r else "", progress=progress
+        )
+        report = report or out.report
+        kept += [p for p in out.problems if io.puzzle_hash(p) not in seen]
+        if len(kept) == n:
+            return kept, report
+    raise ValueError(
+        f"--exclude: only {len(kept)} of --n {n} puzzles are outside the excluded files after "
+        f"{EXCLUDE_DRAWS} draws; the config has too few distinct puzzles (lower --n, or widen "
+        "--sizes)"
+    )
 
 
 def _generate(args):
-    from mapfjax.env import config, generator, io
+    from mapfjax.env import config, io
 
     _check_out(args.out, "--out")
     if args.report:
@@ -324,11 +360,14 @@ def _generate(args):
             raise ValueError(f"--set: {e}") from None
         for c in changes:
             print(f"projected: {c}", file=sys.stderr)
-    out = generator.generate(jax.random.key(args.seed), cfg, args.n, progress=sys.stderr.isatty())
-    io.save_instances(args.out, out.problems)
-    print(out.report.table(), file=sys.stderr)
+    seen = {io.puzzle_hash(p) for path in args.exclude for p in io.load_instances(path)}
+    problems, report = _fresh(jax.random.key(args.seed), cfg, args.n, seen, sys.stderr.isatty())
+    io.save_instances(args.out, problems)
+    print(report.table(), file=sys.stderr)
+    if args.exclude:
+        print(f"kept {len(problems)} puzzles outside {len(seen)} excluded", file=sys.stderr)
     if args.report:
-        io.save_jsonl(args.report, [out.report.to_dict()])
+        io.save_jsonl(args.report, [report.to_dict()])
 
 
 def _benchmark_args(p):

@@ -304,3 +304,29 @@ def test_verify_refuses_duplicate_ids_unless_told_which_and_an_empty_instance_fi
             err.strip() == f"error: {empty}: no instances (the file is empty); give an "
             "instance JSONL file"
         )
+
+
+def test_generate_exclude_keeps_n_puzzles_outside_the_excluded_files(capsys, tmp_path):
+    """--exclude: a second draw of the same config and seed leaves out every puzzle of the
+    first (3x3 with 2 agents repeats often, so the top-up draws are exercised), still writes
+    --n of them with distinct ids, and is deterministic."""
+    flags = ["--n", "30", "--sizes", "3", "--hole_ratio", "0.2", "--wait_ratio", "0.5"]
+    first, again, other = (tmp_path / f"{n}.jsonl" for n in ("first", "again", "other"))
+    assert main(capsys, "generate", "--out", first, *flags)[0] == 0
+    seen = {io.puzzle_hash(p) for p in io.load_instances(first)}
+    for out in (again, other):
+        code, _, err = main(capsys, "generate", "--out", out, *flags, "--exclude", first)
+        assert code == 0, err
+        assert "kept 30 puzzles outside" in err
+    kept = io.load_instances(again)
+    assert len(kept) == 30 and len({p.id for p in kept}) == 30
+    assert not seen & {io.puzzle_hash(p) for p in kept}
+    assert [io.puzzle_hash(p) for p in kept] == [
+        io.puzzle_hash(p) for p in io.load_instances(other)
+    ]
+
+
+def test_generate_exclude_names_a_missing_file(capsys, tmp_path):
+    code, _, err = main(capsys, "generate", "--out", tmp_path / "o.jsonl", "--n", "2",
+                        "--sizes", "3", "--exclude", tmp_path / "nope.jsonl")  # fmt: skip
+    assert code == 2 and "nope.jsonl" in err and "Traceback" not in err
