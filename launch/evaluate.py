@@ -34,6 +34,12 @@ _THINK = flags.DEFINE_bool("enable_thinking", False, "Qwen3 thinking mode (check
 _BATCH = flags.DEFINE_integer("batch_size", 32, "problems per generation call")
 _DTYPE = flags.DEFINE_string("dtype", "float32", "checkpoint compute dtype")
 _SEED = flags.DEFINE_integer("seed", 0, "sampling seed when temperature > 0")
+_BIAS = flags.DEFINE_multi_string(
+    "logit_bias",
+    [],
+    "TEXT=VALUE: add VALUE to the logit of TEXT (one token) at every step "
+    "(checkpoint; a diagnostic, e.g. taken=1.5); repeatable",
+)
 _DUPS = flags.DEFINE_enum("duplicates", "error", ["error", "first", "last"], "id answered twice")
 flags.mark_flag_as_required("instances")
 flags.register_validator("top_p", lambda v: 0 < v <= 1, "--top_p: a probability mass, in (0, 1]")
@@ -69,6 +75,9 @@ def main(argv):
             }
             sampling = dataclasses.replace(ev.EVAL_SAMPLING, enable_thinking=_THINK.value, **new)
             solver = ev.CheckpointSolver(_CKPT.value, sampling, _DTYPE.value, mesh, _SEED.value)
+            if _BIAS.value:
+                bias = ev.logit_bias_ids(solver.tokenizer, _BIAS.value)
+                solver.sampling = dataclasses.replace(sampling, logit_bias=bias)
             label, family = _CKPT.value, paper.model_family(checkpoint=_CKPT.value)
         else:
             solver = ev.ApiSolver(

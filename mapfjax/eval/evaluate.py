@@ -72,6 +72,28 @@ class CheckpointSolver:
         return samples.texts[: len(problems)]
 
 
+def logit_bias_ids(tokenizer, specs: Sequence[str]) -> tuple[tuple[int, float], ...]:
+    """`SamplingConfig.logit_bias` from "TEXT=VALUE" specs, each TEXT a string the tokenizer
+    encodes as one token (e.g. "taken=1.5"); ValueError names a spec that is not TEXT=VALUE, a
+    TEXT that is not one token (with its ids), or a value that is not a finite number."""
+    out = {}
+    for spec in specs:
+        text, sep, value = spec.rpartition("=")
+        try:
+            v = float(value)
+        except ValueError:
+            v = math.nan
+        if not sep or not text or not math.isfinite(v):
+            raise ValueError(f"logit bias {spec!r}: expected TEXT=VALUE with a finite VALUE")
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) != 1:
+            raise ValueError(
+                f"logit bias {spec!r}: {text!r} is {len(ids)} tokens {ids}; allowed: one token"
+            )
+        out[int(ids[0])] = v
+    return tuple(sorted(out.items()))
+
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 

@@ -9,7 +9,7 @@ import dataclasses
 import functools
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import flax.struct
@@ -107,11 +107,14 @@ def filter_logits(scaled: jax.Array, top_k: int, top_p: jax.Array | float | None
     return jnp.where(scaled >= cutoff, scaled, -jnp.inf)
 
 
-def _pick(logits, key, temperature, top_p, *, greedy, top_k, row_ids=None):
+def _pick(logits, key, temperature, top_p, *, greedy, top_k, row_ids=None, bias=None):
     """One token per row from `logits` f32 [B, V] -> (token [B], logprob [B], logprob_full [B]).
     row_ids: int32 [B] or None. None draws all rows from `key` at once; given, row r draws from
     fold_in(key, row_ids[r]), so its token does not depend on which other rows are in the batch
-    (the draws `compact` needs to drop finished rows without changing the others)."""
+    (the draws `compact` needs to drop finished rows without changing the others). bias: f32
+    [V] or None, added to every row's logits first (`generate(logit_bias=...)`)."""
+    if bias is not None:
+        logits = logits + bias
     if greedy:
         token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
         lp = jax.nn.log_softmax(logits, axis=-1)
@@ -216,12 +219,12 @@ class DecodeState(NamedTuple):
 
 
 def _record(out: Buffers, i, logits, key, temperature, top_p, *, greedy, top_k, stops, pad_id,
-            row_ids=None):  # fmt: skip
+            row_ids=None, bias=None):  # fmt: skip
     """Samples column i of every row from logits f32 [B, V] into `out`; done rows get
-    pad_id (and log-prob 0). row_ids: see `_pick`."""
+    pad_id (and log-prob 0). row_ids, bias: see `_pick`."""
     tok, lp, lpf = _pick(
         logits, jax.random.fold_in(key, i), temperature, top_p,
-        greedy=greedy, top_k=top_k, row_ids=row_ids,
+        greedy=greedy, top_k=top_k, row_ids=row_ids, bias=bias,
     )  # fmt: skip
     live = ~out.done
     tok = jnp.where(live, tok, pad_id)
@@ -243,13 +246,13 @@ _DECODE_STATIC = (
 
 
 @functools.partial(jax.jit, static_argnames=(*_DECODE_STATIC, "group_size"))
-def _first_token(logits, done, key, temperature, top_p, *, group_size, **static):
+def _first_token(logits, done, key, temperature, top_p, bias=None, *, group_size, **static):
     """`Buffers` with column 0 sampled from the prefill logits [Bg, V] (each of the G rows
     of a group draws its own token)."""
-    return _start(logits, done, key, temperature, top_p, group_size=group_size, **static)
+    return _start(logits, done, key, temperature, top_p, bias, group_size=group_size, **static)
 
 
-def _start(logits, done, key, temperature, top_p, *, group_size, max_new_tokens, greedy,
+def _start(logits, done, key, temperature, top_p, bias=None, *, group_size, max_new_tokens, greedy,
            top_k, use_top_p, stop_tokens, pad_id, shardings, graphdef=None,
            row_keys=False):  # fmt: skip
     sh = shardings
@@ -270,15 +273,15 @@ def _start(logits, done, key, temperature, top_p, *, group_size, max_new_tokens,
     return _record(
         out, 0, rows, key, temperature, top_p,
         greedy=greedy, top_k=top_k, stops=stops, pad_id=pad_id,
-        row_ids=jnp.arange(b, dtype=jnp.int32) if row_keys else None,
+        row_ids=jnp.arange(b, dtype=jnp.int32) if row_keys else None, bias=bias,
     )  # fmt: skip
 
 
 @functools.partial(jax.jit, static_argnames=_DECODE_STATIC, donate_argnames=("loop",))
 def _decode(
     graphdef, state, layer_params, prefix, loop: DecodeState, key, temperature, top_p,
-    row_ids=None, *, max_new_tokens, greedy, top_k, use_top_p, stop_tokens, pad_id, shardings,
-    row_keys=False,
+    bias=None, row_ids=None, *, max_new_tokens, greedy, top_k, use_top_p, stop_tokens, pad_id,
+    shardings, row_keys=False,
 ):  # fmt: skip
     """Decodes columns loop.column, loop.column + 1, ... until every row is done, column
     `max_new_tokens` or the end of the cache window W (column W, whose token is fed at slot
@@ -309,7 +312,7 @@ def _decode(
             cache = jax.tree.map(lambda x: _constrain(x, shardings.kv), cache)
         out = _record(
             s.out, i, logits.astype(jnp.float32), key, temperature, top_p,
-            greedy=greedy, top_k=top_k, stops=stops, pad_id=pad_id, row_ids=row_ids,
+            greedy=greedy, top_k=top_k, stops=stops, pad_id=pad_id, row_ids=row_ids, bias=bias,
         )  # fmt: skip
         return DecodeState(i + 1, cache, out)
 
@@ -439,6 +442,21 @@ def _check_args(prompts, max_new_tokens, temperature, top_p, top_k, buckets, voc
             )
 
 
+def _bias_vector(logit_bias: Mapping[int, float] | None, vocab: int) -> jax.Array | None:
+    """`generate`'s logit_bias as f32 [vocab] (None for none or an empty mapping); a token id
+    outside the vocabulary or a value that is not finite raises ValueError naming it."""
+    if not logit_bias:
+        return None
+    bias = np.zeros(vocab, np.float32)
+    for t, v in logit_bias.items():
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < vocab:
+            raise ValueError(f"generate: logit_bias token {t!r}; allowed: ids in [0, {vocab})")
+        if not math.isfinite(float(v)):
+            raise ValueError(f"generate: logit_bias[{t}] = {v!r}; it must be a finite number")
+        bias[int(t)] = float(v)
+    return jnp.asarray(bias)
+
+
 def generate(
     model,
     prompts: Sequence[Sequence[int]],
@@ -459,6 +477,7 @@ def generate(
     split_layers: bool | None = None,
     timings: dict | None = None,
     compact: bool | None = None,
+    logit_bias: Mapping[int, float] | None = None,
 ) -> SampleOutput:
     """Sample up to `max_new_tokens` tokens after each prompt (lists of token ids),
     `num_samples` times per prompt: rows i * num_samples ... (i + 1) * num_samples - 1 of the
@@ -487,6 +506,9 @@ def generate(
     index (`_pick`), so the tokens drawn do not depend on compaction, but they differ from
     those of `compact=False` for the same key. None (default): on when max_new_tokens >
     `COMPACT_BUDGET`, where segments reach long windows and completion lengths vary most.
+    logit_bias: {token id: value} added to those tokens' logits at every step before the pick
+    (greedy or sampled; the recorded log-probs are the biased distribution's): a decoding
+    intervention for diagnostics, e.g. how much one token's preference alone moves greedy.
     """
     config = model.config
     buckets = {"bucket": bucket, "batch_bucket": batch_bucket}
@@ -526,6 +548,7 @@ def generate(
         jax.random.key(0) if key is None else key,
         jnp.float32(temperature if not greedy else 1.0),
         jnp.float32(top_p),
+        _bias_vector(logit_bias, config.vocab_size),
     )
     if split_layers is None:
         split_layers = jax.default_backend() == "cpu"

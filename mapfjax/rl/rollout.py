@@ -49,7 +49,10 @@ class SamplingConfig:
     a greedy plan that fails beside valid samples is pushed down at the tokens where they part
     (the idea of self-critical sequence training's greedy baseline, kept inside GRPO's group).
     The greedy row is not drawn from the policy; its old log-probs are the trainer's at the
-    sampling temperature, so its importance ratio starts at 1 like every other row's."""
+    sampling temperature, so its importance ratio starts at 1 like every other row's.
+    logit_bias: ((token id, value), ...) added to those logits at every decode step
+    (`sampler.generate(logit_bias=...)`): for evaluation diagnostics; training leaves it empty
+    (the trainer's log-probs know nothing of it)."""
 
     max_new_tokens: int = 64
     temperature: float = 1.0
@@ -62,6 +65,7 @@ class SamplingConfig:
     shared_prefix: bool | str = True
     trace_loss: str = "all"
     greedy_member: bool = False
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self):
         if self.trace_loss not in TRACE_LOSSES:
@@ -146,6 +150,7 @@ def sample(model, tokenizer, problems, repeats, cfg: SamplingConfig, key, mesh=N
         bucket=cfg.bucket,
         mesh=mesh,
         num_samples=repeats,
+        logit_bias=dict(cfg.logit_bias) or None,
     )
     prompts = [p for p in distinct for _ in range(repeats)]
     completions = sampler.to_lists(out)

@@ -517,3 +517,17 @@ def test_an_answers_file_with_an_id_twice_is_refused_unless_told_which(tmp_path)
     assert "'a' on lines [1, 2]" in str(e.value)
     assert ev.read_answers(path, "first")["a"].text == "first"
     assert ev.read_answers(path, "last")["a"].text == "second"
+
+
+def test_logit_bias_ids_reads_text_value_specs_of_one_token():
+    from mapfjax.models import tokenizer as tok_lib
+
+    tok = tok_lib.load_tokenizer(pathlib.Path(ev.__file__).parent.parent / "assets" / "tiny")
+    ((tid, value),) = ev.logit_bias_ids(tok, [" H=1.5"])
+    assert tok.decode([tid]) == " H" and value == 1.5
+    assert ev.logit_bias_ids(tok, []) == ()
+    for spec, words in [(" taken=1", ["' taken'", "tokens", "one token"]), (" H", ["TEXT=VALUE"]),
+                        (" H=nan", ["finite"]), ("=2", ["TEXT=VALUE"])]:  # fmt: skip
+        with pytest.raises(ValueError) as e:
+            ev.logit_bias_ids(tok, [spec])
+        assert all(w in str(e.value) for w in words), str(e.value)

@@ -496,3 +496,39 @@ def test_long_windows_match_transformers(models, monkeypatch):
     sampler._decode.clear_cache()
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(plain.tokens))
     np.testing.assert_allclose(out.logprobs, plain.logprobs, atol=1e-5)
+
+
+def test_logit_bias_moves_the_pick_by_exactly_the_reference_margin(models):
+    """A bias on the runner-up of transformers' first-step logits just above the margin makes
+    it the first greedy token, just below leaves the leader; an empty or zero bias changes no
+    token; a huge bias on one token makes it every token, sampled too."""
+    (ours, ref), _ = models
+    prompt = PROMPTS[1]
+    with torch.no_grad():
+        logits = ref(torch.tensor([prompt])).logits[0, -1].double().numpy()
+    lead, second = np.argsort(logits)[::-1][:2]
+    margin = float(logits[lead] - logits[second])
+    plain = sampler.generate(ours, [prompt], 8, stop_tokens=())
+    assert int(plain.tokens[0, 0]) == lead
+    for bias in ({}, {int(second): 0.0}):
+        same = sampler.generate(ours, [prompt], 8, stop_tokens=(), logit_bias=bias)
+        np.testing.assert_array_equal(same.tokens, plain.tokens)
+    up, low = (
+        sampler.generate(ours, [prompt], 1, stop_tokens=(), logit_bias={int(second): margin + d})
+        for d in (0.01, -0.01)
+    )
+    assert int(up.tokens[0, 0]) == second and int(low.tokens[0, 0]) == lead
+    forced = {7: 1e4}
+    for kw in ({}, {"temperature": 1.0, "key": jax.random.key(3)}):
+        out = sampler.generate(ours, PROMPTS, 6, stop_tokens=(), logit_bias=forced, **kw)
+        assert (np.asarray(out.tokens) == 7).all()
+
+
+@pytest.mark.parametrize(
+    "bias, words", [({-1: 1.0}, ["-1", "[0,"]), ({3: float("nan")}, ["logit_bias[3]", "nan"])]
+)
+def test_logit_bias_errors_name_the_token_or_value(models, bias, words):
+    (ours, _), _ = models
+    with pytest.raises(ValueError) as e:
+        sampler.generate(ours, PROMPTS, 4, logit_bias=bias)
+    assert all(w in str(e.value) for w in words)
