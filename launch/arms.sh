@@ -3,7 +3,7 @@
 # launch/trace_optim.sh, launch/trace_top_p.sh, launch/trace_screen.sh, launch/trace_start.sh,
 # launch/trace_first_stage.sh, launch/trace_lessons.sh, launch/trace_scale.sh,
 # launch/trace_retry.sh, launch/trace_loop.sh, launch/trace_end.sh, launch/trace_wide.sh,
-# launch/trace_greedy.sh, launch/trace_fresh.sh);
+# launch/trace_greedy.sh, launch/trace_fresh.sh, launch/trace_transfer.sh, launch/trace_rounds.sh);
 # sourced, not run. They set BUDGET_S (the seconds of GRPO an arm may take) before calling
 # pilot_updates, and call build_start first where the start may not be built yet.
 
@@ -23,6 +23,14 @@ held_out_answers() {  # START EVAL: START's greedy answers on the gate's 400 puz
   [ -f "$2/answers.jsonl" ] || python launch/evaluate.py --checkpoint "$1" --enable_thinking \
     --max_new_tokens 640 --batch_size 100 --instances $R/held_out_400.jsonl --out_dir "$2" \
     --answers_out "$2/answers.jsonl"
+}
+
+greedy_verdicts() {  # CHECKPOINT INSTANCES KEEP RUN: CHECKPOINT's greedy answers (thinking
+  # on, 640 new tokens) on INSTANCES, evaluated in RUN, its verdicts.jsonl kept in KEEP, once
+  [ -f "$3/verdicts.jsonl" ] && return 0
+  python launch/evaluate.py --checkpoint "$1" --enable_thinking --max_new_tokens 640 \
+    --batch_size 100 --instances "$2" --out_dir "$4"
+  mkdir -p "$3" && cp "$4/verdicts.jsonl" "$3/"
 }
 
 read_start() {  # RECIPE START EVAL OUT LABEL [FORM]: START built by the train_tiny.py config

@@ -42,7 +42,7 @@ def fit_set(n: int, seed: int, test) -> list:
     """`n` puzzles drawn like the main job's held-out set from `seed`, those in `test` left out."""
     v = ValidationSettings.from_config(configfile.get_config("configs/tiny_cpu.py", ""))
     drawn = data.generate_problems(v.generator_config(), n, seed, 2, v.hole_ratios)
-    return data.held_out(drawn, {io.puzzle_hash(p) for p in test})[0]
+    return io.held_out(drawn, {io.puzzle_hash(p) for p in test})[0]
 
 
 def load_model(label: str, path: str):

@@ -41,11 +41,7 @@ mkdir -p $T/evals
 cp runs/gng_greedy/matched/round_0/train_set.jsonl $T/puzzles.jsonl
 for m in start:$START x:runs/gng_greedy/matched/round_0/model \
   c:runs/gng_greedy_control/matched/round_0/model; do
-  name=${m%%:*}
-  [ -f $T/evals/$name/verdicts.jsonl ] && continue
-  python launch/evaluate.py --checkpoint "${m#*:}" --enable_thinking --max_new_tokens 640 \
-    --batch_size 100 --instances $T/puzzles.jsonl --out_dir runs/greedy_trained_$name
-  mkdir -p $T/evals/$name && cp runs/greedy_trained_$name/verdicts.jsonl $T/evals/$name/
+  greedy_verdicts "${m#*:}" $T/puzzles.jsonl $T/evals/${m%%:*} runs/greedy_trained_${m%%:*}
 done
 python launch/compare_evals.py --instances $T/puzzles.jsonl --split_wait --sizes 3-6 \
   --evals $T/evals/start,$T/evals/x,$T/evals/c \

@@ -96,7 +96,7 @@ def main():
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     held = io.load_instances(a.held_out)
-    problems, _ = data.held_out(
+    problems, _ = io.held_out(
         data.generate_problems(c.sft.env, a.instances, c.seed + 1, 2, c.sft.hole_ratios),
         {io.puzzle_hash(p) for p in held},
     )

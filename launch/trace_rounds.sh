@@ -20,16 +20,13 @@ gate "${TRACE_WAIT[@]}" --policy $START --groups 32 --lr 1e-4 --updates "$X_UPDA
 E=$T/evals/fresh_puzzles
 V=validation.json
 M=$R/trace_end_c_rounds/matched
-evals=${E}_start,${E}_c held=$M/start/$V,$M/round_0/$V labels="start (ending 6000),C (19 updates)"
+evals=${E}_start,${E}_c held=$M/start/$V,$M/round_0/$V
+labels="start (ending 6000),C ($X_UPDATES updates)"
 for k in $(seq 2 "$ROUNDS"); do
-  if [ ! -f ${E}_c$k/verdicts.jsonl ]; then
-    python launch/evaluate.py --checkpoint runs/gng_c_rounds/matched/round_$((k - 1))/model \
-      --enable_thinking --max_new_tokens 640 --batch_size 100 --instances $T/fresh_puzzles.jsonl \
-      --out_dir runs/transfer_fresh_puzzles_c$k
-    mkdir -p ${E}_c$k && cp runs/transfer_fresh_puzzles_c$k/verdicts.jsonl ${E}_c$k/
-  fi
+  greedy_verdicts runs/gng_c_rounds/matched/round_$((k - 1))/model $T/fresh_puzzles.jsonl \
+    ${E}_c$k runs/transfer_fresh_puzzles_c$k
   evals=$evals,${E}_c$k held=$held,$M/round_$((k - 1))/$V
-  labels="$labels,C$k ($((19 * k)) updates)"
+  labels="$labels,C$k ($((X_UPDATES * k)) updates)"
 done
 python launch/compare_evals.py --instances $T/fresh_puzzles.jsonl --split_wait --sizes 3-6 \
   --evals "$evals" --labels "$labels" --out $T/z1_c_rounds.md

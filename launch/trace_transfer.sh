@@ -18,12 +18,8 @@ if [ ! -f $T/fresh_puzzles.jsonl ]; then
 fi
 cp runs/gng_fresh/matched/round_0/train_set.jsonl $T/y_puzzles.jsonl
 
-evaluate() {  # SET NAME CHECKPOINT: greedy answers of CHECKPOINT on $T/SET.jsonl, once
-  local out=$T/evals/$1_$2
-  [ -f $out/verdicts.jsonl ] && return 0
-  python launch/evaluate.py --checkpoint "$3" --enable_thinking --max_new_tokens 640 \
-    --batch_size 100 --instances $T/$1.jsonl --out_dir runs/transfer_$1_$2
-  mkdir -p $out && cp runs/transfer_$1_$2/verdicts.jsonl $out/
+evaluate() {  # SET NAME CHECKPOINT: greedy_verdicts of CHECKPOINT on $T/SET.jsonl
+  greedy_verdicts "$3" $T/$1.jsonl $T/evals/$1_$2 runs/transfer_$1_$2
 }
 X=runs/gng_greedy/matched/round_0/model
 C=runs/gng_greedy_control/matched/round_0/model

@@ -35,7 +35,7 @@ from mapfjax.env import io
 from mapfjax.models import hf
 from mapfjax.models import tokenizer as tok_lib
 from mapfjax.rl import driver
-from mapfjax.rl.data import generate_problems, held_out
+from mapfjax.rl.data import generate_problems
 from mapfjax.rl.trainer import Trainer
 
 # The loop's names, and those of its siblings that callers reach through it.
@@ -206,7 +206,7 @@ def _train_set(out_dir: pathlib.Path, cfg_n, c, n: int, held: set[str]) -> list:
     gen = cfg_n.copy_and_resolve_references()
     seed = streams.int_seed(streams.key(c.seed, "train set", n))
     drawn = generate_problems(gen, c.train.instances, seed=seed, processes=0)
-    problems, dropped = held_out(drawn, held)
+    problems, dropped = io.held_out(drawn, held)
     if dropped:
         log.info("round %d: %d training puzzles are in the validation set; dropped", n, dropped)
     rundir.save_instances(out_dir.parent, path, problems)

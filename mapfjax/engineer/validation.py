@@ -15,7 +15,7 @@ from mapfjax.engineer.rundir import read_instances, save_instances, write_json
 from mapfjax.engineer.settings import ValidationSettings
 from mapfjax.env import io, reward
 from mapfjax.rl import rollout
-from mapfjax.rl.data import generate_problems, held_out
+from mapfjax.rl.data import generate_problems
 
 
 def held_out_set(workdir: pathlib.Path, v: ValidationSettings) -> list:
@@ -32,7 +32,7 @@ def held_out_set(workdir: pathlib.Path, v: ValidationSettings) -> list:
     for seed in v.extra_seeds:
         drawn = generate_problems(cfg, n, seed, 1, ratios)
         drawn = [dataclasses.replace(p, id=f"x{seed}_{p.id}") for p in drawn]
-        probs += held_out(drawn, {io.puzzle_hash(p) for p in probs})[0]
+        probs += io.held_out(drawn, {io.puzzle_hash(p) for p in probs})[0]
     save_instances(workdir, path, probs)
     return probs
 

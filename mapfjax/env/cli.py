@@ -327,7 +327,7 @@ def _fresh(key, cfg, n: int, seen: set[str], progress: bool):
             k, cfg, n - len(kept), id_prefix=f"d{r}_" if r else "", progress=progress
         )
         report = report or out.report
-        kept += [p for p in out.problems if io.puzzle_hash(p) not in seen]
+        kept += io.held_out(out.problems, seen)[0]
         if len(kept) == n:
             return kept, report
     raise ValueError(
@@ -360,7 +360,7 @@ def _generate(args):
             raise ValueError(f"--set: {e}") from None
         for c in changes:
             print(f"projected: {c}", file=sys.stderr)
-    seen = {io.puzzle_hash(p) for path in args.exclude for p in io.load_instances(path)}
+    seen = io.puzzle_hashes(args.exclude)
     problems, report = _fresh(jax.random.key(args.seed), cfg, args.n, seen, sys.stderr.isatty())
     io.save_instances(args.out, problems)
     print(report.table(), file=sys.stderr)

@@ -202,6 +202,19 @@ def puzzle_hash(p: Problem) -> str:
     return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
+def puzzle_hashes(paths: Iterable) -> set[str]:
+    """The `puzzle_hash` of every instance in the instance files `paths` (a set to leave out
+    with `held_out`)."""
+    return {puzzle_hash(p) for path in paths for p in load_instances(path)}
+
+
+def held_out(problems: Sequence[Problem], seen: set[str]) -> tuple[list[Problem], int]:
+    """The problems whose puzzle (`puzzle_hash`) is not in `seen`, and how many were dropped:
+    a validation set that shares no puzzle with the training data."""
+    kept = [p for p in problems if puzzle_hash(p) not in seen]
+    return kept, len(problems) - len(kept)
+
+
 def load_instances(path) -> list[Problem]:
     """Read an instance JSONL file; raises JsonlError naming file, line and field."""
     problems, first_line = [], {}

@@ -326,13 +326,6 @@ def generate_problems(
     return out
 
 
-def held_out(problems: Sequence[Problem], seen: set[str]) -> tuple[list[Problem], int]:
-    """The problems whose puzzle (`io.puzzle_hash`) is not in `seen`, and how many were
-    dropped: a validation set that shares no puzzle with the training data."""
-    kept = [p for p in problems if io.puzzle_hash(p) not in seen]
-    return kept, len(problems) - len(kept)
-
-
 def save_examples(path, examples: Sequence[Example]) -> None:
     """Write examples as JSON lines (atomically)."""
     lines = (json.dumps(dataclasses.asdict(e)) for e in examples)

@@ -24,7 +24,6 @@ from mapfjax.rl.data import (
     Example,
     cached,
     generate_problems,
-    held_out,
     load_examples,
     loop_lesson_examples,
     responses,
@@ -183,8 +182,7 @@ def prepare(cfg, workdir) -> RunData:
     def sft():
         drawn = problems(cfg.sft.env, cfg.sft.instances, 1, sft_holes)
         if exclude:
-            seen = {io.puzzle_hash(p) for f in exclude for p in io.load_instances(f)}
-            drawn, dropped = held_out(drawn, seen)
+            drawn, dropped = io.held_out(drawn, io.puzzle_hashes(exclude))
             log.warning("sft: %d of the drawn puzzles are in sft.exclude; dropped", dropped)
         examples = sft_examples(tok, drawn, thinking=thinking, style=style, lookahead=ahead)
         unplanned("sft", len(drawn), len(examples))
@@ -209,7 +207,7 @@ def prepare(cfg, workdir) -> RunData:
         # Draw a few more than needed: puzzles the SFT data holds are dropped.
         extra = 1 + cfg.validation.get("spare", 0.0)
         drawn = problems(cfg.validation.env, int(n * extra), 2, val_holes)
-        kept, dropped = held_out(drawn, {e.puzzle for e in sft_data})
+        kept, dropped = io.held_out(drawn, {e.puzzle for e in sft_data})
         if len(kept) < n:
             raise ValueError(
                 f"validation: {dropped} of {len(drawn)} drawn puzzles are in the SFT data, "
