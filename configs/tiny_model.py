@@ -56,6 +56,7 @@ VARIANTS = (
     "trace_retry_lessons",
     "trace_end_scratch",
     "trace_end_wide",
+    "trace_mix",
 )
 
 
@@ -76,7 +77,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     cornered or loops, writes so and starts again in the next order; "trace_retry_lessons"
     continues trace_retry_scratch with loop lessons (a wrong move back, in the prompt, then the
     loop line that ends it) beside its own examples; "trace_end_scratch" trains the retrying
-    relay from scratch, its trace also ending on `no order left` where every order fails."""
+    relay from scratch, its trace also ending on `no order left` where every order fails;
+    "trace_mix" continues trace_end_scratch with 60 % of its puzzles answered without a trace
+    (`sft.answer_only`)."""
     if arg not in VARIANTS:
         raise ValueError(f"configs/tiny_model.py: unknown variant {arg!r}; known: {VARIANTS}")
     c = ml_collections.ConfigDict()
@@ -134,6 +137,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     # With trace_lookahead "relay_retry": the share of SFT puzzles that also give a loop lesson
     # (`mapfjax.rl.data.loop_lesson_examples`: a wrong move back as prompt, then the loop line).
     c.sft.loop_lessons = 0.0
+    # With thinking=True: the share of SFT puzzles (by puzzle hash) whose example is the answer
+    # alone after an empty think block (`mapfjax.rl.data.sft_examples`): a policy that thinks
+    # on some samples and answers at once on others, whatever the puzzle.
+    c.sft.answer_only = 0.0
     # Update counts at which SFT stages end. Each later stage resumes the previous one's
     # weights and optimiser state on a longer cosine schedule (the learning rate jumps back up
     # to where the longer schedule stands, then decays to its end), so a finished run can be
@@ -325,6 +332,14 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         # 2 cores (1.7 s at width 128).
         continue_from(c, "runs/tiny_trace_end_wide_init", "trace_end_wide", 101, 0.5, 24576, 1000)
         c.trace_lookahead = "relay_retry_end"
+    if arg == "trace_mix":
+        # trace_end_scratch continued for 600 updates with 60 % of its puzzles (by hash) giving
+        # the answer alone after an empty think block: a start that thinks on about 40 % of its
+        # samples, whatever the puzzle, so that what GRPO can reinforce is whether to think, a
+        # choice the same on every puzzle (results/go_no_go/PLAN_mix.md).
+        continue_from(c, "runs/tiny_trace_end_scratch/export", "trace_mix", 111, 0.5, 8192, 600)
+        c.trace_lookahead = "relay_retry_end"
+        c.sft.answer_only = 0.6
     if arg == "trace_retry_lessons":
         # trace_retry_scratch continued for 1,000 updates, a quarter of the puzzles also giving
         # a loop lesson (`mapfjax.rl.data.loop_lesson_examples`): its trace up to a wrong move

@@ -3,7 +3,8 @@
 # launch/trace_optim.sh, launch/trace_top_p.sh, launch/trace_screen.sh, launch/trace_start.sh,
 # launch/trace_first_stage.sh, launch/trace_lessons.sh, launch/trace_scale.sh,
 # launch/trace_retry.sh, launch/trace_loop.sh, launch/trace_end.sh, launch/trace_wide.sh,
-# launch/trace_greedy.sh, launch/trace_fresh.sh, launch/trace_transfer.sh, launch/trace_rounds.sh);
+# launch/trace_greedy.sh, launch/trace_fresh.sh, launch/trace_transfer.sh, launch/trace_rounds.sh,
+# launch/trace_mix.sh);
 # sourced, not run. They set BUDGET_S (the seconds of GRPO an arm may take) before calling
 # pilot_updates, and call build_start first where the start may not be built yet.
 
@@ -174,5 +175,21 @@ ratio = statistics.median(
     r["train_update_norm"] / (r["train_lr"] * r["train_grad_norm"]) for r in rows
 )
 print(f"{2 * max(r['train_lr'] for r in rows) * ratio:.4g}")
+PY
+}
+
+bare_answers() {  # VALIDATION...: per validation.json, how many greedy answers have an empty
+  # think block (rows' bare_answer) and how many of each kind are valid, as a Markdown table
+  python - "$@" <<'PY'
+import json, sys
+from mapfjax import stats
+print("| validation | n | bare answers | valid among them | traces | valid among them |")
+print("|---|---|---|---|---|---|")
+for path in sys.argv[1:]:
+    rows = json.load(open(path))["rows"]
+    bare = [r for r in rows if r["bare_answer"]]
+    trace = [r for r in rows if not r["bare_answer"]]
+    cell = lambda sel: stats.interval_text(stats.proportion([r["valid"] for r in sel])) if sel else "-"
+    print(f"| {path} | {len(rows)} | {len(bare)} | {cell(bare)} | {len(trace)} | {cell(trace)} |")
 PY
 }

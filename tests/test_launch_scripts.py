@@ -323,3 +323,15 @@ def test_read_start_builds_evaluates_compares_and_checks_a_start(tmp_path):
     assert calls[3].endswith("--eval runs/s_eval --form relay_retry_end --out out/retry_check.md")
     assert calls[6].endswith("--eval runs/t_eval --form relay --out out2/retry_check.md")
     assert (tmp_path / "out2").is_dir()
+
+
+def test_bare_answers_counts_empty_think_blocks_and_their_valid_share(tmp_path):
+    """arms.sh's bare_answers: per validation.json, the greedy answers written after an empty
+    think block and the valid share of each kind, with 95 % intervals."""
+    rows = [{"bare_answer": j < 3, "valid": j in (0, 3, 4)} for j in range(5)]
+    (tmp_path / "v.json").write_text(json.dumps({"rows": rows}))
+    out = _bash(tmp_path, "bare_answers v.json", fake_python=False)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("| validation | n | bare answers | valid among them |")
+    assert lines[2].startswith("| v.json | 5 | 3 | 33.3 [") and "| 2 | 100.0 [" in lines[2]

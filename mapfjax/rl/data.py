@@ -121,13 +121,25 @@ def sft_examples(
     thinking: bool = False,
     style: str = "holes",
     lookahead: str = "",
+    answer_only: float = 0.0,
 ) -> list[Example]:
     """Examples for `problems`; `answers` (per-problem action lists) default to the oracle's.
     thinking: the prompt opens the assistant turn without the empty think block and the
     completion is the reasoning trace (its map in `style`, `env.trace.STYLES`), then the
     answer (`response`); lookahead: a look-ahead form the trace writes first, whose plan it is
-    (`responses`; the oracle is not called): a puzzle it finds no plan for has no example."""
+    (`responses`; the oracle is not called): a puzzle it finds no plan for has no example.
+    answer_only (with thinking): about this share of the puzzles, chosen by puzzle hash, get
+    the same answer after an empty think block (`<think>\n\n</think>`, Qwen3's form without
+    thinking) instead of their trace, so that the policy thinks on some samples and answers
+    at once on others, whatever the puzzle."""
+    if not (0 <= answer_only <= 1) or (answer_only and not thinking):
+        raise ValueError(f"answer_only {answer_only!r}: a share in [0, 1], above 0 only with "
+                         "thinking")  # fmt: skip
     turns = responses(problems, answers, thinking, style, lookahead)
+    turns = [
+        bare_answer(t) if t is not None and skips_trace(p, answer_only) else t
+        for p, t in zip(problems, turns, strict=True)
+    ]
     im_end = tok_lib.special_ids(tokenizer).im_end
     kept = [(p, t) for p, t in zip(problems, turns, strict=True) if t is not None]
     prompts = encode_prompts(tokenizer, [p for p, _ in kept], enable_thinking=thinking)
@@ -136,6 +148,19 @@ def sft_examples(
         ans = tokenizer(turn, add_special_tokens=False)["input_ids"]
         out.append(Example(p.id, tuple(ids), (*ans, im_end), io.puzzle_hash(p)))
     return out
+
+
+def skips_trace(problem: Problem, share: float) -> bool:
+    """Whether `sft_examples(answer_only=share)` gives `problem` the answer alone: a
+    deterministic draw from the puzzle's hash (its second 12 hex digits, so that it does not
+    follow the loop lessons' draw from the first)."""
+    return int(io.puzzle_hash(problem)[12:24], 16) % 10_000 < share * 10_000
+
+
+def bare_answer(turn: str) -> str:
+    """A thinking turn (`response`) with its trace left out: an empty think block, then the
+    same answer block."""
+    return f"{trace.THINK_OPEN}\n\n{turn[trace.answer_start(turn) :]}"
 
 
 def loop_lesson_examples(tokenizer, problems: Sequence[Problem], share: float, style: str = "grid"):

@@ -109,6 +109,9 @@ def check_recipe(cfg) -> None:
     ok = is_finite_real(share) and 0 <= share <= 1 and (share == 0 or retrying)
     require("sft.loop_lessons", share, ok, "a share in [0, 1]; above 0 only with the "
             "trace_lookahead 'relay_retry' or 'relay_retry_end'")  # fmt: skip
+    share = cfg.sft.get("answer_only", 0.0)
+    ok = is_finite_real(share) and 0 <= share <= 1 and (share == 0 or cfg.get("thinking", False))
+    require("sft.answer_only", share, ok, "a share in [0, 1]; above 0 only with thinking=True")
     if cfg.get("thinking", False) and not cfg.rl.train.get("enable_thinking", False):
         require("rl.train.enable_thinking", False, False, "True when thinking=True")
     for where in ("sft.env", "rl.env", "validation.env"):
@@ -184,7 +187,8 @@ def prepare(cfg, workdir) -> RunData:
         if exclude:
             drawn, dropped = io.held_out(drawn, io.puzzle_hashes(exclude))
             log.warning("sft: %d of the drawn puzzles are in sft.exclude; dropped", dropped)
-        examples = sft_examples(tok, drawn, thinking=thinking, style=style, lookahead=ahead)
+        examples = sft_examples(tok, drawn, thinking=thinking, style=style, lookahead=ahead,
+                                answer_only=bare)  # fmt: skip
         unplanned("sft", len(drawn), len(examples))
         if lessons:  # beside the puzzles' own examples (`data.loop_lesson_examples`)
             extra = loop_lesson_examples(tok, drawn, lessons, style)
@@ -195,6 +199,8 @@ def prepare(cfg, workdir) -> RunData:
     lessons = cfg.sft.get("loop_lessons", 0.0) if ahead.startswith("relay_retry") else 0.0
     parts = (tok_dir.name, cfg.sft.env, cfg.sft.instances, sft_holes, *mode)
     parts += (f"loop-lessons-{lessons}",) if lessons else ()
+    bare = cfg.sft.get("answer_only", 0.0) if thinking else 0.0
+    parts += (f"answer-only-{bare}",) if bare else ()
     sft_data = cached(
         name("sft", ".jsonl", *parts, *([exclude_key] if exclude else [])),
         sft,

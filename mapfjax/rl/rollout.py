@@ -419,7 +419,8 @@ def greedy_eval(
         for n, (j, p, t) in enumerate(zip(at, chunk, samples.texts, strict=True)):
             checked = None
             if enable_thinking:  # which look-up went wrong first; does the answer copy the trace
-                checked = (relay.check_trace(p, t)[1], *trace.trace_plan_outcome(p, t))
+                checked = (relay.check_trace(p, t)[1], *trace.trace_plan_outcome(p, t),
+                           trace.thinking_text(t) == "")  # fmt: skip
             verdicts = (verdict.valid[n], verdict.optimal[n], verdict.failure[n])
             done[j] = (*verdicts, len(samples.completions[n]), finished[n], checked)
     columns = list(zip(*(done[j] for j in range(len(problems))), strict=True))
@@ -436,11 +437,7 @@ def greedy_eval(
             "response_tokens": int(length[j]),
             "truncated": not bool(finished[j]),
         }
-        | (
-            dict(zip(("trace_error", "trace_plan", "trace_plan_valid"), traces[j], strict=True))
-            if enable_thinking
-            else {}
-        )
+        | (dict(zip(TRACE_FIELDS, traces[j], strict=True)) if enable_thinking else {})
         for j, p in enumerate(problems)
     )
     counts = stats.tally(
@@ -465,6 +462,12 @@ def greedy_eval(
     return Validation(cells, rows)
 
 
+# With thinking, what a validation row says of the response's trace: the first wrong line
+# (`relay.check_trace`), the answer against the trace's plan (`trace.trace_plan_outcome`), and
+# whether the think block is empty (the answer written without a trace).
+TRACE_FIELDS = ("trace_error", "trace_plan", "trace_plan_valid", "bare_answer")
+
+
 def validation_report(
     v: Validation, title: str, notes: Sequence[str] = (), problems: Sequence[Problem] = ()
 ) -> str:
@@ -479,6 +482,10 @@ def validation_report(
     if v.rows and "trace_plan" in v.rows[0]:
         lines += ["## Reasoning traces: the answer against the trace's plan", "",
                   plan_table(v.rows), ""]  # fmt: skip
+    if bare := sum(bool(r.get("bare_answer")) for r in v.rows):
+        valid = sum(bool(r["valid"]) for r in v.rows if r.get("bare_answer"))
+        lines += [f"Answers written without a trace (an empty think block): {bare} of "
+                  f"{len(v.rows)}, {valid} of them valid.", ""]  # fmt: skip
     return "\n".join(lines)
 
 

@@ -245,6 +245,7 @@ def test_trace_plan_outcome_compares_the_answer_with_the_traces_plan():
         think(good) + "<answer>\nAgent 0: FLY\n</answer>": ("differs", True),
         think(good) + "no answer block": ("differs", True),
         text.render_answer(good): ("no_plan", None),  # no think block
+        "<think>\n\n</think>\n\n" + text.render_answer(good): ("no_plan", None),  # empty block
         "<think>\nt1\nA0 nonsense\n</think>\n" + text.render_answer(good): ("no_plan", None),
     }
     for response, want in cases.items():

@@ -188,6 +188,44 @@ def test_thinking_examples_are_trace_then_answer(tok, problems, style):
         assert turn == data.response(p, plans, thinking=True, style=style)
 
 
+def test_answer_only_examples_keep_the_answer_after_an_empty_think_block(tok):
+    """sft_examples(answer_only=share): about that share of the puzzles, chosen by puzzle hash
+    (the same puzzles at any share below), give the same answer block after `<think>\\n\\n
+    </think>` instead of their trace; the rest are unchanged. Refused without thinking."""
+    from mapfjax.env import trace
+
+    problems = random_problems(120, seed=23, sizes=(3, 4, 5))
+    full = data.sft_examples(tok, problems, thinking=True)
+    half = data.sft_examples(tok, problems, thinking=True, answer_only=0.5)
+    most = data.sft_examples(tok, problems, thinking=True, answer_only=0.8)
+    assert data.sft_examples(tok, problems, thinking=True, answer_only=0.0) == full
+    by_id = {p.id: p for p in problems}
+
+    def bare(examples):
+        out = set()
+        for e, f in zip(examples, full, strict=True):
+            turn, whole = tok.decode(list(e.completion[:-1])), tok.decode(list(f.completion[:-1]))
+            p = by_id[e.problem_id]
+            assert e.prompt == f.prompt and e.puzzle == f.puzzle == io.puzzle_hash(p)
+            assert text.parse_answer(turn, 2) == text.parse_answer(whole, 2)
+            if turn != whole:
+                assert turn == "<think>\n\n</think>\n\n" + whole[trace.answer_start(whole) + 10 :]
+                share = 0.5 if e in half else 0.8
+                assert trace.thinking_text(turn) == "" and data.skips_trace(p, share)
+                out.add(e.problem_id)
+            else:
+                assert trace.thinking_text(turn)
+        return out
+
+    some, more = bare(half), bare(most)
+    assert some < more and 40 <= len(some) <= 80 and 80 <= len(more) <= 110
+    assert some == {p.id for p in problems if data.skips_trace(p, 0.5)}
+    with pytest.raises(ValueError, match=r"answer_only 0\.5: a share in \[0, 1\], above 0 only"):
+        data.sft_examples(tok, problems[:2], answer_only=0.5)
+    with pytest.raises(ValueError, match=r"answer_only -0\.1"):
+        data.sft_examples(tok, problems[:2], thinking=True, answer_only=-0.1)
+
+
 def test_sft_on_traces_lowers_the_loss(tok, problems):
     """A micro model fits trace examples: the loss over the whole turn falls by half."""
     import jax.numpy as jnp

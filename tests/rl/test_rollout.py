@@ -217,6 +217,33 @@ def test_greedy_eval_with_thinking_reports_the_trace(model, tok):
     report = rollout.validation_report(v, "t", problems=probs)
     assert "## Reasoning traces: the first wrong line" in report
     assert "| no_plan | 4 | - | 0 |" in report
+    assert not any(r["bare_answer"] for r in v.rows) and "without a trace" not in report
+    # answers after an empty think block (`sft.answer_only`) are counted
+    rows = [r | {"bare_answer": j < 3, "valid": j == 0} for j, r in enumerate(v.rows)]
+    report = rollout.validation_report(rollout.Validation(v.cells, tuple(rows)), "t")
+    want = "Answers written without a trace (an empty think block): 3 of 4, 1 of them valid."
+    assert want in report
+
+
+def test_greedy_eval_marks_an_answer_after_an_empty_think_block(model, tok, monkeypatch):
+    """A response whose think block is empty is a bare answer, with no trace plan; one with a
+    trace is not."""
+    probs = random_problems(2, seed=5, sizes=(3,))
+    bare = "<think>\n\n</think>\n\n<answer>\nAgent 0: UP\nAgent 1: UP\n</answer>"
+    texts = [bare, "<think>\nt1\n</think>\n\n<answer>\nAgent 0: UP\nAgent 1: UP\n</answer>"]
+    real = rollout.sample
+
+    def fixed(*args, **kwargs):
+        out = real(*args, **kwargs)
+        return out._replace(texts=texts[: len(out.texts)])
+
+    monkeypatch.setattr(rollout, "sample", fixed)
+    v = rollout.greedy_eval(model, tok, probs, max_new_tokens=8, batch_size=2,
+                            enable_thinking=True)  # fmt: skip
+    (bare_row,) = [r for r in v.rows if r["bare_answer"]]  # the chunk's order is by length
+    assert bare_row["trace_plan"] == "no_plan" and bare_row["trace_plan_valid"] is None
+    (other,) = [r for r in v.rows if not r["bare_answer"]]
+    assert other["trace_plan"] == "differs"  # its trace's (empty) plan is not the answer's
 
 
 def test_validation_table_numbers():

@@ -91,6 +91,8 @@ BAD_RECIPES = [
     ("sft.completion_multiple", 0, r"sft\.completion_multiple = 0; allowed: an integer >= 1"),
     ("sft.loop_lessons", 0.25, r"sft\.loop_lessons = 0\.25; allowed: a share in \[0, 1\]; above"),
     ("sft.loop_lessons", -1.0, r"sft\.loop_lessons = -1\.0; allowed: a share in \[0, 1\]"),
+    ("sft.answer_only", 0.5, r"sft\.answer_only = 0\.5; allowed: a share in \[0, 1\]; above 0"),
+    ("sft.answer_only", 1.5, r"sft\.answer_only = 1\.5; allowed: a share in \[0, 1\]"),
 ]
 
 

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# PLAN_mix.md (results/go_no_go): a start that thinks on some samples and answers at once on
+# others (configs/tiny_model.py:trace_mix: the ending start + 600 SFT updates, 60 % of the
+# puzzles answered after an empty think block), then C's arm from it on a new held-out draw
+# with its 3x3 mismatched arm on a gain, beside the shipped model and the ending start.
+# SEED and DRAW (default 18 and 12368) run the plan's confirmation (19 and 12369) into
+# results/go_no_go/trace_mix_<SEED>. Resumable: the same command goes on where it stood.
+#
+#   bash launch/trace_mix.sh   # about 30 minutes of SFT, then 30-60 of GRPO, on 2 CPU cores
+set -euo pipefail
+source launch/arms.sh
+ENDING=runs/tiny_trace_end_scratch/export
+START=runs/tiny_trace_mix/export
+SEED=${SEED:-18}
+DRAW=${DRAW:-12368}
+OUT=$R/trace_mix
+[ "$SEED" = 18 ] || OUT=$R/trace_mix_$SEED
+built $START || {
+  built $ENDING || {
+    echo "error: $ENDING is not built; run launch/trace_end.sh first (its SFT, about 3.6 h)" >&2
+    exit 2
+  }
+  python launch/train_tiny.py --config configs/tiny_model.py:trace_mix
+}
+source $R/trace_greedy_pilot.txt  # X_UPDATES: C's update count
+check_counts $R/trace_greedy_pilot.txt X_UPDATES
+gate "${TRACE_WAIT[@]}" --policy $START --groups 32 --lr 1e-4 --updates "$X_UPDATES" \
+  --seed "$SEED" --held_out_seed "$DRAW" --mismatched 3x3 --mismatched_when gain \
+  --workdir runs/gng_mix_$SEED --out $OUT
+vs_shipped $OUT runs/gng_mix_$SEED "GRPO ($X_UPDATES updates)" "trace_mix"
+# the ending start (always thinking) on the same 400 puzzles
+greedy_verdicts $ENDING runs/gng_mix_$SEED/matched/validation_set.jsonl $OUT/ending \
+  runs/gng_mix_${SEED}_ending
+last=$(printf '%s\n' $OUT/matched/round_*/validation.json | sort -V | tail -n 1)
+python launch/compare_evals.py --instances runs/gng_mix_$SEED/matched/validation_set.jsonl \
+  --sizes 3-6 --split_wait --evals $OUT/matched/start/validation.json,$last,$OUT/ending \
+  --labels "start (trace_mix),GRPO ($X_UPDATES updates),ending start (always thinks)" \
+  --out $OUT/vs_ending.md
+bare_answers $OUT/matched/start/validation.json $last > $OUT/bare_answers.md
