@@ -4,7 +4,7 @@
 # launch/trace_first_stage.sh, launch/trace_lessons.sh, launch/trace_scale.sh,
 # launch/trace_retry.sh, launch/trace_loop.sh, launch/trace_end.sh, launch/trace_wide.sh,
 # launch/trace_greedy.sh, launch/trace_fresh.sh, launch/trace_transfer.sh, launch/trace_rounds.sh,
-# launch/trace_mix.sh);
+# launch/trace_mix.sh, launch/trace_mix_placebo.sh);
 # sourced, not run. They set BUDGET_S (the seconds of GRPO an arm may take) before calling
 # pilot_updates, and call build_start first where the start may not be built yet.
 
