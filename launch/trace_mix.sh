@@ -36,4 +36,9 @@ python launch/compare_evals.py --instances runs/gng_mix_$SEED/matched/validation
   --sizes 3-6 --split_wait --evals $OUT/matched/start/validation.json,$last,$OUT/ending \
   --labels "start (trace_mix),GRPO ($X_UPDATES updates),ending start (always thinks)" \
   --out $OUT/vs_ending.md
+M=$OUT/mismatched_3x3/round_0/validation.json  # the 3x3 arm, run on a gain
+[ -f $M ] && python launch/compare_evals.py --sizes 3-6 --evals $OUT/ending,$last,$M \
+  --instances runs/gng_mix_$SEED/matched/validation_set.jsonl \
+  --labels "ending start (always thinks),GRPO matched,GRPO 3x3 only" \
+  --out $OUT/vs_ending_reference.md
 bare_answers $OUT/matched/start/validation.json $last > $OUT/bare_answers.md

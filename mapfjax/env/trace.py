@@ -494,8 +494,8 @@ def trace_plan_outcome(problem: Problem, response: str) -> tuple[str, bool | Non
     """(outcome, whether the trace's own plan is valid): "copied" when the answer block's
     plan is the one the trace's move lines choose, "differs" when it is another (or none
     parses), "no_plan" without a readable trace, or with an empty think block (validity
-    None). The gap between the rate of
-    valid trace plans and of valid answers is what copying the trace into the answer loses."""
+    None). The gap between the rate of valid trace plans and of valid answers is what copying
+    the trace into the answer loses."""
     body = thinking_text(response)
     plans = parse_trace(body, problem.num_agents)[0] if body else None  # "": an empty block
     if plans is None:
