@@ -122,13 +122,22 @@ _BONUS = flags.DEFINE_float(
 # or every held-out size with no puzzle that needs a wait (the half of held-out where GRPO's
 # gains from the shipped model fall; results/go_no_go, "The shipped model").
 HELD_OUT_SIZES = range(3, 7)
-MISMATCHES = {"3x3": ((3,), None), "no_wait": (HELD_OUT_SIZES, 0.0)}
+# The mismatched arm's training puzzles (sizes, wait ratio; None: --wait_ratio). "large" is out of
+# the held-out range and out of the trace policies' SFT data (3x3-6x6), inside the engineer's
+# legal space (results/go_no_go/PLAN_reach.md).
+MISMATCHES = {
+    "3x3": ((3,), None),
+    "no_wait": (HELD_OUT_SIZES, 0.0),
+    "large": (range(7, 11), None),
+}
 _MISMATCHED = flags.DEFINE_enum(
     "mismatched",
     "3x3",
     list(MISMATCHES),
-    "the mismatched arm's training puzzles: 3x3 maps only (wait ratio as --wait_ratio), or "
-    "3x3-6x6 with none that needs a wait (arm mismatched_<name>)",
+    "the mismatched arm's training puzzles: 3x3 maps only (wait ratio as --wait_ratio), "
+    "3x3-6x6 with none that needs a wait, or 7x7-10x10 maps (wait ratio as --wait_ratio; "
+    "sizes the held-out set and the trace policies' SFT data leave out) (arm "
+    "mismatched_<name>)",
 )
 _MISMATCHED_WHEN = flags.DEFINE_enum(
     "mismatched_when",

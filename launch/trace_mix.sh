@@ -4,7 +4,10 @@
 # puzzles answered after an empty think block), then C's arm from it on a new held-out draw
 # with its 3x3 mismatched arm on a gain, beside the shipped model and the ending start.
 # SEED and DRAW (default 18 and 12368) run the plan's confirmation (19 and 12369) into
-# results/go_no_go/trace_mix_<SEED>. Resumable: the same command goes on where it stood.
+# results/go_no_go/trace_mix_<SEED>; MISMATCH (a go_no_go.py --mismatched choice, default 3x3),
+# WHEN (--mismatched_when, default gain) and OUT (the results folder) run other mismatched arms
+# (launch/trace_mix_reach.sh). The ending start is built first where it is missing (about 3.6 h).
+# Resumable: the same command goes on where it stood.
 #
 #   bash launch/trace_mix.sh   # about 30 minutes of SFT, then 30-60 of GRPO, on 2 CPU cores
 set -euo pipefail
@@ -13,19 +16,19 @@ ENDING=runs/tiny_trace_end_scratch/export
 START=runs/tiny_trace_mix/export
 SEED=${SEED:-18}
 DRAW=${DRAW:-12368}
-OUT=$R/trace_mix
-[ "$SEED" = 18 ] || OUT=$R/trace_mix_$SEED
+MISMATCH=${MISMATCH:-3x3}
+WHEN=${WHEN:-gain}
+DEFAULT_OUT=$R/trace_mix
+[ "$SEED" = 18 ] || DEFAULT_OUT=$R/trace_mix_$SEED
+OUT=${OUT:-$DEFAULT_OUT}
 built $START || {
-  built $ENDING || {
-    echo "error: $ENDING is not built; run launch/trace_end.sh first (its SFT, about 3.6 h)" >&2
-    exit 2
-  }
+  built $ENDING || python launch/train_tiny.py --config configs/tiny_model.py:trace_end_scratch
   python launch/train_tiny.py --config configs/tiny_model.py:trace_mix
 }
 source $R/trace_greedy_pilot.txt  # X_UPDATES: C's update count
 check_counts $R/trace_greedy_pilot.txt X_UPDATES
 gate "${TRACE_WAIT[@]}" --policy $START --groups 32 --lr 1e-4 --updates "$X_UPDATES" \
-  --seed "$SEED" --held_out_seed "$DRAW" --mismatched 3x3 --mismatched_when gain \
+  --seed "$SEED" --held_out_seed "$DRAW" --mismatched "$MISMATCH" --mismatched_when "$WHEN" \
   --workdir runs/gng_mix_$SEED --out $OUT
 vs_shipped $OUT runs/gng_mix_$SEED "GRPO ($X_UPDATES updates)" "trace_mix"
 # the ending start (always thinking) on the same 400 puzzles
@@ -36,9 +39,12 @@ python launch/compare_evals.py --instances runs/gng_mix_$SEED/matched/validation
   --sizes 3-6 --split_wait --evals $OUT/matched/start/validation.json,$last,$OUT/ending \
   --labels "start (trace_mix),GRPO ($X_UPDATES updates),ending start (always thinks)" \
   --out $OUT/vs_ending.md
-M=$OUT/mismatched_3x3/round_0/validation.json  # the 3x3 arm, run on a gain
+M=$OUT/mismatched_$MISMATCH/round_0/validation.json  # the mismatched arm, where it ran
+case $MISMATCH in 3x3) ML="3x3 only" ;; large) ML="7x7-10x10 only" ;; *) ML=$MISMATCH ;; esac
 [ -f $M ] && python launch/compare_evals.py --sizes 3-6 --evals $OUT/ending,$last,$M \
   --instances runs/gng_mix_$SEED/matched/validation_set.jsonl \
-  --labels "ending start (always thinks),GRPO matched,GRPO 3x3 only" \
+  --labels "ending start (always thinks),GRPO matched,GRPO $ML" \
   --out $OUT/vs_ending_reference.md
-bare_answers $OUT/matched/start/validation.json $last > $OUT/bare_answers.md
+MS=()  # the mismatched arm's end too, where it ran
+[ -f $M ] && MS=($M)
+bare_answers $OUT/matched/start/validation.json $last "${MS[@]}" > $OUT/bare_answers.md

@@ -246,6 +246,7 @@ def test_mismatched_arm_choices():
     for args, waits, sizes in [
         ([], [0.5], ["s3"]),  # 3x3 only, at --wait_ratio
         (["--mismatched=no_wait"], [0.0] * 4, ["s3", "s4", "s5", "s6"]),
+        (["--mismatched=large"], [0.5] * 4, ["s10", "s7", "s8", "s9"]),
     ]:
         got = _run_probe(probe, ["--wait_ratio=0.5", *args])
         assert got[7] == waits and got[-1] == sizes, args
@@ -259,10 +260,11 @@ def test_mismatched_arm_choices():
     # both mismatched arms of one matched run can share an --out: each its own verdict
     names = subprocess.run(
         [sys.executable, "-c", _PROBE.split("flags.FLAGS(")[0]
-         + "print(m.verdict_name('3x3'), m.verdict_name('no_wait'))"],
+         + "print(m.verdict_name('3x3'), m.verdict_name('no_wait'), m.verdict_name('large'))"],
         cwd=ROOT, capture_output=True, text=True,
     )  # fmt: skip
-    assert names.stdout.split() == ["verdict.md", "verdict_no_wait.md"], names.stderr
+    want = ["verdict.md", "verdict_no_wait.md", "verdict_large.md"]
+    assert names.stdout.split() == want, names.stderr
 
 
 def _probe_fields(fields: str, *arg_sets) -> list:
