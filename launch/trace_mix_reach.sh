@@ -7,7 +7,7 @@
 # SEED and DRAW (default 20 and 12370; the confirmation 21 and 12371) choose the run, into
 # results/go_no_go/trace_mix_reach_<SEED>. Resumable: the same command goes on where it stood.
 #
-#   bash launch/trace_mix_reach.sh   # SFT about 4.1 h where nothing is built, then about 1 h
+#   bash launch/trace_mix_reach.sh   # SFT 4-6 h where nothing is built (resumable), then about 1 h
 set -euo pipefail
 source launch/arms.sh
 ENDING=runs/tiny_trace_end_scratch/export
