@@ -4,7 +4,8 @@
 # launch/trace_first_stage.sh, launch/trace_lessons.sh, launch/trace_scale.sh,
 # launch/trace_retry.sh, launch/trace_loop.sh, launch/trace_end.sh, launch/trace_wide.sh,
 # launch/trace_greedy.sh, launch/trace_fresh.sh, launch/trace_transfer.sh, launch/trace_rounds.sh,
-# launch/trace_mix.sh, launch/trace_mix_placebo.sh);
+# launch/trace_mix.sh, launch/trace_mix_placebo.sh, launch/trace_mix_reach.sh,
+# launch/device_starts.sh);
 # sourced, not run. They set BUDGET_S (the seconds of GRPO an arm may take) before calling
 # pilot_updates, and call build_start first where the start may not be built yet.
 
@@ -57,6 +58,36 @@ build_start() {  # TRACE_WAIT's start by the trace recipe (about 8,000 SFT updat
     --config.rl.train.steps=0 --config.out_dir=runs/tiny_trace_grid/export_aw10_6000 ${EXTRA:-}
   built runs/tiny_trace_long/export || python launch/train_tiny.py --config $t:trace_long ${EXTRA:-}
   built runs/tiny_trace_wait/export || python launch/train_tiny.py --config $t:trace_wait ${EXTRA:-}
+}
+
+ending_export() {  # N: where the ending start after N of its SFT updates is exported
+  if [ "$1" = 6000 ]; then echo runs/tiny_trace_end_scratch/export
+  else echo runs/tiny_trace_end_scratch/export_$1; fi
+}
+
+mix_export() {  # N: where trace_mix continued from ending_export N is exported
+  if [ "$1" = 6000 ]; then echo runs/tiny_trace_mix/export; else echo runs/tiny_trace_mix_$1/export; fi
+}
+
+mix_starts() {  # N: the ending start after the first N of its recipe's SFT updates
+  # (configs/tiny_model.py:trace_end_scratch, whose stages end at 1500, 3000 and 6000: a shorter
+  # build is the longer one's prefix and the longer one resumes it in the same workdir), then
+  # trace_mix continued from it, each unless built, into ending_export N and mix_export N;
+  # EXTRA="..." adds recipe flags to both
+  local t=configs/tiny_model.py stages ending mix
+  case $1 in
+    1500) stages='(1500,)' ;;
+    3000) stages='(1500,3000)' ;;
+    6000) stages='(1500,3000,6000)' ;;
+    *) echo "mix_starts: $1 is not where a stage of trace_end_scratch ends (1500, 3000, 6000)" >&2
+       return 2 ;;
+  esac
+  ending=$(ending_export "$1")
+  mix=$(mix_export "$1")
+  built "$ending" || python launch/train_tiny.py --config $t:trace_end_scratch \
+    --config.sft.stages="$stages" --config.out_dir="$ending" ${EXTRA:-}
+  built "$mix" || python launch/train_tiny.py --config $t:trace_mix --config.init="$ending" \
+    --config.workdir="${mix%/export}" --config.out_dir="$mix" ${EXTRA:-}
 }
 
 gate() {  # go_no_go.py exits 1 on NO-GO, which is a result here; 2 or more is an error

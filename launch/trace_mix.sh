@@ -7,13 +7,16 @@
 # results/go_no_go/trace_mix_<SEED>; MISMATCH (a go_no_go.py --mismatched choice, default 3x3),
 # WHEN (--mismatched_when, default gain) and OUT (the results folder) run other mismatched arms
 # (launch/trace_mix_reach.sh). The ending start is built first where it is missing (about 3.6 h).
-# Resumable: the same command goes on where it stood.
+# N (default 6000) starts from trace_mix continued from the ending start's first N SFT updates
+# (`mix_starts` in launch/arms.sh: 1500, 3000 or 6000). Resumable: the same command goes on
+# where it stood.
 #
 #   bash launch/trace_mix.sh   # about 30 minutes of SFT, then 30-60 of GRPO, on 2 CPU cores
 set -euo pipefail
 source launch/arms.sh
-ENDING=runs/tiny_trace_end_scratch/export
-START=runs/tiny_trace_mix/export
+N=${N:-6000}
+ENDING=$(ending_export "$N")
+START=$(mix_export "$N")
 SEED=${SEED:-18}
 DRAW=${DRAW:-12368}
 MISMATCH=${MISMATCH:-3x3}
@@ -21,28 +24,27 @@ WHEN=${WHEN:-gain}
 DEFAULT_OUT=$R/trace_mix
 [ "$SEED" = 18 ] || DEFAULT_OUT=$R/trace_mix_$SEED
 OUT=${OUT:-$DEFAULT_OUT}
-built $START || {
-  built $ENDING || python launch/train_tiny.py --config configs/tiny_model.py:trace_end_scratch
-  python launch/train_tiny.py --config configs/tiny_model.py:trace_mix
-}
+W=runs/gng_mix_$SEED  # the arms' workdir and the start's label
+LABEL=trace_mix
+[ "$N" = 6000 ] || { W=runs/gng_mix${N}_$SEED; LABEL="trace_mix ($N)"; }
+mix_starts "$N"
 source $R/trace_greedy_pilot.txt  # X_UPDATES: C's update count
 check_counts $R/trace_greedy_pilot.txt X_UPDATES
 gate "${TRACE_WAIT[@]}" --policy $START --groups 32 --lr 1e-4 --updates "$X_UPDATES" \
   --seed "$SEED" --held_out_seed "$DRAW" --mismatched "$MISMATCH" --mismatched_when "$WHEN" \
-  --workdir runs/gng_mix_$SEED --out $OUT
-vs_shipped $OUT runs/gng_mix_$SEED "GRPO ($X_UPDATES updates)" "trace_mix"
+  --workdir $W --out $OUT
+vs_shipped $OUT $W "GRPO ($X_UPDATES updates)" "$LABEL"
 # the ending start (always thinking) on the same 400 puzzles
-greedy_verdicts $ENDING runs/gng_mix_$SEED/matched/validation_set.jsonl $OUT/ending \
-  runs/gng_mix_${SEED}_ending
+greedy_verdicts $ENDING $W/matched/validation_set.jsonl $OUT/ending ${W}_ending
 last=$(printf '%s\n' $OUT/matched/round_*/validation.json | sort -V | tail -n 1)
-python launch/compare_evals.py --instances runs/gng_mix_$SEED/matched/validation_set.jsonl \
+python launch/compare_evals.py --instances $W/matched/validation_set.jsonl \
   --sizes 3-6 --split_wait --evals $OUT/matched/start/validation.json,$last,$OUT/ending \
-  --labels "start (trace_mix),GRPO ($X_UPDATES updates),ending start (always thinks)" \
+  --labels "start ($LABEL),GRPO ($X_UPDATES updates),ending start (always thinks)" \
   --out $OUT/vs_ending.md
 M=$OUT/mismatched_$MISMATCH/round_0/validation.json  # the mismatched arm, where it ran
 case $MISMATCH in 3x3) ML="3x3 only" ;; large) ML="7x7-10x10 only" ;; *) ML=$MISMATCH ;; esac
 [ -f $M ] && python launch/compare_evals.py --sizes 3-6 --evals $OUT/ending,$last,$M \
-  --instances runs/gng_mix_$SEED/matched/validation_set.jsonl \
+  --instances $W/matched/validation_set.jsonl \
   --labels "ending start (always thinks),GRPO matched,GRPO $ML" \
   --out $OUT/vs_ending_reference.md
 MS=()  # the mismatched arm's end too, where it ran

@@ -335,3 +335,77 @@ def test_bare_answers_counts_empty_think_blocks_and_their_valid_share(tmp_path):
     lines = out.stdout.splitlines()
     assert lines[0].startswith("| validation | n | bare answers | valid among them |")
     assert lines[2].startswith("| v.json | 5 | 3 | 33.3 [") and "| 2 | 100.0 [" in lines[2]
+
+
+@pytest.mark.parametrize("n, stages", [("1500", "(1500,)"), ("3000", "(1500,3000)"),
+                                       ("6000", "(1500,3000,6000)")])  # fmt: skip
+def test_mix_starts_builds_the_ending_prefix_then_trace_mix_from_it(tmp_path, n, stages):
+    """mix_starts N: the ending start's recipe cut at the stage ending at N (the whole recipe
+    at 6000, into the exports the first build used), then trace_mix from that export, each
+    with EXTRA's flags; a built export is skipped, and an N that ends no stage stops it."""
+    out = _bash(tmp_path, f'EXTRA="--config.processes=14" mix_starts {n}')
+    assert out.returncode == 0, out.stderr
+    calls = (tmp_path / "calls.txt").read_text().splitlines()
+    ending = "export" if n == "6000" else f"export_{n}"
+    mix = "runs/tiny_trace_mix" if n == "6000" else f"runs/tiny_trace_mix_{n}"
+    assert calls == [
+        "launch/train_tiny.py --config configs/tiny_model.py:trace_end_scratch "
+        f"--config.sft.stages={stages} --config.out_dir=runs/tiny_trace_end_scratch/{ending} "
+        "--config.processes=14",
+        "launch/train_tiny.py --config configs/tiny_model.py:trace_mix "
+        f"--config.init=runs/tiny_trace_end_scratch/{ending} --config.workdir={mix} "
+        f"--config.out_dir={mix}/export --config.processes=14",
+    ]
+    again = tmp_path / "built"
+    for d in (f"runs/tiny_trace_end_scratch/{ending}", f"{mix}/export"):
+        (again / d).mkdir(parents=True)
+        (again / d / "VALIDATION.md").touch()
+    out = _bash(again, f"mix_starts {n}")
+    assert out.returncode == 0 and not (again / "calls.txt").exists(), out.stderr
+
+
+def test_mix_starts_refuses_a_count_that_ends_no_stage(tmp_path):
+    out = _bash(tmp_path, "mix_starts 2000")
+    assert out.returncode == 2 and "1500, 3000, 6000" in out.stderr
+    assert not (tmp_path / "calls.txt").exists()
+
+
+@pytest.mark.parametrize("built", [0, 1, 2])
+def test_device_starts_builds_what_is_missing_with_the_gpu_flags_then_packs_it(tmp_path, built):
+    """launch/device_starts.sh: the ending start's first 1,500 updates, then trace_mix from it,
+    each skipped where its export holds VALIDATION.md and built otherwise by python3 with the
+    device flags; both exports and SFT logs are packed into $OUT/starts.tgz. Without OUT it
+    stops before running anything."""
+    import tarfile
+
+    dirs = ["runs/tiny_trace_end_scratch/export_1500", "runs/tiny_trace_mix_1500/export"]
+    logs = ["runs/tiny_trace_end_scratch/log.jsonl", "runs/tiny_trace_mix_1500/log.jsonl"]
+    for k, (d, log) in enumerate(zip(dirs, logs, strict=True)):
+        (tmp_path / d).mkdir(parents=True)
+        (tmp_path / log).write_text("{}\n")
+        if k < built:
+            (tmp_path / d / "VALIDATION.md").write_text(d)
+    (tmp_path / "launch").symlink_to(ROOT / "launch")
+    stub = tmp_path / "bin" / "python3"
+    stub.parent.mkdir()
+    stub.write_text('#!/usr/bin/env bash\necho "$*" >> calls.txt\n')
+    stub.chmod(0o755)
+    env = {"PATH": f"{stub.parent}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    run = lambda e: subprocess.run(["bash", "launch/device_starts.sh"], cwd=tmp_path, env=e,
+                                   capture_output=True, text=True)  # fmt: skip
+    out = run(env)
+    assert out.returncode != 0 and "OUT" in out.stderr and not (tmp_path / "calls.txt").exists()
+    (tmp_path / "out").mkdir()
+    out = run(env | {"OUT": str(tmp_path / "out")})
+    assert out.returncode == 0, out.stderr
+    log = tmp_path / "calls.txt"
+    calls = log.read_text().splitlines() if log.exists() else []
+    variants = ["trace_end_scratch", "trace_mix"][built:]
+    assert [c.split()[2] for c in calls] == [f"configs/tiny_model.py:{v}" for v in variants]
+    for c in calls:
+        assert c.startswith("launch/train_tiny.py --config ")
+        assert c.endswith("--config.sft.completion_multiple=1152 --config.processes=14 "
+                          "--config.sft.checkpoint_every=500")  # fmt: skip
+    with tarfile.open(tmp_path / "out" / "starts.tgz") as t:
+        packed = set(t.getnames())
+    assert set(dirs + logs) <= packed
