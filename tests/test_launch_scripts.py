@@ -409,3 +409,34 @@ def test_device_starts_builds_what_is_missing_with_the_gpu_flags_then_packs_it(t
     with tarfile.open(tmp_path / "out" / "starts.tgz") as t:
         packed = set(t.getnames())
     assert set(dirs + logs) <= packed
+
+
+@pytest.mark.parametrize("recorded", [False, True])
+def test_trace_mix_reach_reads_a_short_start_once_then_runs_the_large_arm(tmp_path, recorded):
+    """launch/trace_mix_reach.sh (N=1500 by default): the starts by mix_starts, the first-stage
+    ending start read on the gate's 400 unless its committed record is there, then
+    launch/trace_mix.sh with the plan's seed, draw and large mismatched arm, run always."""
+    (tmp_path / "launch").mkdir()
+    for name in ("arms.sh", "trace_mix_reach.sh"):
+        (tmp_path / "launch" / name).symlink_to(ROOT / "launch" / name)
+    (tmp_path / "launch" / "trace_mix.sh").write_text(
+        'echo "trace_mix N=$N SEED=$SEED DRAW=$DRAW MISMATCH=$MISMATCH WHEN=$WHEN OUT=$OUT"'
+        " >> calls.txt\n"
+    )
+    for d in ("runs/tiny_trace_end_scratch/export_1500", "runs/tiny_trace_mix_1500/export"):
+        (tmp_path / d).mkdir(parents=True)
+        (tmp_path / d / "VALIDATION.md").touch()
+    record = tmp_path / "results" / "go_no_go" / "trace_mix_reach_start_1500"
+    if recorded:
+        record.mkdir(parents=True)
+        (record / "retry_check.md").touch()
+    out = _bash(tmp_path, "bash launch/trace_mix_reach.sh")
+    assert out.returncode == 0, out.stderr
+    calls = (tmp_path / "calls.txt").read_text().splitlines()
+    reads = ["launch/evaluate.py", "launch/compare_evals.py", "launch/lookahead_check.py"]
+    assert [c.split()[0] for c in calls[:-1]] == ([] if recorded else reads)
+    assert calls[-1] == (
+        "trace_mix N=1500 SEED=20 DRAW=12370 MISMATCH=large WHEN=always "
+        "OUT=results/go_no_go/trace_mix_reach_20"
+    )
+    assert not (record / "rebuild.txt").exists()
