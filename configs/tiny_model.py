@@ -57,6 +57,7 @@ VARIANTS = (
     "trace_end_scratch",
     "trace_end_wide",
     "trace_mix",
+    "trace_mix_scratch",
 )
 
 
@@ -79,7 +80,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     loop line that ends it) beside its own examples; "trace_end_scratch" trains the retrying
     relay from scratch, its trace also ending on `no order left` where every order fails;
     "trace_mix" continues trace_end_scratch with 60 % of its puzzles answered without a trace
-    (`sft.answer_only`)."""
+    (`sft.answer_only`); "trace_mix_scratch" trains that mix from scratch, in the first stage
+    of trace_end_scratch's recipe."""
     if arg not in VARIANTS:
         raise ValueError(f"configs/tiny_model.py: unknown variant {arg!r}; known: {VARIANTS}")
     c = ml_collections.ConfigDict()
@@ -340,6 +342,19 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         continue_from(c, "runs/tiny_trace_end_scratch/export", "trace_mix", 111, 0.5, 8192, 600)
         c.trace_lookahead = "relay_retry_end"
         c.sft.answer_only = 0.6
+    if arg == "trace_mix_scratch":
+        # trace_mix's mix (60 % of the puzzles answered after an empty think block) from the
+        # first update, in the first stage of trace_end_scratch's recipe (1,500 updates on its
+        # own cosine schedule): a start that thinks on some samples built in about an hour on 2
+        # cores, where trace_end_scratch then trace_mix take 5-7 (results/go_no_go/PLAN_reach.md).
+        c.trace_lookahead = "relay_retry_end"
+        c.workdir = "runs/tiny_trace_mix_scratch"
+        c.out_dir = "runs/tiny_trace_mix_scratch/export"
+        c.sft.answer_weight = 10.0
+        c.sft.answer_only = 0.6
+        c.sft.exclude = ("results/go_no_go/held_out_400.jsonl",)
+        c.sft.stages = (1500,)
+        c.rl.train.steps = 0
     if arg == "trace_retry_lessons":
         # trace_retry_scratch continued for 1,000 updates, a quarter of the puzzles also giving
         # a loop lesson (`mapfjax.rl.data.loop_lesson_examples`): its trace up to a wrong move

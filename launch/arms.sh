@@ -60,26 +60,40 @@ build_start() {  # TRACE_WAIT's start by the trace recipe (about 8,000 SFT updat
   built runs/tiny_trace_wait/export || python launch/train_tiny.py --config $t:trace_wait ${EXTRA:-}
 }
 
-ending_export() {  # N: where the ending start after N of its SFT updates is exported
-  if [ "$1" = 6000 ]; then echo runs/tiny_trace_end_scratch/export
-  else echo runs/tiny_trace_end_scratch/export_$1; fi
+ending_export() {  # N: where the ending start after N of its SFT updates is exported (none
+  # for N=scratch)
+  case $1 in
+    6000) echo runs/tiny_trace_end_scratch/export ;;
+    scratch) echo "" ;;
+    *) echo runs/tiny_trace_end_scratch/export_$1 ;;
+  esac
 }
 
-mix_export() {  # N: where trace_mix continued from ending_export N is exported
-  if [ "$1" = 6000 ]; then echo runs/tiny_trace_mix/export; else echo runs/tiny_trace_mix_$1/export; fi
+mix_export() {  # N: where trace_mix continued from ending_export N is exported (N=scratch:
+  # trace_mix_scratch's export)
+  case $1 in
+    6000) echo runs/tiny_trace_mix/export ;;
+    *) echo runs/tiny_trace_mix_$1/export ;;
+  esac
 }
 
 mix_starts() {  # N: the ending start after the first N of its recipe's SFT updates
   # (configs/tiny_model.py:trace_end_scratch, whose stages end at 1500, 3000 and 6000: a shorter
   # build is the longer one's prefix and the longer one resumes it in the same workdir), then
   # trace_mix continued from it, each unless built, into ending_export N and mix_export N;
-  # EXTRA="..." adds recipe flags to both
+  # N=scratch: trace_mix_scratch alone (the mix from the first update, no ending start);
+  # EXTRA="..." adds recipe flags
   local t=configs/tiny_model.py stages ending mix
   case $1 in
     1500) stages='(1500,)' ;;
     3000) stages='(1500,3000)' ;;
     6000) stages='(1500,3000,6000)' ;;
-    *) echo "mix_starts: $1 is not where a stage of trace_end_scratch ends (1500, 3000, 6000)" >&2
+    scratch)
+      built "$(mix_export scratch)" ||
+        python launch/train_tiny.py --config $t:trace_mix_scratch ${EXTRA:-}
+      return ;;
+    *) echo "mix_starts: $1 is neither scratch nor where a stage of trace_end_scratch ends" \
+         "(1500, 3000, 6000)" >&2
        return 2 ;;
   esac
   ending=$(ending_export "$1")

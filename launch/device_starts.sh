@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# PLAN_reach.md (results/go_no_go): the two starts of launch/trace_mix_reach.sh built on one GPU
-# in minutes where 2 CPU cores take one to several hours: the ending start's first N SFT updates
-# (configs/tiny_model.py:trace_end_scratch; N as there, default 1500), then trace_mix from it
-# (`mix_starts` in launch/arms.sh). Run on the device machine from the repository root; the
+# PLAN_reach.md (results/go_no_go): the start of launch/trace_mix_reach.sh built on one GPU in
+# minutes where 2 CPU cores take one to several hours (`mix_starts` in launch/arms.sh; N as
+# there: scratch by default, trace_mix_scratch; 1500, 3000 or 6000: the ending start's first N
+# SFT updates, then trace_mix from it). Run on the device machine from the repository root; the
 # exports (with their VALIDATION.md) and the SFT logs come back in $OUT/starts.tgz. Each start
 # is skipped where it is built, and one cut off mid-way resumes from its last checkpoint on the
 # same machine. ml-collections travels as a wheel in .whl (here, once:
@@ -13,7 +13,7 @@
 #                                                 # bash launch/trace_mix_reach.sh
 set -euo pipefail
 : "${OUT:?OUT: the folder the exports are written to}"
-N=${N:-1500}
+N=${N:-scratch}
 if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl
@@ -28,4 +28,6 @@ EXTRA="--config.sft.completion_multiple=1152 --config.processes=14 --config.sft.
 mix_starts "$N"
 ending=$(ending_export "$N")
 mix=$(mix_export "$N")
-tar czf "$OUT/starts.tgz" "$ending" "$mix" "${ending%/*}/log.jsonl" "${mix%/export}/log.jsonl"
+packed=("$mix" "${mix%/export}/log.jsonl")
+[ -z "$ending" ] || packed+=("$ending" "${ending%/*}/log.jsonl")
+tar czf "$OUT/starts.tgz" "${packed[@]}"

@@ -8,8 +8,8 @@
 # WHEN (--mismatched_when, default gain) and OUT (the results folder) run other mismatched arms
 # (launch/trace_mix_reach.sh). The ending start is built first where it is missing (about 3.6 h).
 # N (default 6000) starts from trace_mix continued from the ending start's first N SFT updates
-# (`mix_starts` in launch/arms.sh: 1500, 3000 or 6000). Resumable: the same command goes on
-# where it stood.
+# (`mix_starts` in launch/arms.sh: 1500, 3000 or 6000), or N=scratch from trace_mix_scratch
+# (no ending start to set beside it). Resumable: the same command goes on where it stood.
 #
 #   bash launch/trace_mix.sh   # about 30 minutes of SFT, then 30-60 of GRPO, on 2 CPU cores
 set -euo pipefail
@@ -27,6 +27,7 @@ OUT=${OUT:-$DEFAULT_OUT}
 W=runs/gng_mix_$SEED  # the arms' workdir and the start's label
 LABEL=trace_mix
 [ "$N" = 6000 ] || { W=runs/gng_mix${N}_$SEED; LABEL="trace_mix ($N)"; }
+[ "$N" = scratch ] && LABEL=trace_mix_scratch
 mix_starts "$N"
 source $R/trace_greedy_pilot.txt  # X_UPDATES: C's update count
 check_counts $R/trace_greedy_pilot.txt X_UPDATES
@@ -34,19 +35,22 @@ gate "${TRACE_WAIT[@]}" --policy $START --groups 32 --lr 1e-4 --updates "$X_UPDA
   --seed "$SEED" --held_out_seed "$DRAW" --mismatched "$MISMATCH" --mismatched_when "$WHEN" \
   --workdir $W --out $OUT
 vs_shipped $OUT $W "GRPO ($X_UPDATES updates)" "$LABEL"
+last=$(printf '%s\n' $OUT/matched/round_*/validation.json | sort -V | tail -n 1)
+M=$OUT/mismatched_$MISMATCH/round_0/validation.json  # the mismatched arm, where it ran
+MS=()  # the mismatched arm's end too, where it ran
+[ -f $M ] && MS=($M)
+bare_answers $OUT/matched/start/validation.json $last "${MS[@]}" > $OUT/bare_answers.md
+[ -n "$ENDING" ] || exit 0  # N=scratch: no start that always thinks to set beside them
 # the ending start (always thinking) on the same 400 puzzles
 greedy_verdicts $ENDING $W/matched/validation_set.jsonl $OUT/ending ${W}_ending
-last=$(printf '%s\n' $OUT/matched/round_*/validation.json | sort -V | tail -n 1)
 python launch/compare_evals.py --instances $W/matched/validation_set.jsonl \
   --sizes 3-6 --split_wait --evals $OUT/matched/start/validation.json,$last,$OUT/ending \
   --labels "start ($LABEL),GRPO ($X_UPDATES updates),ending start (always thinks)" \
   --out $OUT/vs_ending.md
-M=$OUT/mismatched_$MISMATCH/round_0/validation.json  # the mismatched arm, where it ran
 case $MISMATCH in 3x3) ML="3x3 only" ;; large) ML="7x7-10x10 only" ;; *) ML=$MISMATCH ;; esac
-[ -f $M ] && python launch/compare_evals.py --sizes 3-6 --evals $OUT/ending,$last,$M \
-  --instances $W/matched/validation_set.jsonl \
-  --labels "ending start (always thinks),GRPO matched,GRPO $ML" \
-  --out $OUT/vs_ending_reference.md
-MS=()  # the mismatched arm's end too, where it ran
-[ -f $M ] && MS=($M)
-bare_answers $OUT/matched/start/validation.json $last "${MS[@]}" > $OUT/bare_answers.md
+if [ -f $M ]; then
+  python launch/compare_evals.py --sizes 3-6 --evals $OUT/ending,$last,$M \
+    --instances $W/matched/validation_set.jsonl \
+    --labels "ending start (always thinks),GRPO matched,GRPO $ML" \
+    --out $OUT/vs_ending_reference.md
+fi

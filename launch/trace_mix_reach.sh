@@ -1,28 +1,29 @@
 #!/usr/bin/env bash
-# PLAN_reach.md (results/go_no_go): the start that thinks on some samples (trace_mix) built by
-# its recipe where it is missing, from the ending start's first N SFT updates (default 1500,
-# the plan's amendment: the recipe's first stage, so that the starts and both arms fit the
-# 3 hours these cores are held at a time), the ending start read on the gate's 400 puzzles
-# (beside trace_end/comparison.md; N=6000 also says whether the rebuild matches the first
-# build's files), then C's arm from trace_mix on a new held-out draw with a mismatched arm on
-# 7x7-10x10 maps (sizes the held-out set and the start's SFT data leave out), run whatever the
-# matched arm gives. SEED and DRAW (default 20 and 12370; the confirmation 21 and 12371) choose
-# the run, into results/go_no_go/trace_mix_reach_<SEED>. Resumable: the same command goes on
-# where it stood.
+# PLAN_reach.md (results/go_no_go): a start that thinks on some samples, built where it is
+# missing: by default (N=scratch, the plan's second amendment) trace_mix_scratch, the mix from
+# the first update in the ending recipe's first stage (about an hour of SFT on 2 cores, so that
+# the start and both arms fit one sitting); N=1500, 3000 or 6000: trace_mix continued from the
+# ending start's first N updates, that ending start first read on the gate's 400 puzzles (once;
+# N=6000 also says whether the rebuild matches the first build's trace_end/ files). Then C's arm
+# from it on a new held-out draw with a mismatched arm on 7x7-10x10 maps (sizes the held-out set
+# and the start's SFT data leave out), run whatever the matched arm gives. SEED and DRAW
+# (default 20 and 12370; the confirmation 21 and 12371) choose the run, into
+# results/go_no_go/trace_mix_reach_<SEED>. Resumable: the same command goes on where it stood.
 #
-#   bash launch/trace_mix_reach.sh   # about 1.3 h of SFT where nothing is built, then 1-1.5 h
+#   bash launch/trace_mix_reach.sh   # about 1.2 h of SFT where nothing is built, then 1-1.5 h
 set -euo pipefail
 source launch/arms.sh
-N=${N:-1500}
+N=${N:-scratch}
 SEED=${SEED:-20}
 DRAW=${DRAW:-12370}
 mix_starts "$N"
 ENDING=$(ending_export "$N")
 CHECK=$R/trace_mix_reach_start_$N
 # read once: a committed record of a shorter start is kept (the arms read their own start)
-[ "$N" != 6000 ] && [ -f $CHECK/retry_check.md ] ||
+if [ -n "$ENDING" ] && { [ "$N" = 6000 ] || [ ! -f $CHECK/retry_check.md ]; }; then
   read_start configs/tiny_model.py:trace_end_scratch "$ENDING" runs/trace_end_scratch_eval_$N \
     $CHECK "trace_end_scratch ($N from scratch)" relay_retry_end
+fi
 if [ "$N" = 6000 ]; then
   for f in comparison.md retry_check.md; do  # the first build's files, made by the same calls
     if cmp -s $CHECK/$f $R/trace_end/$f; then same=identical; else same=differs; fi

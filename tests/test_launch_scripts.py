@@ -337,27 +337,36 @@ def test_bare_answers_counts_empty_think_blocks_and_their_valid_share(tmp_path):
     assert lines[2].startswith("| v.json | 5 | 3 | 33.3 [") and "| 2 | 100.0 [" in lines[2]
 
 
-@pytest.mark.parametrize("n, stages", [("1500", "(1500,)"), ("3000", "(1500,3000)"),
-                                       ("6000", "(1500,3000,6000)")])  # fmt: skip
+@pytest.mark.parametrize(
+    "n, stages",
+    [("1500", "(1500,)"), ("3000", "(1500,3000)"), ("6000", "(1500,3000,6000)"), ("scratch", None)],
+)
 def test_mix_starts_builds_the_ending_prefix_then_trace_mix_from_it(tmp_path, n, stages):
     """mix_starts N: the ending start's recipe cut at the stage ending at N (the whole recipe
     at 6000, into the exports the first build used), then trace_mix from that export, each
-    with EXTRA's flags; a built export is skipped, and an N that ends no stage stops it."""
+    with EXTRA's flags (N=scratch: trace_mix_scratch alone); a built export is skipped."""
     out = _bash(tmp_path, f'EXTRA="--config.processes=14" mix_starts {n}')
     assert out.returncode == 0, out.stderr
     calls = (tmp_path / "calls.txt").read_text().splitlines()
     ending = "export" if n == "6000" else f"export_{n}"
     mix = "runs/tiny_trace_mix" if n == "6000" else f"runs/tiny_trace_mix_{n}"
-    assert calls == [
-        "launch/train_tiny.py --config configs/tiny_model.py:trace_end_scratch "
-        f"--config.sft.stages={stages} --config.out_dir=runs/tiny_trace_end_scratch/{ending} "
-        "--config.processes=14",
-        "launch/train_tiny.py --config configs/tiny_model.py:trace_mix "
-        f"--config.init=runs/tiny_trace_end_scratch/{ending} --config.workdir={mix} "
-        f"--config.out_dir={mix}/export --config.processes=14",
-    ]
+    if n == "scratch":
+        want = ["launch/train_tiny.py --config configs/tiny_model.py:trace_mix_scratch "
+                "--config.processes=14"]  # fmt: skip
+        dirs = [f"{mix}/export"]
+    else:
+        want = [
+            "launch/train_tiny.py --config configs/tiny_model.py:trace_end_scratch "
+            f"--config.sft.stages={stages} --config.out_dir=runs/tiny_trace_end_scratch/{ending} "
+            "--config.processes=14",
+            "launch/train_tiny.py --config configs/tiny_model.py:trace_mix "
+            f"--config.init=runs/tiny_trace_end_scratch/{ending} --config.workdir={mix} "
+            f"--config.out_dir={mix}/export --config.processes=14",
+        ]
+        dirs = [f"runs/tiny_trace_end_scratch/{ending}", f"{mix}/export"]
+    assert calls == want
     again = tmp_path / "built"
-    for d in (f"runs/tiny_trace_end_scratch/{ending}", f"{mix}/export"):
+    for d in dirs:
         (again / d).mkdir(parents=True)
         (again / d / "VALIDATION.md").touch()
     out = _bash(again, f"mix_starts {n}")
@@ -370,16 +379,46 @@ def test_mix_starts_refuses_a_count_that_ends_no_stage(tmp_path):
     assert not (tmp_path / "calls.txt").exists()
 
 
+def test_config_trace_mix_scratch_is_trace_end_scratchs_first_stage_with_the_mix():
+    """configs/tiny_model.py:trace_mix_scratch differs from trace_end_scratch in its mix, its
+    stages (the first one) and its folders only."""
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from configs import tiny_model
+
+    def flat(d, prefix=""):
+        for k, v in d.items():
+            yield from flat(v, f"{prefix}{k}.") if isinstance(v, dict) else [(prefix + k, v)]
+
+    a = dict(flat(tiny_model.get_config("trace_end_scratch").to_dict()))
+    b = dict(flat(tiny_model.get_config("trace_mix_scratch").to_dict()))
+    assert {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)} == {
+        "workdir", "out_dir", "sft.answer_only", "sft.stages"
+    }  # fmt: skip
+    assert b["sft.answer_only"] == 0.6 and b["sft.stages"] == (a["sft.stages"][0],)
+    assert tiny_model.get_config("trace_mix").sft.answer_only == b["sft.answer_only"]
+
+
+@pytest.mark.parametrize("n", ["scratch", "1500"])
 @pytest.mark.parametrize("built", [0, 1, 2])
-def test_device_starts_builds_what_is_missing_with_the_gpu_flags_then_packs_it(tmp_path, built):
-    """launch/device_starts.sh: the ending start's first 1,500 updates, then trace_mix from it,
-    each skipped where its export holds VALIDATION.md and built otherwise by python3 with the
-    device flags; both exports and SFT logs are packed into $OUT/starts.tgz. Without OUT it
-    stops before running anything."""
+def test_device_starts_builds_what_is_missing_with_the_gpu_flags_then_packs_it(tmp_path, n, built):
+    """launch/device_starts.sh: N's starts (scratch by default: trace_mix_scratch; 1500: the
+    ending start's first 1,500 updates, then trace_mix from it), each skipped where its export
+    holds VALIDATION.md and built otherwise by python3 with the device flags; the exports and
+    SFT logs are packed into $OUT/starts.tgz. Without OUT it stops before running anything."""
     import tarfile
 
-    dirs = ["runs/tiny_trace_end_scratch/export_1500", "runs/tiny_trace_mix_1500/export"]
-    logs = ["runs/tiny_trace_end_scratch/log.jsonl", "runs/tiny_trace_mix_1500/log.jsonl"]
+    if n == "scratch":
+        dirs, logs = (
+            ["runs/tiny_trace_mix_scratch/export"],
+            ["runs/tiny_trace_mix_scratch/log.jsonl"],
+        )
+        variants = ["trace_mix_scratch"]
+    else:
+        dirs = ["runs/tiny_trace_end_scratch/export_1500", "runs/tiny_trace_mix_1500/export"]
+        logs = ["runs/tiny_trace_end_scratch/log.jsonl", "runs/tiny_trace_mix_1500/log.jsonl"]
+        variants = ["trace_end_scratch", "trace_mix"]
     for k, (d, log) in enumerate(zip(dirs, logs, strict=True)):
         (tmp_path / d).mkdir(parents=True)
         (tmp_path / log).write_text("{}\n")
@@ -391,6 +430,8 @@ def test_device_starts_builds_what_is_missing_with_the_gpu_flags_then_packs_it(t
     stub.write_text('#!/usr/bin/env bash\necho "$*" >> calls.txt\n')
     stub.chmod(0o755)
     env = {"PATH": f"{stub.parent}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    if n != "scratch":
+        env["N"] = n
     run = lambda e: subprocess.run(["bash", "launch/device_starts.sh"], cwd=tmp_path, env=e,
                                    capture_output=True, text=True)  # fmt: skip
     out = run(env)
@@ -400,8 +441,7 @@ def test_device_starts_builds_what_is_missing_with_the_gpu_flags_then_packs_it(t
     assert out.returncode == 0, out.stderr
     log = tmp_path / "calls.txt"
     calls = log.read_text().splitlines() if log.exists() else []
-    variants = ["trace_end_scratch", "trace_mix"][built:]
-    assert [c.split()[2] for c in calls] == [f"configs/tiny_model.py:{v}" for v in variants]
+    assert [c.split()[2] for c in calls] == [f"configs/tiny_model.py:{v}" for v in variants[built:]]
     for c in calls:
         assert c.startswith("launch/train_tiny.py --config ")
         assert c.endswith("--config.sft.completion_multiple=1152 --config.processes=14 "
@@ -411,11 +451,12 @@ def test_device_starts_builds_what_is_missing_with_the_gpu_flags_then_packs_it(t
     assert set(dirs + logs) <= packed
 
 
-@pytest.mark.parametrize("recorded", [False, True])
-def test_trace_mix_reach_reads_a_short_start_once_then_runs_the_large_arm(tmp_path, recorded):
-    """launch/trace_mix_reach.sh (N=1500 by default): the starts by mix_starts, the first-stage
-    ending start read on the gate's 400 unless its committed record is there, then
-    launch/trace_mix.sh with the plan's seed, draw and large mismatched arm, run always."""
+@pytest.mark.parametrize("n, recorded", [("scratch", False), ("1500", False), ("1500", True)])
+def test_trace_mix_reach_reads_a_short_start_once_then_runs_the_large_arm(tmp_path, n, recorded):
+    """launch/trace_mix_reach.sh: the start by mix_starts (N=scratch by default:
+    trace_mix_scratch, no ending start to read), a first-stage ending start read on the gate's
+    400 unless its committed record is there, then launch/trace_mix.sh with the plan's seed,
+    draw and large mismatched arm, run always."""
     (tmp_path / "launch").mkdir()
     for name in ("arms.sh", "trace_mix_reach.sh"):
         (tmp_path / "launch" / name).symlink_to(ROOT / "launch" / name)
@@ -423,20 +464,25 @@ def test_trace_mix_reach_reads_a_short_start_once_then_runs_the_large_arm(tmp_pa
         'echo "trace_mix N=$N SEED=$SEED DRAW=$DRAW MISMATCH=$MISMATCH WHEN=$WHEN OUT=$OUT"'
         " >> calls.txt\n"
     )
-    for d in ("runs/tiny_trace_end_scratch/export_1500", "runs/tiny_trace_mix_1500/export"):
+    built = ["runs/tiny_trace_mix_scratch/export"]
+    if n != "scratch":
+        built = ["runs/tiny_trace_end_scratch/export_1500", "runs/tiny_trace_mix_1500/export"]
+    for d in built:
         (tmp_path / d).mkdir(parents=True)
         (tmp_path / d / "VALIDATION.md").touch()
-    record = tmp_path / "results" / "go_no_go" / "trace_mix_reach_start_1500"
+    record = tmp_path / "results" / "go_no_go" / f"trace_mix_reach_start_{n}"
     if recorded:
         record.mkdir(parents=True)
         (record / "retry_check.md").touch()
-    out = _bash(tmp_path, "bash launch/trace_mix_reach.sh")
+    env = "" if n == "scratch" else f"N={n} "  # scratch is the default
+    out = _bash(tmp_path, env + "bash launch/trace_mix_reach.sh")
     assert out.returncode == 0, out.stderr
     calls = (tmp_path / "calls.txt").read_text().splitlines()
     reads = ["launch/evaluate.py", "launch/compare_evals.py", "launch/lookahead_check.py"]
-    assert [c.split()[0] for c in calls[:-1]] == ([] if recorded else reads)
+    read = n != "scratch" and not recorded
+    assert [c.split()[0] for c in calls[:-1]] == (reads if read else [])
     assert calls[-1] == (
-        "trace_mix N=1500 SEED=20 DRAW=12370 MISMATCH=large WHEN=always "
+        f"trace_mix N={n} SEED=20 DRAW=12370 MISMATCH=large WHEN=always "
         "OUT=results/go_no_go/trace_mix_reach_20"
     )
     assert not (record / "rebuild.txt").exists()
