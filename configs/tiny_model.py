@@ -288,7 +288,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         continue_from(c, "runs/tiny_trace_relay/export", "trace_relay_where", 71, 0.7, 16384, 1000)
         c.trace_lookahead = "relay_where"
     if arg in ("trace_relay_scratch", "trace_relay_next_scratch", "trace_retry_scratch",
-               "trace_end_scratch"):  # fmt: skip
+               "trace_end_scratch", "trace_mix_scratch"):  # fmt: skip
         # The relay layout from scratch: the trace recipe (6 layers, 6,000 updates of 16 in three
         # resumable stages), answer tokens weighing 10, the gate's puzzles kept out; about 2.5
         # hours on 2 cores. Continuing a step-layout policy on it lost 9.5 points (trace_relay).
@@ -350,11 +350,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.trace_lookahead = "relay_retry_end"
         c.workdir = "runs/tiny_trace_mix_scratch"
         c.out_dir = "runs/tiny_trace_mix_scratch/export"
-        c.sft.answer_weight = 10.0
         c.sft.answer_only = 0.6
-        c.sft.exclude = ("results/go_no_go/held_out_400.jsonl",)
-        c.sft.stages = (1500,)
-        c.rl.train.steps = 0
+        c.sft.stages = c.sft.stages[:1]
     if arg == "trace_retry_lessons":
         # trace_retry_scratch continued for 1,000 updates, a quarter of the puzzles also giving
         # a loop lesson (`mapfjax.rl.data.loop_lesson_examples`): its trace up to a wrong move
