@@ -38,6 +38,13 @@ PART_PIECES = 4
 _POLICY = flags.DEFINE_string("policy", None, "model directory (HF files) to start from")
 _THINKING = flags.DEFINE_bool("thinking", False, "the policy writes a reasoning trace first")
 _UPDATES = flags.DEFINE_integer("updates", 150, "GRPO updates per round (--groups x 8 each)")
+_MINUTES = flags.DEFINE_float(
+    "minutes",
+    0.0,
+    "a time budget per round (0: none): the round ends after the update past which one more "
+    "as long would exceed it, at most --updates (train.max_minutes; <run>/round_N/"
+    "time_budget.json says where it ended)",
+)
 _GROUPS = flags.DEFINE_integer(
     "groups",
     8,
@@ -268,6 +275,8 @@ def arm_config(sizes, wait_ratio: float | None = None):
     if _FRESH.value:  # else the config as every earlier arm ran it
         c.train.steps = _UPDATES.value
         c.train.instances = _UPDATES.value * drawn_per_step(c.train.oversample, _GROUPS.value)
+    if _MINUTES.value:  # else the config as every earlier arm ran it
+        c.train.max_minutes = _MINUTES.value
     c.optim.lr = _LR.value
     if _OPTIMIZER.value != "adamw":  # else the config as every earlier arm ran it
         c.optim.optimizer = _OPTIMIZER.value

@@ -19,6 +19,7 @@ loop (`engineer/loop.py`, one phase per round) and the tiny-model recipe
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import pathlib
@@ -29,6 +30,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from mapfjax import files
 from mapfjax.checks import is_finite_real, is_int, is_real, require, require_int
 from mapfjax.env import reward
 from mapfjax.env.types import Problem
@@ -67,7 +69,11 @@ class GRPOSettings:
     screen: 0 draws the sampled puzzles in the problem stream's order; s >= 1 takes
     ceil(s x drawn_per_step) candidates from the stream each step, decodes each greedily
     with the current weights and samples the groups on those whose greedy plan fails first
-    (`screen_problems`; the decode counts in the step's time)."""
+    (`screen_problems`; the decode counts in the step's time). max_minutes: 0 runs every
+    step; m > 0 ends the phase after the step past which one more step as long as it would
+    take the phase beyond m minutes (its logged `seconds`, a resumed phase's earlier steps
+    included): a budget in time rather than updates, the same on a slow machine and a fast
+    one; the first step always runs."""
 
     steps: int
     problems_per_step: int
@@ -80,6 +86,7 @@ class GRPOSettings:
     oversample: float = 1.0
     objective: str = "grpo"
     screen: float = 0.0
+    max_minutes: float = 0.0
 
     @classmethod
     def from_config(cls, c: ml_collections.ConfigDict, steps: int | None = None) -> GRPOSettings:
@@ -121,6 +128,7 @@ class GRPOSettings:
             oversample=oversample,
             objective=objective,
             screen=screen,
+            max_minutes=float(t.get("max_minutes", 0.0)),
         )
 
     def trainer_loss(self) -> tuple[str, object]:
@@ -159,6 +167,9 @@ def check_train(t: ml_collections.ConfigDict) -> None:
     require_int("train.problems_per_step", t.get("problems_per_step"), 1)
     require_int("train.checkpoint_every", t.get("checkpoint_every", 10), 1)
     require_int("train.num_iterations", t.get("num_iterations", 1), 1)
+    cap = t.get("max_minutes", 0.0)
+    ok = is_finite_real(cap) and cap >= 0
+    require("train.max_minutes", cap, ok, "0 (no time budget) or a number of minutes > 0")
     greedy = t.get("greedy_member", False)
     require("train.greedy_member", greedy, isinstance(greedy, bool), "True or False")
     g = t.get("group_size")
@@ -387,6 +398,7 @@ def run_phase(
     (a resumed phase included).
     """
     s = settings
+    elapsed = phase_seconds(out_dir / "metrics.jsonl", start_step) if s.max_minutes else 0.0
     logger = metrics.MetricsLogger(
         out_dir, total_steps=s.steps, initial_step=start_step, progress=progress
     )
@@ -438,9 +450,40 @@ def run_phase(
             **{f"train_{k}": v for k, v in updates[-1].items()},
         }
         logger.log(step + 1, row)
-        if (step + 1) % s.checkpoint_every == 0 or step + 1 == s.steps:
-            trainer.save(ckpt_dir, {**position, "step": step + 1}, wait=True)
+        elapsed += row["seconds"]
+        # the time budget's end: the phase counts as finished (its checkpoint says so)
+        stop = step + 1 < s.steps and over_budget(elapsed, row["seconds"], s.max_minutes)
+        last = stop or step + 1 == s.steps
+        if (step + 1) % s.checkpoint_every == 0 or last:
+            done = s.steps if last else step + 1
+            trainer.save(ckpt_dir, {**position, "step": done}, wait=True)
+        if stop:
+            budget = {"updates": step + 1, "of": s.steps, "seconds": elapsed}
+            files.atomic_write(
+                out_dir / BUDGET_FILE, json.dumps({**budget, "max_minutes": s.max_minutes})
+            )
+            log.info("time budget of %s minutes: the phase ends after %d of %d updates",
+                     s.max_minutes, step + 1, s.steps)  # fmt: skip
+            break
     logger.close()
+
+
+BUDGET_FILE = "time_budget.json"  # where a phase that a time budget ended says so
+
+
+def over_budget(elapsed: float, last: float, max_minutes: float) -> bool:
+    """Whether one more step as long as the `last` one would take a phase that has run
+    `elapsed` seconds beyond `max_minutes` (0: no budget)."""
+    return max_minutes > 0 and elapsed + last > 60 * max_minutes
+
+
+def phase_seconds(metrics_path: pathlib.Path, through_step: int) -> float:
+    """The logged seconds of a phase's steps 1..through_step (a step logged again after a
+    resume counts once, its last row)."""
+    if not metrics_path.exists():
+        return 0.0
+    rows = {r["step"]: r for r in metrics.read_metrics(metrics_path) if r["step"] <= through_step}
+    return float(sum(r["seconds"] for r in rows.values()))
 
 
 def _advantages(batch) -> np.ndarray:
