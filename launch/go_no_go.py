@@ -38,6 +38,12 @@ PART_PIECES = 4
 _POLICY = flags.DEFINE_string("policy", None, "model directory (HF files) to start from")
 _THINKING = flags.DEFINE_bool("thinking", False, "the policy writes a reasoning trace first")
 _UPDATES = flags.DEFINE_integer("updates", 150, "GRPO updates per round (--groups x 8 each)")
+_BUDGET = flags.DEFINE_float(
+    "budget_minutes",
+    30.0,
+    "the gate's budget: the matched arm's logged GRPO minutes (every round) must not pass it, "
+    "a criterion of the verdict (0: left out of it)",
+)
 _MINUTES = flags.DEFINE_float(
     "minutes",
     0.0,
@@ -332,7 +338,10 @@ def main(argv):
             loop.run(arm_config(sizes, wait), work / name)
             report.write_report(work / name)
             runs.append(report.export_run(work / name, out / name))
-        criteria, rows, notes = gate.evaluate(*runs, reference=_REFERENCE.value)
+        budget = _BUDGET.value or None
+        criteria, rows, notes = gate.evaluate(
+            *runs, reference=_REFERENCE.value, budget_minutes=budget
+        )
         n = len(report.validation_rows(runs[0])[0][1])
         text = gate.markdown(criteria, rows, notes, n)
         files.atomic_write(out / verdict_name(_MISMATCHED.value), text.encode())

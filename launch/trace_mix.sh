@@ -9,7 +9,9 @@
 # (launch/trace_mix_reach.sh). The ending start is built first where it is missing (about 3.6 h).
 # N (default 6000) starts from trace_mix continued from the ending start's first N SFT updates
 # (`mix_starts` in launch/arms.sh: 1500, 3000 or 6000), or N=scratch from trace_mix_scratch
-# (no ending start to set beside it). Resumable: the same command goes on where it stood.
+# (no ending start to set beside it). MINUTES (default 0: none) gives each arm a time budget
+# (go_no_go.py --minutes: at most C's update count, ending sooner where the budget runs out;
+# PLAN_reach.md's fourth amendment: 30). Resumable: the same command goes on where it stood.
 #
 #   bash launch/trace_mix.sh   # about 30 minutes of SFT, then 30-60 of GRPO, on 2 CPU cores
 set -euo pipefail
@@ -21,6 +23,7 @@ SEED=${SEED:-18}
 DRAW=${DRAW:-12368}
 MISMATCH=${MISMATCH:-3x3}
 WHEN=${WHEN:-gain}
+MINUTES=${MINUTES:-0}
 DEFAULT_OUT=$R/trace_mix
 [ "$SEED" = 18 ] || DEFAULT_OUT=$R/trace_mix_$SEED
 OUT=${OUT:-$DEFAULT_OUT}
@@ -33,8 +36,10 @@ source $R/trace_greedy_pilot.txt  # X_UPDATES: C's update count
 check_counts $R/trace_greedy_pilot.txt X_UPDATES
 gate "${TRACE_WAIT[@]}" --policy $START --groups 32 --lr 1e-4 --updates "$X_UPDATES" \
   --seed "$SEED" --held_out_seed "$DRAW" --mismatched "$MISMATCH" --mismatched_when "$WHEN" \
-  --workdir $W --out $OUT
-vs_shipped $OUT $W "GRPO ($X_UPDATES updates)" "$LABEL"
+  --minutes "$MINUTES" --workdir $W --out $OUT
+GRPO="GRPO ($X_UPDATES updates)"
+[ "$MINUTES" = 0 ] || GRPO="GRPO ($MINUTES minutes, at most $X_UPDATES updates)"
+vs_shipped $OUT $W "$GRPO" "$LABEL"
 last=$(printf '%s\n' $OUT/matched/round_*/validation.json | sort -V | tail -n 1)
 M=$OUT/mismatched_$MISMATCH/round_0/validation.json  # the mismatched arm, where it ran
 MS=()  # the mismatched arm's end too, where it ran
@@ -45,7 +50,7 @@ bare_answers $OUT/matched/start/validation.json $last "${MS[@]}" > $OUT/bare_ans
 greedy_verdicts $ENDING $W/matched/validation_set.jsonl $OUT/ending ${W}_ending
 python launch/compare_evals.py --instances $W/matched/validation_set.jsonl \
   --sizes 3-6 --split_wait --evals $OUT/matched/start/validation.json,$last,$OUT/ending \
-  --labels "start ($LABEL),GRPO ($X_UPDATES updates),ending start (always thinks)" \
+  --labels "start ($LABEL),$GRPO,ending start (always thinks)" \
   --out $OUT/vs_ending.md
 case $MISMATCH in 3x3) ML="3x3 only" ;; large) ML="7x7-10x10 only" ;; *) ML=$MISMATCH ;; esac
 if [ -f $M ]; then

@@ -59,10 +59,17 @@ def start_and_end(workdir: pathlib.Path) -> tuple[list[dict], list[dict]]:
 
 
 def evaluate(
-    matched, mismatched, reference=None, min_gain: float = 0.05, min_parse: float = 0.95
+    matched,
+    mismatched,
+    reference=None,
+    min_gain: float = 0.05,
+    min_parse: float = 0.95,
+    budget_minutes: float | None = None,
 ) -> tuple[list[Criterion], list[list[str]], list[str]]:
     """(the criteria, table rows [model, greedy valid %, vs start], notes) for the two runs
-    (and a reference run directory whose *start* validation is the reference model). Raises
+    (and a reference run directory whose *start* validation is the reference model).
+    budget_minutes: the matched arm's logged GRPO time (every round's `seconds`) must not
+    pass it, a criterion after the gain's (None: not gated, as the gate's first verdicts). Raises
     ValueError, naming the directories, when the runs start from different policies or were
     validated on different puzzles. mismatched None: that arm was not run (`go_no_go.py
     --mismatched_when gain` after a matched arm that misses the first two criteria); its
@@ -94,6 +101,16 @@ def evaluate(
             "matched GRPO vs start (paired, points)", stats.interval_text(gain, signed=True),
             f">= +{100 * min_gain:g}, interval above 0", gain.value >= min_gain and gain.low > 0,
         ),
+    ]  # fmt: skip
+    if budget_minutes is not None:
+        minutes = sum(r.get("seconds", 0.0) for _, r in training_curves(matched)) / 60
+        criteria.append(
+            Criterion(
+                "matched GRPO wall time (minutes)", f"{minutes:.1f}",
+                f"<= {budget_minutes:g}", minutes <= budget_minutes,
+            )
+        )  # fmt: skip
+    criteria += [
         Criterion(
             "matched vs mismatched (paired, points)",
             "not run" if apart is None else stats.interval_text(apart, signed=True),

@@ -66,6 +66,23 @@ def test_each_criterion_fails_on_its_own(tmp_path):
     assert [c.passed for c in criteria] == [True, True, False]
 
 
+@pytest.mark.parametrize("seconds, holds", [(600.0, True), (900.0, True), (1000.0, False)])
+def test_the_budget_is_the_matched_arms_logged_grpo_time(tmp_path, seconds, holds):
+    start = _draw(0.3, seed=1)
+    runs = _runs(tmp_path, start, start | _draw(0.15, seed=2), start)
+    # two updates of `seconds` each; a step logged again after a resume counts once
+    steps = [{"step": 1, "seconds": 5.0}, {"step": 1, "seconds": seconds}]
+    steps.append({"step": 2, "seconds": seconds})
+    (runs[0] / "round_0" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
+    criteria, rows, _ = gate.evaluate(*runs, budget_minutes=30)
+    assert [c.name for c in criteria][2] == "matched GRPO wall time (minutes)"
+    assert criteria[2].measured == f"{2 * seconds / 60:.1f}" and criteria[2].passed is holds
+    assert [c.passed for c in criteria] == [True, True, holds, True]
+    verdict = gate.markdown(criteria, rows, [], 400)
+    assert verdict.startswith("**GO**" if holds else "**NO-GO**")
+    assert len(gate.evaluate(*runs)[0]) == 3  # no budget given: the first verdicts' criteria
+
+
 def test_reference_is_reported_not_gated(tmp_path):
     start = _draw(0.3, seed=1)
     runs = _runs(tmp_path, start, start | _draw(0.15, seed=2), start)
