@@ -11,7 +11,8 @@
 # (`mix_starts` in launch/arms.sh: 1500, 3000 or 6000), or N=scratch from trace_mix_scratch
 # (no ending start to set beside it). MINUTES (default 0: none) gives each arm a time budget
 # (go_no_go.py --minutes: at most C's update count, ending sooner where the budget runs out;
-# PLAN_reach.md's fourth amendment: 30). Resumable: the same command goes on where it stood.
+# PLAN_reach.md's fourth amendment: 27, within the gate's 30). Resumable: the same command
+# goes on where it stood.
 #
 #   bash launch/trace_mix.sh   # about 30 minutes of SFT, then 30-60 of GRPO, on 2 CPU cores
 set -euo pipefail

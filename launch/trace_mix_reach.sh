@@ -9,7 +9,7 @@
 # and the start's SFT data leave out), run whatever the matched arm gives. SEED and DRAW
 # (default 20 and 12370; the confirmation 21 and 12371) choose the run, into
 # results/go_no_go/trace_mix_reach_<SEED>; MINUTES gives each arm a time budget (launch/trace_mix.sh;
-# the fourth amendment's runs: MINUTES=30). Resumable: the same command goes on where it stood.
+# the fourth amendment's runs: MINUTES=27). Resumable: the same command goes on where it stood.
 #
 #   bash launch/trace_mix_reach.sh   # about 1.2 h of SFT where nothing is built, then 1-1.5 h
 set -euo pipefail
