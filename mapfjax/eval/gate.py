@@ -58,6 +58,11 @@ def start_and_end(workdir: pathlib.Path) -> tuple[list[dict], list[dict]]:
     return found[0][1], found[-1][1]
 
 
+def grpo_minutes(curve) -> float:
+    """The logged wall time of a run's GRPO updates (`training_curves`), in minutes."""
+    return sum(r.get("seconds", 0.0) for _, r in curve) / 60
+
+
 def evaluate(
     matched,
     mismatched,
@@ -103,7 +108,7 @@ def evaluate(
         ),
     ]  # fmt: skip
     if budget_minutes is not None:
-        minutes = sum(r.get("seconds", 0.0) for _, r in training_curves(matched)) / 60
+        minutes = grpo_minutes(training_curves(matched))
         criteria.append(
             Criterion(
                 "matched GRPO wall time (minutes)", f"{minutes:.1f}",
@@ -258,7 +263,7 @@ def arms(results) -> list[Arm]:
                 policy=_policy_name(config.get("model", {}).get("path", "?")),
                 settings=_settings(config),
                 updates=len(curve),
-                minutes=sum(r.get("seconds", 0.0) for _, r in curve) / 60,
+                minutes=grpo_minutes(curve),
                 start=stats.proportion(list(start.values())),
                 end=stats.proportion(list(end.values())),
                 change=paired_change(end, start),

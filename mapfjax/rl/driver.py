@@ -477,13 +477,18 @@ def over_budget(elapsed: float, last: float, max_minutes: float) -> bool:
     return max_minutes > 0 and elapsed + last > 60 * max_minutes
 
 
-def phase_seconds(metrics_path: pathlib.Path, through_step: int) -> float:
-    """The logged seconds of a phase's steps 1..through_step (a step logged again after a
-    resume counts once, its last row)."""
+def phase_rows(metrics_path: pathlib.Path) -> dict[int, dict]:
+    """A phase's metrics rows by step, from its metrics.jsonl ({} before its first step): the
+    last row of each step counts, a step logged again after a resume replacing the earlier."""
     if not metrics_path.exists():
-        return 0.0
-    rows = {r["step"]: r for r in metrics.read_metrics(metrics_path) if r["step"] <= through_step}
-    return float(sum(r["seconds"] for r in rows.values()))
+        return {}
+    return {row["step"]: row for row in metrics.read_metrics(metrics_path)}
+
+
+def phase_seconds(metrics_path: pathlib.Path, through_step: int) -> float:
+    """The logged seconds of a phase's steps 1..through_step (`phase_rows`)."""
+    rows = phase_rows(metrics_path)
+    return float(sum(r["seconds"] for step, r in rows.items() if step <= through_step))
 
 
 def _advantages(batch) -> np.ndarray:
@@ -492,15 +497,9 @@ def _advantages(batch) -> np.ndarray:
 
 
 def phase_size_stats(metrics_path: pathlib.Path, group_size: int) -> dict[int, SizeStats]:
-    """Per-size rollout statistics of a phase, from its metrics.jsonl (the last row of each
-    step counts: a step logged again after a resume replaces the earlier one)."""
-    rows = (
-        {row["step"]: row for row in metrics.read_metrics(metrics_path)}
-        if metrics_path.exists()
-        else {}
-    )
+    """Per-size rollout statistics of a phase, from its metrics.jsonl (`phase_rows`)."""
     stats: dict[int, SizeStats] = {}
-    for row in rows.values():
+    for row in phase_rows(metrics_path).values():
         for o in metrics.group_outcomes(row):
             s = stats.setdefault(o.size, SizeStats())
             p = o.valid / group_size

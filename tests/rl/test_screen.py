@@ -52,6 +52,17 @@ class _Trainer:
         pass
 
 
+def half_valid_rollout(trainer, tokenizer, drawn, g, sampling, reward_cfg, key, grpo_cfg=None):
+    """A stand-in for `rollout.rollout`: every group half valid, zero advantages."""
+    valid = np.tile([True, False], len(drawn) * g // 2)
+    stats = rollout.RolloutStats(
+        reward_mean=0.5, valid_rate=0.5, optimal_rate=0.0, failures={"none": 1},
+        response_len_mean=1.0, response_len_max=1, truncation_rate=0.0, mixed_groups=1.0,
+        logprob_gap=0.0, valid=valid, rewards=valid.astype(np.float32),
+    )  # fmt: skip
+    return types.SimpleNamespace(advantages=np.zeros(len(drawn) * g, np.float32)), stats
+
+
 def test_screen_puts_the_greedy_failures_first_in_drawn_order(answered):
     cands = random_problems(6, seed=5, sizes=(3, 4))
     answered["right"] = {cands[i].id for i in (0, 2, 3)}
@@ -90,16 +101,9 @@ def test_run_phase_samples_groups_on_the_screened_puzzles_and_logs_the_screen(
     answered["right"] = {p.id for p in problems[::2]}  # odd ones fail greedily
     seen = []
 
-    def fake_rollout(trainer, tokenizer, drawn, g, sampling, reward_cfg, key, grpo_cfg=None):
+    def fake_rollout(trainer, tokenizer, drawn, g, *args, **kwargs):
         seen.append([p.id for p in drawn])
-        valid = np.tile([True, False], len(drawn) * g // 2)
-        stats = rollout.RolloutStats(
-            reward_mean=0.5, valid_rate=0.5, optimal_rate=0.0, failures={"none": 1},
-            response_len_mean=1.0, response_len_max=1, truncation_rate=0.0, mixed_groups=1.0,
-            logprob_gap=0.0, valid=valid, rewards=valid.astype(np.float32),
-        )  # fmt: skip
-        batch = types.SimpleNamespace(advantages=np.zeros(len(drawn) * g, np.float32))
-        return batch, stats
+        return half_valid_rollout(trainer, tokenizer, drawn, g, *args, **kwargs)
 
     monkeypatch.setattr(rollout, "rollout", fake_rollout)
     monkeypatch.setattr(driver, "select_groups", lambda b, useful, keep, g: (b, None, keep))

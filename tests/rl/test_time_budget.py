@@ -3,13 +3,13 @@
 
 import json
 import sys
-import types
 
 import numpy as np
 import pytest
 
 from mapfjax.rl import driver, rollout
 from tests.models.test_bpe import random_problems
+from tests.rl.test_screen import half_valid_rollout
 
 sys.path.insert(0, "configs")
 import tiny_cpu  # noqa: E402
@@ -26,21 +26,11 @@ class _Trainer:
         self.saved.append(dict(data))
 
 
-def _fake_rollout(trainer, tokenizer, drawn, g, sampling, reward_cfg, key, grpo_cfg=None):
-    valid = np.tile([True, False], len(drawn) * g // 2)
-    stats = rollout.RolloutStats(
-        reward_mean=0.5, valid_rate=0.5, optimal_rate=0.0, failures={"none": 1},
-        response_len_mean=1.0, response_len_max=1, truncation_rate=0.0, mixed_groups=1.0,
-        logprob_gap=0.0, valid=valid, rewards=valid.astype(np.float32),
-    )  # fmt: skip
-    return types.SimpleNamespace(advantages=np.zeros(len(drawn) * g, np.float32)), stats
-
-
 @pytest.fixture
 def phase(monkeypatch, tmp_path):
     """run(steps, max_minutes, step_seconds, start_step) -> (trainer, metrics rows): a phase
     whose every step takes step_seconds on a fake clock."""
-    monkeypatch.setattr(rollout, "rollout", _fake_rollout)
+    monkeypatch.setattr(rollout, "rollout", half_valid_rollout)
     monkeypatch.setattr(driver, "select_groups", lambda b, useful, keep, g: (b, None, keep))
     problems = random_problems(8, seed=5, sizes=(3,))
 
