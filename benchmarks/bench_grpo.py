@@ -17,7 +17,11 @@ batches of `--prompts` groups x `--group` traces whose lengths are those of a tr
 held-out answers (`--lengths-from`, a `validation.json`; per row x N(1, 0.12), and `--wander`
 of the rows at the 640-token budget), cut as `parts:group_split:accum_steps` each
 (`OptimConfig.length_split`, `group_split`, `accum_steps`); every cut runs the same batches
-once to compile, then once timed.
+once to compile, then once timed. `--out-of-loss F` clears the loss mask of a share F of each
+batch's groups (dynamic sampling's padding groups) and times each cut also with every part
+run, the parts out of the loss included (how updates ran before those parts were skipped):
+
+    python benchmarks/bench_grpo.py --update-cuts 16:2:1 --prompts 32 --out-of-loss 0.5
 """
 
 from __future__ import annotations
@@ -56,6 +60,10 @@ ARGS.add_argument(
     help="a validation.json whose rows' response_tokens the traces' lengths are drawn from",
 )
 ARGS.add_argument("--wander", type=float, default=0.06, help="share of rows at the budget")
+ARGS.add_argument(
+    "--out-of-loss", type=float, default=0.0,
+    help="share of each batch's groups with no token in the loss (--update-cuts)",
+)  # fmt: skip
 ARGS.add_argument("--tunix", action="store_true", help="also time google-tunix's GRPO step")
 ARGS.add_argument("--tunix-venv", default="~/.cache/mapfjax/tunix-venv")
 
@@ -226,13 +234,14 @@ def trace_batches(opts, n: int, budget: int = 640, prompt_len: int = 200, vocab:
         base = rng.choice(lengths, b)[:, None] * rng.normal(1.0, 0.12, (b, g))
         lens = np.where(rng.random((b, g)) < opts.wander, budget, np.clip(base, 20, budget))
         mask = np.arange(budget) < lens.astype(int)[..., None]
+        in_loss = np.arange(b) >= round(opts.out_of_loss * b)  # the padding groups first
         out.append(
             GroupBatch(
                 prompt_tokens=rng.integers(8, vocab, (b, prompt_len)).astype(np.int32),
                 prompt_mask=np.ones((b, prompt_len), bool),
                 tokens=rng.integers(8, vocab, (b, g, budget)).astype(np.int32),
                 attention_mask=mask,
-                loss_mask=mask,
+                loss_mask=mask & in_loss[:, None, None],
                 old_logprobs=np.zeros((b, g, budget), np.float32),
                 advantages=rng.standard_normal((b, g)).astype(np.float32),
             )  # fmt: skip
@@ -246,7 +255,6 @@ def time_update_cuts(opts) -> None:
 
     from benchmarks.bench_sampler import trace_shaped_model
     from mapfjax.rl import grpo
-    from mapfjax.rl.step import split_by_length
     from mapfjax.rl.trainer import OptimConfig, Trainer
 
     cuts = [tuple(int(x) for x in c.split(":")) for c in opts.update_cuts.split(",")]
@@ -258,14 +266,23 @@ def time_update_cuts(opts) -> None:
         f"tokens, {opts.wander:.0%} at the budget), random 6-layer width-128 model, fp32, "
         f"{jax.device_count()} {jax.devices()[0].platform} device(s); compiled, then timed once"
     )  # fmt: skip
-    print("| parts : group_split : accum_steps | update s | tokens in update | vs the first |")
-    print("|---|---|---|---|")
+    if opts.out_of_loss:
+        print(f"{opts.out_of_loss:.0%} of each batch's groups out of the loss")
+    print(
+        "| parts : group_split : accum_steps | parts out of the loss | update s | "
+        "tokens in update | vs the first |"
+    )
+    print("|---|---|---|---|---|")
     first = None
-    for parts, k, accum in cuts:
+    for (parts, k, accum), every in [
+        (cut, every) for cut in cuts for every in ((True, False) if opts.out_of_loss else (False,))
+    ]:
         optim = OptimConfig(
             lr=1e-5, total_steps=100, accum_steps=accum, length_split=parts, group_split=k
         )
         trainer = Trainer(trace_shaped_model(), optim, "grpo", loss_cfg=grpo.GRPOConfig())
+        if every:
+            trainer._runnable = lambda parts: parts  # as before they were skipped
         for b in batches:  # compiles every width these batches need
             trainer.step(b)
         t0 = time.perf_counter()
@@ -273,8 +290,10 @@ def time_update_cuts(opts) -> None:
             trainer.step(b)
         secs = time.perf_counter() - t0
         first = first or secs
-        tokens = sum(_tokens_processed(p) for b in batches for p in split_by_length(b, parts, k))
-        print(f"| {parts} : {k} : {accum} | {secs:.1f} | {tokens:,} | {first / secs:.2f}x |")
+        run = [p for b in batches for p in trainer._prepare(b) if p is not None]
+        tokens = sum(map(_tokens_processed, run))
+        cut = f"{parts} : {k} : {accum} | {'run' if every else 'skipped'}"
+        print(f"| {cut} | {secs:.1f} | {tokens:,} | {first / secs:.2f}x |")
 
 
 def main(argv=None):

@@ -40,7 +40,9 @@ class OptimConfig:
         accum_steps weighs micro-batches; 1 = the batch as it is. Each part's groups must
         divide by accum_steps x the mesh's data x fsdp devices, else the batch is used whole.
         For completions of very different lengths (reasoning traces), which would all be
-        padded to the longest.
+        padded to the longest. Groups with no token in the loss (the padding groups of
+        dynamic sampling, `GRPOSettings.oversample`) make parts of their own, which are not
+        run: the same update, without their forward and backward passes.
     group_split: with length_split > 1 and groups of G completions sharing a prompt
         (`batch.GroupBatch`), first cut each group's completions, sorted by length, into this
         many pieces of G / group_split rows (it must divide G), each running the group's

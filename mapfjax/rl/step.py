@@ -294,8 +294,11 @@ def split_by_length(batch, parts: int, group_split: int = 1) -> list:
     """`batch` as `parts` batches of equal numbers of groups (rows, for a `SequenceBatch`)
     in order of their longest completion, each cut to its own completion width (the
     `pow2_mid` bucket of its longest completion, at most the batch's T), so that short
-    completions are not padded to the longest of the whole batch. Host (NumPy) leaves out.
-    One batch, the given one, when parts == 1 or the groups do not divide into `parts`.
+    completions are not padded to the longest of the whole batch. Groups (rows, pieces) with
+    no token in the loss mask (dynamic sampling's padding groups) come after all the others,
+    in their own order of length, so that they fill parts of their own, which carry no loss
+    and which `Trainer` does not run. Host (NumPy) leaves out. One batch, the given one, when
+    parts == 1 or the groups do not divide into `parts`.
 
     group_split (a `GroupBatch` only): first cut each group's G completions, sorted by
     length, into this many pieces of G / group_split rows, each a group of its own with the
@@ -323,9 +326,13 @@ def split_by_length(batch, parts: int, group_split: int = 1) -> list:
         rows = within.reshape(n * k, g // k)  # each piece's rows in its group
         owner = np.repeat(np.arange(n), k)  # each piece's group
         lengths = np.take_along_axis(row_lengths, within, 1).reshape(n * k, -1).max(1)
+        in_loss = host.loss_mask.any(-1)  # [Bg, G]
+        in_loss = np.take_along_axis(in_loss, within, 1).reshape(n * k, -1).any(1)
     else:
         lengths = host.attention_mask[:, batch.prompt_len :].sum(-1)
-    order = np.argsort(lengths, kind="stable").reshape(parts, -1)
+        in_loss = host.loss_mask.any(-1)
+    # by length, those out of the loss last (lexsort: the last key first; stable)
+    order = np.lexsort((lengths, ~in_loss)).reshape(parts, -1)
     out = []
     for idx in order:
         width = min(batch.completion_len, BUCKETS["pow2_mid"](max(int(lengths[idx].max()), 1)))

@@ -160,13 +160,29 @@ class Trainer:
         parts = split_by_length(batch, self.optim.length_split, self.optim.group_split)
         if any(np.shape(p.advantages)[0] % (self.optim.accum_steps * shards) for p in parts):
             parts = [batch]
+        if len(parts) > 1:
+            parts = self._runnable(parts)
         placed = []
         for part in parts:
+            if part is None:
+                placed.append(None)
+                continue
             part = self.place_batch(part)
             if self.ref_params is not None and part.ref_logprobs is None:
                 part = part.replace(ref_logprobs=self.reference_logprobs(part))
             placed.append(part)
         return placed
+
+    def _runnable(self, parts: list) -> list:
+        """`parts` with None for those whose loss weight is 0 (no token in the loss: dynamic
+        sampling's padding groups, which `split_by_length` packs together), the first kept
+        where all are: a part of weight 0 adds nothing to the update's gradient, loss or
+        weighted metrics (`jitted_parts`), so it is not run; its place stays, so that the
+        update's program does not change with the number of parts that run."""
+        weights = [float(self.loss.weighting(p, self.loss_cfg)) for p in parts]
+        if not any(weights):
+            return [parts[0], *[None] * (len(parts) - 1)]
+        return [p if w else None for p, w in zip(parts, weights, strict=True)]
 
     def _update(self, parts: list) -> dict[str, float]:
         """One update on prepared batches (`_prepare`); host metrics."""
@@ -204,13 +220,19 @@ class Trainer:
                 self.graphdef, self.loss, self.loss_cfg, optim, treedef, tuple(leaves)
             )
         grads, accumulate, apply = self._parts
-        acc, metrics, weights = None, [], []
+        acc, metrics, weights = None, [None] * len(parts), [None] * len(parts)
         with self._in_mesh():
-            for part in parts:
-                loss_value, m, g, w = grads(self.state.params, part, self.rest)
-                acc = accumulate(acc, loss_value, g, w)
-                metrics.append(m)
-                weights.append(w)
+            params = self.state.params
+            for i, part in enumerate(parts):
+                if part is not None:
+                    loss_value, metrics[i], g, weights[i] = grads(params, part, self.rest)
+                    acc = accumulate(acc, loss_value, g, weights[i])
+            # a part not run (`_runnable`) weighs 0: zeros in its place count for nothing
+            ran = next(i for i, part in enumerate(parts) if part is not None)
+            for i, part in enumerate(parts):
+                if part is None:
+                    metrics[i] = jax.tree.map(jnp.zeros_like, metrics[ran])
+                    weights[i] = jnp.zeros_like(weights[ran])
             self.state, out = apply(self.state, acc, metrics, weights, self._total)
         return out
 

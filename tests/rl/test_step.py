@@ -205,3 +205,53 @@ def test_a_length_split_update_equals_the_whole_batch_update(accum, sharded, gro
         split.state.params, whole.state.params,
     )  # fmt: skip
     assert split._parts is not None and whole._parts is None
+
+
+def _masked_groups(batch, groups):
+    """`batch` with the loss mask of `groups` cleared, as dynamic sampling pads its batch."""
+    host = jax.tree.map(np.asarray, batch)
+    loss_mask = host.loss_mask.copy()
+    loss_mask[list(groups)] = False
+    return host.replace(loss_mask=loss_mask)
+
+
+def test_groups_out_of_the_loss_fill_parts_of_their_own():
+    """split_by_length: pieces with no loss token come last, so that 5 of 8 groups out of the
+    loss fill the last two of four parts; with every group in the loss the order is by length
+    alone, as before."""
+    batch = _ragged_group_batch(groups=8)
+    masked = _masked_groups(batch, [0, 2, 3, 5, 6])
+    parts = step_lib.split_by_length(masked, 4)
+    assert [bool(np.asarray(p.loss_mask).any()) for p in parts] == [True, True, False, False]
+    assert [int(np.asarray(p.loss_mask).any(-1).any(-1).sum()) for p in parts] == [2, 1, 0, 0]
+    lengths = [p.completion_len for p in step_lib.split_by_length(batch, 4)]
+    assert lengths == sorted(lengths)
+
+
+@pytest.mark.parametrize(
+    "group_split, masked", [(1, [0, 2, 3, 5, 6]), (2, [1, 2, 4, 7]), (1, range(8))]
+)
+def test_parts_out_of_the_loss_are_not_run_and_the_update_is_the_same(group_split, masked):
+    """Trainer: the parts of a length-split update with no token in the loss are not run (the
+    first part runs where none has one); the update, its loss and metrics are those of the
+    same parts all run, to the bit, and of the whole batch, padding groups included."""
+    base = _ragged_group_batch(groups=8) if group_split == 1 else _straggler_group_batch()
+    batch = _masked_groups(base, masked)
+    optim = OptimConfig(lr=1e-3, total_steps=4)
+    cut = dataclasses.replace(optim, length_split=4, group_split=group_split)
+    whole, split, every = (Trainer(_model(), o, "grpo") for o in (optim, cut, cut))
+    every._runnable = lambda parts: parts  # every part run, those out of the loss too
+    ran = [p is not None for p in split._prepare(batch)]
+    assert ran == ([True, False, False, False] if len(masked) == 8 else [True, True, False, False])
+    keys = ("loss", "grad_norm", "entropy", "lr", "num_tokens", "ratio_max", "clip_frac")
+    for _ in range(2):  # the second step from the updated parameters and optimiser state
+        a, b, c = whole.step(batch), split.step(batch), every.step(batch)
+        for k in keys:
+            assert b[k] == c[k], k
+            np.testing.assert_allclose(b[k], a[k], rtol=2e-5, atol=1e-7, err_msg=k)
+    jax.tree.map(np.testing.assert_array_equal, split.state.params, every.state.params)
+    # Adam's steps of 1e-3 from small gradients: the sums' order moves the sixth decimal
+    jax.tree.map(
+        lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-4, atol=5e-6),
+        split.state.params, whole.state.params,
+    )  # fmt: skip
