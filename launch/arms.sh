@@ -10,6 +10,11 @@
 # pilot_updates, and call build_start first where the start may not be built yet.
 
 shopt -s inherit_errexit  # a failed count or pilot inside $(...) stops the script
+# Every step runs `python launch/<script>.py`, which puts launch/, not the checkout, first on
+# the path: the checkout goes first, so that hours into a chain no step fails on a mapfjax
+# that is not installed, nor runs the code of another checkout that is.
+PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH
 R=results/go_no_go  # where the arms' results go
 
 # The arms' start and the flags every arm shares (results/go_no_go/PLAN_trace_bonus0.md)

@@ -486,3 +486,18 @@ def test_trace_mix_reach_reads_a_short_start_once_then_runs_the_large_arm(tmp_pa
         "OUT=results/go_no_go/trace_mix_reach_20"
     )
     assert not (record / "rebuild.txt").exists()
+
+
+def test_arms_puts_the_checkout_first_on_the_python_path(tmp_path):
+    """Sourcing arms.sh puts this checkout first on PYTHONPATH (a path already set follows),
+    so that the real Python finds its mapfjax from any directory, installed or not."""
+    body = 'echo "$PYTHONPATH"; python -c "import mapfjax; print(mapfjax.__file__)"'
+    out = subprocess.run(
+        ["bash", "-c", f"source {ROOT / 'launch' / 'arms.sh'}\n{body}"],
+        cwd=tmp_path, capture_output=True, text=True,
+        env={**os.environ, "PYTHONPATH": "/elsewhere"},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    path, module = out.stdout.split()
+    assert path == f"{ROOT}:/elsewhere"
+    assert pathlib.Path(module) == ROOT / "mapfjax" / "__init__.py"
