@@ -62,7 +62,8 @@ class GRPOSettings:
     """One phase of GRPO steps. oversample: each step samples ceil(oversample x
     problems_per_step) problems and trains on problems_per_step groups, those with mixed
     rewards first (DAPO's dynamic sampling); the rest of the batch is masked out of the loss,
-    so shapes stay fixed. 1.0 trains on every sampled group. objective "rft" replaces the
+    so shapes stay fixed (an update in parts, OptimConfig.length_split, does not run those
+    groups: `Trainer._runnable`). 1.0 trains on every sampled group. objective "rft" replaces the
     GRPO update by rejection-sampling fine-tuning on the same rollouts: cross-entropy on the
     valid samples, groups with at least one valid sample kept first (logged as kept_mixed);
     "placebo" is GRPO on advantages shuffled within each group (`shuffle_advantages`).
