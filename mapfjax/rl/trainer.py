@@ -229,10 +229,10 @@ class Trainer:
                     acc = accumulate(acc, loss_value, g, weights[i])
             # a part not run (`_runnable`) weighs 0: zeros in its place count for nothing
             ran = next(i for i, part in enumerate(parts) if part is not None)
-            for i, part in enumerate(parts):
-                if part is None:
-                    metrics[i] = jax.tree.map(jnp.zeros_like, metrics[ran])
-                    weights[i] = jnp.zeros_like(weights[ran])
+            zero_metrics = jax.tree.map(jnp.zeros_like, metrics[ran])
+            zero_weight = jnp.zeros_like(weights[ran])
+            metrics = [zero_metrics if m is None else m for m in metrics]
+            weights = [zero_weight if w is None else w for w in weights]
             self.state, out = apply(self.state, acc, metrics, weights, self._total)
         return out
 
