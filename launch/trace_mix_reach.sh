@@ -9,7 +9,9 @@
 # and the start's SFT data leave out), run whatever the matched arm gives. SEED and DRAW
 # (default 20 and 12370; the confirmation 21 and 12371) choose the run, into
 # results/go_no_go/trace_mix_reach_<SEED>; MINUTES gives each arm a time budget (launch/trace_mix.sh;
-# the fourth amendment's runs: MINUTES=27). Resumable: the same command goes on where it stood.
+# the fourth amendment's runs: MINUTES=27). BUILD (the fifth amendment's: BUILD=3) reads a
+# start rebuilt once more into trace_mix_reach_start_<N>_build<BUILD>, its rebuild.txt set
+# against the second build's reading too. Resumable: the same command goes on where it stood.
 #
 #   bash launch/trace_mix_reach.sh   # about 1.2 h of SFT where nothing is built, then 1-1.5 h
 set -euo pipefail
@@ -19,16 +21,20 @@ SEED=${SEED:-20}
 DRAW=${DRAW:-12370}
 mix_starts "$N"
 ENDING=$(ending_export "$N")
-CHECK=$R/trace_mix_reach_start_$N
+CHECK=$R/trace_mix_reach_start_$N${BUILD:+_build$BUILD}
 # read once: a committed record of a shorter start is kept (the arms read their own start)
 if [ -n "$ENDING" ] && { [ "$N" = 6000 ] || [ ! -f $CHECK/retry_check.md ]; }; then
   read_start configs/tiny_model.py:trace_end_scratch "$ENDING" runs/trace_end_scratch_eval_$N \
     $CHECK "trace_end_scratch ($N from scratch)" relay_retry_end
 fi
 if [ "$N" = 6000 ]; then
-  for f in comparison.md retry_check.md; do  # the first build's files, made by the same calls
-    if cmp -s $CHECK/$f $R/trace_end/$f; then same=identical; else same=differs; fi
-    echo "$f: $same to results/go_no_go/trace_end/$f"
+  refs=($R/trace_end)  # the first build's files, made by the same calls
+  [ -z "${BUILD:-}" ] || refs+=($R/trace_mix_reach_start_6000)  # and the second build's
+  for ref in "${refs[@]}"; do
+    for f in comparison.md retry_check.md; do
+      if cmp -s $CHECK/$f $ref/$f; then same=identical; else same=differs; fi
+      echo "$f: $same to $ref/$f"
+    done
   done > $CHECK/rebuild.txt
   cat $CHECK/rebuild.txt
 fi

@@ -501,3 +501,42 @@ def test_arms_puts_the_checkout_first_on_the_python_path(tmp_path):
     path, module = out.stdout.split()
     assert path == f"{ROOT}:/elsewhere"
     assert pathlib.Path(module) == ROOT / "mapfjax" / "__init__.py"
+
+
+def test_trace_mix_reach_reads_a_third_build_beside_both_earlier_ones(tmp_path):
+    """N=6000 BUILD=3: the rebuilt start is read into its own folder (the second build's
+    committed reading stays as it is) and rebuild.txt sets it against the first build's files
+    and the second build's, line by line."""
+    (tmp_path / "launch").mkdir()
+    for name in ("arms.sh", "trace_mix_reach.sh"):
+        (tmp_path / "launch" / name).symlink_to(ROOT / "launch" / name)
+    (tmp_path / "launch" / "trace_mix.sh").write_text(
+        'echo "trace_mix N=$N SEED=$SEED DRAW=$DRAW OUT=$OUT" >> calls.txt\n'
+    )
+    for d in ("runs/tiny_trace_end_scratch/export", "runs/tiny_trace_mix/export"):
+        (tmp_path / d).mkdir(parents=True)
+        (tmp_path / d / "VALIDATION.md").touch()
+    r = tmp_path / "results" / "go_no_go"
+    second = r / "trace_mix_reach_start_6000"
+    third = r / "trace_mix_reach_start_6000_build3"
+    for d in (r / "trace_end", second, third):
+        d.mkdir(parents=True)
+    for f in ("comparison.md", "retry_check.md"):  # the third build reads as the second did
+        (second / f).write_text(f"second {f}\n")
+        (third / f).write_text(f"second {f}\n")
+        (r / "trace_end" / f).write_text(f"first {f}\n")
+    out = _bash(tmp_path, "N=6000 SEED=26 DRAW=12376 BUILD=3 bash launch/trace_mix_reach.sh")
+    assert out.returncode == 0, out.stderr
+    calls = (tmp_path / "calls.txt").read_text().splitlines()
+    assert "runs/trace_end_scratch_eval_6000" in calls[0]  # the reading, then the arms
+    assert str(third.relative_to(tmp_path)) in calls[1]
+    assert calls[-1] == (
+        "trace_mix N=6000 SEED=26 DRAW=12376 OUT=results/go_no_go/trace_mix_reach_26"
+    )
+    assert (third / "rebuild.txt").read_text().splitlines() == [
+        "comparison.md: differs to results/go_no_go/trace_end/comparison.md",
+        "retry_check.md: differs to results/go_no_go/trace_end/retry_check.md",
+        "comparison.md: identical to results/go_no_go/trace_mix_reach_start_6000/comparison.md",
+        "retry_check.md: identical to results/go_no_go/trace_mix_reach_start_6000/retry_check.md",
+    ]
+    assert not (second / "rebuild.txt").exists()
