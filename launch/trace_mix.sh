@@ -39,7 +39,7 @@ gate "${TRACE_WAIT[@]}" --policy $START --groups 32 --lr 1e-4 --updates "$X_UPDA
   --seed "$SEED" --held_out_seed "$DRAW" --mismatched "$MISMATCH" --mismatched_when "$WHEN" \
   --minutes "$MINUTES" --workdir $W --out $OUT
 GRPO="GRPO ($X_UPDATES updates)"
-[ "$MINUTES" = 0 ] || GRPO="GRPO ($MINUTES minutes, at most $X_UPDATES updates)"
+[ "$MINUTES" = 0 ] || GRPO="GRPO (at most $X_UPDATES updates in $MINUTES minutes)"
 vs_shipped $OUT $W "$GRPO" "$LABEL"
 last=$(printf '%s\n' $OUT/matched/round_*/validation.json | sort -V | tail -n 1)
 M=$OUT/mismatched_$MISMATCH/round_0/validation.json  # the mismatched arm, where it ran

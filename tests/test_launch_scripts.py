@@ -4,6 +4,7 @@ share (`launch/arms.sh`) tell a NO-GO verdict from a failure and refuse bad upda
 import json
 import os
 import pathlib
+import re
 import subprocess
 
 import pytest
@@ -165,9 +166,11 @@ def test_vs_shipped_names_the_start_it_is_given(tmp_path):
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
 def test_every_vs_shipped_label_is_one_label(script):
     """compare_evals splits --labels at commas: a label with one stops the arm's last step
-    (every quoted argument of the call, continuation lines joined)."""
+    (every quoted argument of the call, continuation lines joined, and every quoted value of
+    a variable the calls take their labels from)."""
     for line in script.read_text().replace("\\\n", " ").splitlines():
-        if line.startswith(("vs_shipped ", "pilot_then_arm ")):
+        label_var = re.search(r"\b(GRPO|LABEL|ML)=\"", line)
+        if line.startswith(("vs_shipped ", "pilot_then_arm ")) or label_var:
             labels = line.split('"')[1::2]
             assert labels, f"{script.name}: {line}"
             for label in labels:
