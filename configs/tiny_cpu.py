@@ -11,6 +11,8 @@ it shows no measurable gain (results/main_job/held_out_1200). `:held_out_400` is
 as measured on the 400 alone, with mean@2 (results/main_job). `:previous` is the main job as
 it ran before (3x3-10x10, the reward's optimal bonus, 8 groups at lr 1e-4); the `laptop` and
 `grpo_effect` variants keep the settings they were measured with (`previous_main_job`).
+`:think` is the main job from the policy that thinks on some samples
+(mapfjax/assets/tiny_think; results/main_job/PLAN_think.md).
 """
 
 import ml_collections
@@ -42,7 +44,11 @@ VARIANTS = (
     "laptop_smoke",
     "grpo_effect",
     "smoke",
+    "think",
 )
+
+# `:think` (results/main_job/PLAN_think.md): GRPO updates per round, sized by the plan's pilot.
+THINK_UPDATES = 3
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
@@ -206,6 +212,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.train.instances = 16
         c.validation.per_size = 6
         c.validation.samples = 2
+    if arg == "think":
+        think(c)
     if arg == "smoke":  # for tests: 2 rounds, a handful of steps
         c.rounds = 2
         c.train.instances = 16
@@ -238,3 +246,23 @@ def previous_main_job(c: ml_collections.ConfigDict) -> None:
     c.validation.per_size = 50
     c.validation.hole_ratios = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)
     c.validation.samples = 4
+
+
+def think(c: ml_collections.ConfigDict) -> None:
+    """The main job from the policy that thinks on some samples (mapfjax/assets/tiny_think):
+    the go/no-go gate's matched arm (results/go_no_go, PLAN_reach.md: 32 groups at lr 1e-4, KL
+    0.1 to the start, 640 new tokens with the thinking prompt, the update in 16 parts by length
+    of half groups, as `launch/go_no_go.py --thinking` runs 32 groups) in the loop's 3 rounds,
+    THINK_UPDATES updates each; validated greedily on the gate's 400 puzzles at 640 tokens."""
+    c.model.path = str(configfile.ROOT / "mapfjax" / "assets" / "tiny_think")
+    c.train.problems_per_step = 32
+    c.train.instances = THINK_UPDATES * c.train.problems_per_step
+    c.train.enable_thinking = True
+    c.train.max_new_tokens = c.validation.max_new_tokens = 640
+    c.train.completion_bucket = "pow2"  # a trace's 100-640 tokens: few widths
+    c.train.checkpoint_every = 10
+    c.optim.lr = 1e-4
+    c.optim.length_split = 16
+    c.optim.group_split = 2
+    c.grpo.kl_coef = 0.1
+    c.validation.samples = 0

@@ -340,3 +340,38 @@ def test_mismatched_when_gain_runs_that_arm_only_after_a_passing_matched_arm(
     assert ran == want_runs and code == want_code
     verdict = (tmp_path / "o" / "verdict.md").read_text()
     assert ("not run" in verdict) == (want_runs == ["matched"])
+
+
+def test_the_thinking_main_job_trains_as_the_gates_matched_arm():
+    """configs/tiny_cpu.py:think (results/main_job/PLAN_think.md) is the gate's matched arm
+    (launch/trace_mix.sh's flags) in the loop's rounds: the same training, update split, reward,
+    generator and held-out set; only the policy's path, the rounds, the updates per round and the
+    engineer differ."""
+    from mapfjax import configfile
+
+    flags = ["--thinking", "--optimal_bonus=0", "--kl_coef=0.1", "--wait_ratio=0.5"]
+    flags += ["--samples=0", "--groups=32", "--lr=1e-4"]
+    probe = _PROBE.replace("c = m.arm_config((3,))", "c = m.arm_config(m.HELD_OUT_SIZES)")
+    probe = probe[: probe.index("print(")] + "print(json.dumps(c.to_dict(), default=list))\n"
+    arm = _flat(_run_probe(probe, flags))
+    think = _flat(
+        json.loads(
+            json.dumps(
+                configfile.get_config("configs/tiny_cpu.py", "think").to_dict(), default=list
+            )
+        )
+    )
+    differ = {k for k in arm.keys() | think.keys() if arm.get(k, "-") != think.get(k, "-")}
+    assert differ == {
+        "model.path", "rounds", "train.instances",
+        "engineer.settings.name", "engineer.settings.max_edits", "engineer.settings.mode",
+        "engineer.settings.num_samples",
+    }  # fmt: skip
+    assert think["model.path"].endswith("mapfjax/assets/tiny_think")
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
+    return out
