@@ -20,7 +20,7 @@ import tiny_cpu  # noqa: E402
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
     if arg:
         raise ValueError(f"configs/paper_qwen3_4b.py:{arg}: no such variant; it takes none")
-    c = tiny_cpu.get_config()
+    c = tiny_cpu.get_config("answer_only")  # the answer-only job's keys, set below
     c.model.path = "Qwen/Qwen3-4B"  # a local directory or, with network, a hub id
     c.model.dtype = "bfloat16"
     # The reference attention, kept until the fast paths are measured on the accelerators this

@@ -1,5 +1,7 @@
 """Config files loaded by path: relative to the repository root, fresh modules, clear errors."""
 
+from pathlib import Path
+
 import pytest
 
 from mapfjax import configfile
@@ -153,13 +155,20 @@ def test_measured_variants_keep_the_settings_their_committed_results_record():
     _assert_matches_record(config, recorded)
     # (the engineer block records the guideline's absolute path, which differs per checkout)
     assert config["engineer"]["settings"] == recorded["engineer"]["settings"]
-    # The main job and `:held_out_400` give what their committed runs recorded: the 1,200-puzzle
-    # runs of results/main_job/held_out_1200 and the 400-puzzle runs of results/main_job.
-    for variant, run in (("", "held_out_1200/tiny1200"), ("held_out_400", "tiny")):
+    # The main job (the policy that thinks), `:answer_only` and `:held_out_400` give what their
+    # committed runs recorded: results/main_job/think, the 1,200-puzzle runs of
+    # results/main_job/held_out_1200 and the 400-puzzle runs of results/main_job.
+    for variant, run in (
+        ("", "think/seed0"),
+        ("answer_only", "held_out_1200/tiny1200"),
+        ("held_out_400", "tiny"),
+    ):
         record = configfile.ROOT / "results" / "main_job" / run / "run_config.json"
         recorded = json.loads(record.read_text())
         config = configfile.get_config("configs/tiny_cpu.py", variant).to_dict()
         _assert_matches_record(json.loads(json.dumps(config)), recorded)
         assert config["engineer"]["settings"] == recorded["engineer"]["settings"]
-    main = configfile.get_config("configs/tiny_cpu.py", "").validation
+        # the starting checkpoint (recorded as an absolute path, which differs per checkout)
+        assert Path(config["model"]["path"]).name == Path(recorded["model"]["path"]).name, variant
+    main = configfile.get_config("configs/tiny_cpu.py", "answer_only").validation
     assert (main.per_size, main.extra_seeds, main.samples) == (100, (12346, 12347), 0)

@@ -28,6 +28,7 @@ print(json.dumps({
     "policy": engineers.get_config("policy").to_dict(),
     "variants": sorted(variants.VARIANTS),
     "tiny_model": (package / "assets" / "tiny" / "config.json").is_file(),
+    "tiny_think": (package / "assets" / "tiny_think" / "model.safetensors").is_file(),
     # A relative config path is found in the working directory when the package has none.
     "from_cwd": configfile.get_config("configs/here.py"),
 }))
@@ -73,7 +74,7 @@ def test_wheel_installs_and_loads_the_presets_outside_the_repository(tmp_path):
     assert pathlib.Path(got["package"]).is_relative_to(venv)  # the wheel's copy, not ours
     assert not pathlib.Path(got["package"]).is_relative_to(ROOT)
     assert got["guideline"] == (ROOT / "configs" / "engineer" / "guideline.md").read_text()
-    assert got["guideline_in_package"] and got["tiny_model"]
+    assert got["guideline_in_package"] and got["tiny_model"] and got["tiny_think"]
     assert got["engineers"] == sorted(engineers.ENGINEERS)
     assert got["policy"] == engineers.get_config("policy").to_dict()
     assert got["variants"] == sorted(variants.VARIANTS)

@@ -433,9 +433,9 @@ def test_an_unknown_config_variant_is_one_line_naming_the_known_ones(tmp_path):
         )
         assert done.returncode == 2 and "Traceback" not in done.stderr
         assert done.stderr.strip().splitlines() == [
-            "error: configs/tiny_cpu.py:nosuch: no such variant; allowed: '', 'held_out_400', "
-            "'previous', 'curricula', 'curricula_smoke', 'curricula_few_waits', 'laptop', "
-            "'laptop_smoke', 'grpo_effect', 'smoke', 'think'"
+            "error: configs/tiny_cpu.py:nosuch: no such variant; allowed: '', 'answer_only', "
+            "'held_out_400', 'previous', 'curricula', 'curricula_smoke', 'curricula_few_waits', "
+            "'laptop', 'laptop_smoke', 'grpo_effect', 'smoke'"
         ]
     assert not work.exists()
 
@@ -496,8 +496,8 @@ def test_the_main_jobs_held_out_set_begins_with_the_gates_400_puzzles(tmp_path):
     from mapfjax.engineer.validation import held_out_set
     from mapfjax.env import io
 
-    c = tiny_cpu.get_config("")
-    assert c.validation.extra_seeds  # the main job draws more after the gate's 400
+    c = tiny_cpu.get_config("answer_only")
+    assert c.validation.extra_seeds  # the answer-only job draws more after the gate's 400
     c.validation.extra_seeds = ()
     drawn = held_out_set(tmp_path, ValidationSettings.from_config(c))
     gate = io.load_instances(configfile.ROOT / "results" / "go_no_go" / "held_out_400.jsonl")

@@ -343,7 +343,7 @@ def test_mismatched_when_gain_runs_that_arm_only_after_a_passing_matched_arm(
 
 
 def test_the_thinking_main_job_trains_as_the_gates_matched_arm():
-    """configs/tiny_cpu.py:think (results/main_job/PLAN_think.md) is the gate's matched arm
+    """configs/tiny_cpu.py, the main job (results/main_job/PLAN_think.md), is the gate's matched arm
     (launch/trace_mix.sh's flags) in the loop's rounds: the same training, update split, reward,
     generator and held-out set; only the policy's path, the rounds, the updates per round and the
     engineer differ."""
@@ -356,9 +356,7 @@ def test_the_thinking_main_job_trains_as_the_gates_matched_arm():
     arm = _flat(_run_probe(probe, flags))
     think = _flat(
         json.loads(
-            json.dumps(
-                configfile.get_config("configs/tiny_cpu.py", "think").to_dict(), default=list
-            )
+            json.dumps(configfile.get_config("configs/tiny_cpu.py", "").to_dict(), default=list)
         )
     )
     differ = {k for k in arm.keys() | think.keys() if arm.get(k, "-") != think.get(k, "-")}

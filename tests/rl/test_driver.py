@@ -123,7 +123,7 @@ def test_size_stats_rebuild_from_metrics(tmp_path):
 
 
 def test_settings_and_schedule_from_the_shared_schema():
-    c = tiny_cpu.get_config()
+    c = tiny_cpu.get_config("answer_only")
     s = driver.GRPOSettings.from_config(c)
     assert s.steps == c.train.instances // c.train.problems_per_step
     # dynamic sampling draws oversample x problems_per_step groups per update
