@@ -5,14 +5,18 @@ and 9).
     python launch/sweep.py --config configs/laptop_effect.py --workdir runs/curricula
     python launch/sweep.py --config configs/laptop_effect.py:previous --workdir runs/laptop
     python launch/sweep.py --config configs/laptop_effect.py:wait_test --workdir runs/wait_test
+    python launch/sweep.py --config configs/laptop_effect.py:think --workdir runs/curricula_think
 
 "" runs on the main job's settings (configs/tiny_cpu.py:curricula: 5 rounds of 15 updates
 from a random round-0 config per seed, the go/no-go gate's 400 held-out puzzles) into
 results/curricula/; `:previous` is the comparison as first run, on the previous main job's
 settings (results/laptop_effect/); `:wait_test` is the test of the `wait` engineer against `fixed`
 written down before it ran (results/wait_test/README.md): round 0 drawn with waits ~ U[0, 0.3],
-fresh seeds 5-9. Runs train one after another (finished runs are skipped:
-rerun the command to continue, or split --config.seeds across machines); then the results
+fresh seeds 5-9; `:think` is the comparison on the policy that thinks (mapfjax/assets/tiny_think,
+configs/tiny_cpu.py:curricula_think: the main job from a random round 0) for the paper's six
+engineers, into results/curricula_think/ (its PLAN.md was written before it ran). Runs train
+one after another (finished runs are skipped: rerun the command to continue, or split
+--config.seeds across machines); then the results
 directory gets summary.md, summary.csv, one small JSON record per run and the plots.
 `--config.train_arg=curricula_smoke` runs a two-round pass of the same grid in minutes.
 """
@@ -27,19 +31,22 @@ ABLATION = configfile.load_module(configfile.resolve("configs/sweep_ablation.py"
 # added after the first six); `base` (the untrained checkpoint as engineer) can be added with
 # --config.groups.curricula.engineers.
 ENGINEERS = ("fixed", "random", "rule", "learnability", "bandit", "policy", "wait")
+# The six the paper compares (the comparison on the policy that thinks runs these).
+PAPER_ENGINEERS = ENGINEERS[:6]
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
     """ "" = the sweep; "previous" = the sweep on the previous main job's settings; "wait_test" =
-    fixed against wait from a round 0 with few waits;
+    fixed against wait from a round 0 with few waits; "think" = the six engineers on the policy
+    that thinks;
     "train,engineer=NAME,..." = one run's training config (as in configs/sweep_ablation.py)."""
     if arg.startswith("train"):
         return ABLATION.get_config(arg)
-    if arg not in ("", "previous", "wait_test"):
+    if arg not in ("", "previous", "wait_test", "think"):
         raise ValueError(
             f"configs/laptop_effect.py:{arg}: no such variant; allowed: '' (the sweep), "
-            "'previous' (the sweep as first run), 'wait_test' (fixed against wait) or "
-            "'train,engineer=NAME,...' (one run)"
+            "'previous' (the sweep as first run), 'wait_test' (fixed against wait), 'think' "
+            "(the sweep on the policy that thinks) or 'train,engineer=NAME,...' (one run)"
         )
     c = ABLATION.get_config("")
     c.train_config = "configs/tiny_cpu.py"
@@ -63,4 +70,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.seeds = (5, 6, 7, 8, 9)  # not the five seeds whose runs suggested the test
         c.groups.curricula.engineers = ("fixed", "wait")
         c.results = "results/wait_test"
+    if arg == "think":  # results/curricula_think/PLAN.md
+        c.train_arg = "curricula_think"
+        c.groups.curricula.engineers = PAPER_ENGINEERS
+        c.results = "results/curricula_think"
     return c

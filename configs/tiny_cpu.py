@@ -16,8 +16,10 @@ validated on 1,200 puzzles, the gate's 400 first; there it shows no measurable g
 (results/main_job/held_out_1200). `:held_out_400` is that job as measured on the 400 alone, with
 mean@2 (results/main_job). `:previous` is the answer-only job as it ran before those settings
 (3x3-10x10, the reward's optimal bonus, 8 groups at lr 1e-4); the `laptop` and `grpo_effect`
-variants keep the settings they were measured with (`previous_main_job`). Every variant but
-the default starts from the answer-only model.
+variants keep the settings they were measured with (`previous_main_job`). `:curricula_think` is
+the curriculum comparison on the policy that thinks (configs/laptop_effect.py:think): the main
+job with round 0 on a random config per seed. Every other variant starts from the answer-only
+model.
 """
 
 import ml_collections
@@ -46,6 +48,7 @@ VARIANTS = (
     "curricula",
     "curricula_smoke",
     "curricula_few_waits",
+    "curricula_think",
     "laptop",
     "laptop_smoke",
     "grpo_effect",
@@ -188,7 +191,12 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.env = default_config(num_agents=2, sizes=range(3, 9), hole_ratio=0.2, wait_ratio=0.3)
         c.train.instances = 160
         c.validation.sizes = tuple(range(3, 9))
-    if arg.startswith("curricula"):  # the curriculum comparison (configs/laptop_effect.py)
+    if arg == "curricula_think":  # the comparison on the policy that thinks
+        # The main job (think) with round 0 on a random config drawn from the seed
+        # (results/curricula_think/PLAN.md): 3 rounds of THINK_UPDATES, 2 engineer decisions.
+        think(c)
+        c.env_start = "random"
+    elif arg.startswith("curricula"):  # the curriculum comparison (configs/laptop_effect.py)
         # The main job's settings and budget (75 updates of 16 groups) in 5 rounds of 15
         # updates, so that an engineer decides 4 times; round 0 on a random config drawn from
         # the seed (the paper's; the same for every engineer of a seed), greedy held-out only.

@@ -435,7 +435,7 @@ def test_an_unknown_config_variant_is_one_line_naming_the_known_ones(tmp_path):
         assert done.stderr.strip().splitlines() == [
             "error: configs/tiny_cpu.py:nosuch: no such variant; allowed: '', 'answer_only', "
             "'held_out_400', 'previous', 'curricula', 'curricula_smoke', 'curricula_few_waits', "
-            "'laptop', 'laptop_smoke', 'grpo_effect', 'smoke'"
+            "'curricula_think', 'laptop', 'laptop_smoke', 'grpo_effect', 'smoke'"
         ]
     assert not work.exists()
 
