@@ -82,15 +82,13 @@ def test_the_comparison_on_the_thinking_policy_is_the_main_job_from_a_random_rou
     """configs/laptop_effect.py:think (results/curricula_think/PLAN.md, fixed before the runs):
     the paper's six engineers, seeds 0-4, each run the main job's training and held-out set
     from mapfjax/assets/tiny_think with round 0 on a random config drawn from the seed."""
-    from mapfjax import configfile as cf
-
     laptop = configfile.load_module("configs/laptop_effect.py")
     sweep = laptop.get_config("think")
     assert sweep.results == "results/curricula_think" and sweep.reference == "fixed"
     runs = sw.expand(sweep, tmp_path, laptop.get_config)
     engineers = ("fixed", "random", "rule", "learnability", "bandit", "policy")
     assert sorted({r.engineer for r in runs}) == sorted(engineers) and len(runs) == 30
-    main = cf.get_config("configs/tiny_cpu.py", "").to_dict()
+    main = configfile.get_config("configs/tiny_cpu.py", "").to_dict()
     for run, argv in zip(runs, sw.plan(runs, sweep, "configs/laptop_effect.py"), strict=True):
         cfg, _ = _parse_train_argv(argv)
         assert cfg.env_start == "random" and cfg.seed == run.seed
