@@ -18,7 +18,8 @@ counts as solved when any of its samples is valid (pass@k, paired against a gree
 import pathlib
 
 from absl import app, flags
-from absl import logging as absl_logging
+
+from mapfjax import configfile
 
 _INSTANCES = flags.DEFINE_string("instances", None, "the instance JSONL every evaluation answered")
 _EVALS = flags.DEFINE_list(
@@ -61,7 +62,6 @@ def _has_traces(path: pathlib.Path) -> bool:
 
 def main(argv):
     del argv
-    absl_logging.set_verbosity(absl_logging.WARNING)  # JAX's backend probing is chatty
     from mapfjax import files
     from mapfjax.env import io
     from mapfjax.env.config import parse_sizes
@@ -97,4 +97,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    configfile.quiet_backend_probe()
     app.run(main)

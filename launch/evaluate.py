@@ -8,14 +8,20 @@ r"""A checkpoint or an API model on the benchmark: answers, verification, tables
 Rerun the same command to continue: answers already in --answers_out (tied to their puzzles by
 a hash) are not regenerated. Unlabelled instances get valid rates with optimal unknown; --label
 labels them first with the exact oracle (or use `python -m mapfjax.env label`).
+
+A checkpoint is decoded with the thinking mode and response budget its generation_config.json
+records (`mapfjax.models.hf.generation_settings`) unless --enable_thinking / --noenable_thinking
+or --max_new_tokens is given; one line on stderr says which settings are used and where each
+came from.
 """
 
 import dataclasses
+import pathlib
 import sys
 
 from absl import app, flags
 
-from mapfjax import hostalloc
+from mapfjax import configfile, hostalloc
 
 _CKPT = flags.DEFINE_string("checkpoint", None, "Hugging Face Qwen3 checkpoint directory")
 _API = flags.DEFINE_string("api_model", None, "OpenAI-compatible model name (instead of a ckpt)")
@@ -29,8 +35,18 @@ _TEMP = flags.DEFINE_float("temperature", 0.0, "0 = greedy")
 _TOP_P = flags.DEFINE_float(
     "top_p", 1.0, "nucleus when temperature > 0: a token is drawn while the mass above it < top_p"
 )
-_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 512, "response budget (checkpoint)")
-_THINK = flags.DEFINE_bool("enable_thinking", False, "Qwen3 thinking mode (checkpoint)")
+_MAX_NEW = flags.DEFINE_integer(
+    "max_new_tokens",
+    None,
+    "response budget in tokens (checkpoint); default: the checkpoint's generation_config.json, "
+    "512 when it sets none",
+)
+_THINK = flags.DEFINE_bool(
+    "enable_thinking",
+    None,
+    "Qwen3 thinking mode (checkpoint); default: the checkpoint's generation_config.json, off "
+    "when it sets none",
+)
 _BATCH = flags.DEFINE_integer("batch_size", 32, "problems per generation call")
 _DTYPE = flags.DEFINE_string("dtype", "float32", "checkpoint compute dtype")
 _SEED = flags.DEFINE_integer("seed", 0, "sampling seed when temperature > 0")
@@ -43,6 +59,33 @@ _BIAS = flags.DEFINE_multi_string(
 _DUPS = flags.DEFINE_enum("duplicates", "error", ["error", "first", "last"], "id answered twice")
 flags.mark_flag_as_required("instances")
 flags.register_validator("top_p", lambda v: 0 < v <= 1, "--top_p: a probability mass, in (0, 1]")
+flags.register_validator(
+    "max_new_tokens", lambda v: v is None or v >= 1, "--max_new_tokens: an integer >= 1"
+)
+
+
+def generation_choice(checkpoint, enable_thinking=None, max_new_tokens=None):
+    """(settings, line): the checkpoint's `hf.GenerationSettings` with enable_thinking and
+    max_new_tokens replaced by the flags' values where given (None: the flag was not given),
+    and one line saying which values are used and where each came from (the flag, the
+    checkpoint's generation_config.json, or the default where the file sets none)."""
+    from mapfjax.models import hf
+
+    stored = hf.generation_settings(checkpoint)
+    file = pathlib.Path(checkpoint).expanduser() / hf.GENERATION_CONFIG
+    flags_given = {hf.THINKING_KEY: enable_thinking, "max_new_tokens": max_new_tokens}
+    chosen = {k: v for k, v in flags_given.items() if v is not None}
+    settings = dataclasses.replace(stored, **chosen)
+    parts = []
+    for key in flags_given:
+        if key in chosen:
+            source = f"--{'no' if chosen[key] is False else ''}{key}"
+        elif key in stored.given:
+            source = str(file)
+        else:
+            source = f"default: {file} does not set it"
+        parts.append(f"{key}={getattr(settings, key)} ({source})")
+    return settings, "generation settings: " + ", ".join(parts)
 
 
 def main(argv):
@@ -68,16 +111,25 @@ def main(argv):
             print(f"{_INSTANCES.value}: {label_summary_line(summary)}", file=sys.stderr)
         if _CKPT.value:
             mesh = parallel.make_mesh({"data": -1}) if jax.device_count() > 1 else None
-            new = {
-                "max_new_tokens": _MAX_NEW.value,
-                "temperature": _TEMP.value,
-                "top_p": _TOP_P.value,
-            }
-            sampling = dataclasses.replace(ev.EVAL_SAMPLING, enable_thinking=_THINK.value, **new)
-            solver = ev.CheckpointSolver(_CKPT.value, sampling, _DTYPE.value, mesh, _SEED.value)
+            solver = ev.CheckpointSolver(
+                _CKPT.value, dtype=_DTYPE.value, mesh=mesh, seed=_SEED.value
+            )
+            # After the solver: it names a missing or malformed checkpoint directory first.
+            gen, line = generation_choice(_CKPT.value, _THINK.value, _MAX_NEW.value)
+            flags_line = f"temperature={_TEMP.value:g}, top_p={_TOP_P.value:g}"
+            print(f"{line}; {flags_line} (--temperature, --top_p)", file=sys.stderr)
+            sampling = dataclasses.replace(
+                ev.EVAL_SAMPLING,
+                enable_thinking=gen.enable_thinking,
+                max_new_tokens=gen.max_new_tokens,
+                temperature=_TEMP.value,
+                top_p=_TOP_P.value,
+            )
             if _BIAS.value:
-                bias = ev.logit_bias_ids(solver.tokenizer, _BIAS.value)
-                solver.sampling = dataclasses.replace(sampling, logit_bias=bias)
+                sampling = dataclasses.replace(
+                    sampling, logit_bias=ev.logit_bias_ids(solver.tokenizer, _BIAS.value)
+                )
+            solver.sampling = sampling
             label, family = _CKPT.value, paper.model_family(checkpoint=_CKPT.value)
         else:
             solver = ev.ApiSolver(
@@ -96,4 +148,5 @@ def main(argv):
 
 if __name__ == "__main__":
     hostalloc.use_tcmalloc()  # tcmalloc when installed: XLA:CPU's buffers
+    configfile.quiet_backend_probe()
     app.run(main)

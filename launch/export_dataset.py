@@ -12,7 +12,8 @@ docs/other_trainers.md for the reward functions that score them (verl, TRL, Reas
 import sys
 
 from absl import app, flags
-from absl import logging as absl_logging
+
+from mapfjax import configfile
 
 _CONFIG = flags.DEFINE_string("config", None, "round_N/config.json, run_config.json or x.py[:arg]")
 _SIZE = flags.DEFINE_integer("size", None, "puzzles to generate")
@@ -24,7 +25,6 @@ flags.mark_flags_as_required(["config", "size", "out"])
 
 def main(argv):
     del argv
-    absl_logging.set_verbosity(absl_logging.WARNING)  # JAX's backend probing is chatty
     from mapfjax.env import dataset
 
     try:
@@ -42,4 +42,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    configfile.quiet_backend_probe()
     app.run(main)

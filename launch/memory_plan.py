@@ -9,8 +9,10 @@ import os
 import sys
 
 ARGS = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-ARGS.add_argument("--model", default="qwen3-4b")
-ARGS.add_argument("--devices", type=int, default=8)
+ARGS.add_argument(
+    "--model", default="qwen3-4b", help="a name in mapfjax.models.qwen3.PRESETS, e.g. tiny"
+)
+ARGS.add_argument("--devices", type=int, default=8, help="fake CPU devices to plan for")
 ARGS.add_argument("--meshes", default="fsdp8,fsdp4-tp2,data2-fsdp4,tp8", help="axisN-axisM,...")
 ARGS.add_argument("--sizes", default="8x2048,8x8192", help="batch x sequence length, comma list")
 ARGS.add_argument("--computations", default="all", help="names from COMPUTATIONS, or all")

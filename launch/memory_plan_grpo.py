@@ -12,17 +12,21 @@ import os
 import sys
 
 ARGS = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-ARGS.add_argument("--model", default="qwen3-4b")
-ARGS.add_argument("--devices", type=int, default=8)
+ARGS.add_argument(
+    "--model", default="qwen3-4b", help="a name in mapfjax.models.qwen3.PRESETS, e.g. tiny"
+)
+ARGS.add_argument("--devices", type=int, default=8, help="fake CPU devices to plan for")
 ARGS.add_argument("--meshes", default="fsdp8,fsdp4-tp2", help="axisN-axisM,...")
-ARGS.add_argument("--prompts", type=int, default=8)
-ARGS.add_argument("--group", type=int, default=8)
-ARGS.add_argument("--prompt-len", type=int, default=512)
-ARGS.add_argument("--response-len", type=int, default=4096)
+ARGS.add_argument("--prompts", type=int, default=8, help="prompts per update")
+ARGS.add_argument("--group", type=int, default=8, help="samples per prompt (GRPO group size)")
+ARGS.add_argument("--prompt-len", type=int, default=512, help="prompt tokens per row")
+ARGS.add_argument("--response-len", type=int, default=4096, help="response tokens per row")
 ARGS.add_argument("--accum", default="8", help="micro-batches per update, comma list")
 ARGS.add_argument("--layouts", default="shared,rows", help="shared (GroupBatch), rows, or both")
 # Qwen3 attends in query blocks only when the block divides the sequence (512 + 4096 = 9 x 512).
-ARGS.add_argument("--attention-chunk", type=int, default=512)
+ARGS.add_argument(
+    "--attention-chunk", type=int, default=512, help="query block of Qwen3's attention, in tokens"
+)
 ARGS.add_argument("--param-dtype", default="bfloat16", help="bfloat16 or float32 (master)")
 OPTS = ARGS.parse_args()
 # Must precede the first jax import: the fake device count is read once at start-up.

@@ -110,17 +110,26 @@ def _check_config_spec(argv, flag: str) -> None:
             pass
 
 
+def quiet_backend_probe() -> None:
+    """Keep JAX's INFO line about the backends it probed and did not find (`Unable to
+    initialize backend 'tpu'` on a CPU machine) out of a launch script's output: absl's
+    `app.run` shows INFO records, and JAX logs that one while it looks for accelerators. Call
+    before JAX picks its backend (`parse_flags` does; the other entry points call it before
+    `app.run`); JAX's warnings and errors still show."""
+    import logging
+
+    logging.getLogger("jax").setLevel(logging.WARNING)
+
+
 def parse_flags(argv, flag: str = "config"):
     """absl's flag parsing for launch scripts (`app.run(main, flags_parser=parse_flags)`): a
     config file that refuses its argument (`configs/tiny_cpu.py:nosuch`) and an override of a
     key the config does not have (`--config.train.step=4`) are each reported in one line naming
     what is allowed, instead of a traceback. It also keeps JAX's INFO line about the backends
-    it probed and did not find (`Unable to initialize backend 'tpu'`) out of their output."""
-    import logging
-
+    it probed and did not find out of their output (`quiet_backend_probe`)."""
     from absl import app
 
-    logging.getLogger("jax").setLevel(logging.WARNING)
+    quiet_backend_probe()
     _check_config_spec(argv, flag)
     try:
         return app.parse_flags_with_usage(argv)

@@ -124,7 +124,11 @@ def _add_budget_args(p, max_nodes: int, time_limit: float) -> None:
 def _verify_args(p):
     """Score raw model answers ({"id", "text"} JSONL) against instances."""
     p.add_argument("--instances", required=True, help="instance JSONL")
-    p.add_argument("--answers", required=True, help='answer JSONL: {"id", "text"} per line')
+    p.add_argument(
+        "--answers",
+        required=True,
+        help='answer JSONL: {"id", "text"[, "puzzle_hash"]} per line (what `solve` prints is one)',
+    )
     p.add_argument(
         "--allow_missing",
         action="store_true",
@@ -194,8 +198,9 @@ def _verify(args) -> int:
 
 
 def _solve_args(p):
-    """Solve instances exactly with the CBS oracle; print the canonical answers."""
-    p.add_argument("--instances", required=True)
+    """Solve instances exactly with the CBS oracle; print one answer line per instance, which
+    `verify --answers` and `render --answers` read as they are."""
+    p.add_argument("--instances", required=True, help="instance JSONL (labels optional)")
     _add_budget_args(p, 50_000, 30.0)
 
 
@@ -207,10 +212,11 @@ def _solve(args):
         problems, args.max_nodes, args.time_limit, args.processes, progress=sys.stderr.isatty()
     )
     for p, s in zip(problems, sols, strict=True):
-        answer = text.render_answer(oracle.answer_actions(s)) if s.optimal else None
-        _emit(
-            {"id": p.id, "status": s.status, "soc": s.soc, "makespan": s.makespan, "answer": answer}
-        )
+        # An answer line (id, puzzle_hash, text) with the oracle's outcome beside it; text is
+        # null when there is no optimal plan (timeout, unsolvable): no answer for that id.
+        plan = text.render_answer(oracle.answer_actions(s)) if s.optimal else None
+        row = {"id": p.id, "puzzle_hash": io.puzzle_hash(p), "status": s.status}
+        _emit(row | {"soc": s.soc, "makespan": s.makespan, "text": plan})
 
 
 def _label_args(p):
@@ -284,13 +290,32 @@ def _label(args):
 
 def _generate_args(p):
     """Generate labelled instances from a generator config."""
-    p.add_argument("--out", required=True, help="output JSONL")
-    p.add_argument("--n", type=int_at_least(1), default=1000)
-    p.add_argument("--agents", type=_agents, default=2)
-    p.add_argument("--sizes", type=parse_sizes, default="3-10", help="e.g. 3-10 or 3,5,7")
-    p.add_argument("--hole_ratio", type=float_in(0, 0.5), default=0.2)
-    p.add_argument("--wait_ratio", type=float_in(0, 1), default=0.3)
-    p.add_argument("--seed", type=int_at_least(0), default=0)
+    p.add_argument("--out", required=True, help="output instance JSONL")
+    p.add_argument(
+        "--n", type=int_at_least(1), default=1000, help="instances to write (default: %(default)s)"
+    )
+    p.add_argument(
+        "--agents", type=_agents, default=2, help="agents per puzzle, 1-5 (default: %(default)s)"
+    )
+    p.add_argument(
+        "--sizes", type=parse_sizes, default="3-10", help="NxN map sizes, e.g. 3-10 or 3,5,7"
+    )
+    p.add_argument(
+        "--hole_ratio",
+        type=float_in(0, 0.5),
+        default=0.2,
+        help="share of a map's cells that are holes, in [0, 0.5] (default: %(default)s)",
+    )
+    p.add_argument(
+        "--wait_ratio",
+        type=float_in(0, 1),
+        default=0.3,
+        help="share of needs-wait puzzles (optimal cost above the sum of the agents' shortest "
+        "paths), in [0, 1] (default: %(default)s)",
+    )
+    p.add_argument(
+        "--seed", type=int_at_least(0), default=0, help="generator seed (default: %(default)s)"
+    )
     p.add_argument(
         "--set",
         action="append",
@@ -372,15 +397,37 @@ def _generate(args):
 
 def _benchmark_args(p):
     """Build the paper's evaluation set (3/4/5 agents x sizes x wait ratios) as JSONL."""
-    p.add_argument("--out", required=True)
-    p.add_argument("--per_cell", type=int_at_least(1), default=50)
-    p.add_argument("--agents", type=list_of(_agents, "agent counts in [1, 5]"), default="3,4,5")
-    p.add_argument("--sizes", type=parse_sizes, default="3-10")
+    p.add_argument("--out", required=True, help="output instance JSONL")
     p.add_argument(
-        "--wait_ratios", type=list_of(float_in(0, 1), "numbers in [0, 1]"), default="0.25,0.5,0.75"
+        "--per_cell",
+        type=int_at_least(1),
+        default=50,
+        help="instances per (agents, size, wait ratio) cell (default: %(default)s)",
     )
-    p.add_argument("--hole_ratio", type=float_in(0, 0.5), default=0.1)
-    p.add_argument("--seed", type=int_at_least(0), default=0)
+    p.add_argument(
+        "--agents",
+        type=list_of(_agents, "agent counts in [1, 5]"),
+        default="3,4,5",
+        help="agent counts, comma-separated (default: %(default)s)",
+    )
+    p.add_argument(
+        "--sizes", type=parse_sizes, default="3-10", help="NxN map sizes (default: %(default)s)"
+    )
+    p.add_argument(
+        "--wait_ratios",
+        type=list_of(float_in(0, 1), "numbers in [0, 1]"),
+        default="0.25,0.5,0.75",
+        help="shares of needs-wait puzzles, one subset each (default: %(default)s)",
+    )
+    p.add_argument(
+        "--hole_ratio",
+        type=float_in(0, 0.5),
+        default=0.1,
+        help="share of a map's cells that are holes, in [0, 0.5] (default: %(default)s)",
+    )
+    p.add_argument(
+        "--seed", type=int_at_least(0), default=0, help="generator seed (default: %(default)s)"
+    )
     p.add_argument("--report", default=None, help="write per-cell generation reports here")
 
 
@@ -423,6 +470,7 @@ def _demo_args(p):
     for a in p._actions:
         if a.dest == "out":
             a.required = False
+            a.help = "also write the benchmark's instances here (instance JSONL; optional)"
 
 
 def _demo(args):
@@ -466,10 +514,15 @@ PICTURE_FORMATS = (".png", ".gif")
 
 def _render_args(p):
     """Draw an instance (.png; with --answers, the plan's trails), or animate a plan (.gif)."""
-    p.add_argument("--instances", required=True)
-    p.add_argument("--id", required=True)
+    p.add_argument("--instances", required=True, help="instance JSONL")
+    p.add_argument("--id", required=True, help="the id of the instance to draw")
     p.add_argument("--out", required=True, help=".png (a picture) or .gif (needs --answers)")
-    p.add_argument("--answers", default=None)
+    p.add_argument(
+        "--answers",
+        default=None,
+        help="answer JSONL holding a plan for --id (e.g. what `solve` prints); its last line "
+        "for the id is drawn",
+    )
 
 
 def _render(args):
@@ -494,7 +547,7 @@ def _render(args):
         answers = [a for a in io.read_answer_lines(args.answers) if a.id == args.id]
         io.check_answers_match(args.answers, answers, problems)
         if not answers:
-            raise ValueError(f"--id {args.id!r} is not in {args.answers}")
+            raise ValueError(f"--id {args.id!r} has no answer in {args.answers}")
         plan, why = text.parse_answer(answers[-1].text, p.num_agents)
         if plan is None:
             raise ValueError(

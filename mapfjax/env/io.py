@@ -251,7 +251,12 @@ def save_instances(path, problems: Sequence[Problem]) -> None:
 
 ANSWER_FIELDS = {
     "id": (True, lambda v: isinstance(v, str) and v != "", "a non-empty string"),
-    "text": (True, lambda v: isinstance(v, str), "a string (the model's response)"),
+    "text": (
+        True,
+        lambda v: v is None or isinstance(v, str),
+        "a string (the model's response, or the oracle's plan from `solve`) or null (no answer: "
+        "`solve` found no plan in its budget)",
+    ),
     "puzzle_hash": (
         False,
         lambda v: isinstance(v, str) and re.fullmatch(r"[0-9a-f]{16}", v) is not None,
@@ -273,11 +278,15 @@ class Answer:
 
 def read_answer_lines(path) -> list[Answer]:
     """Every `{"id", "text"[, "puzzle_hash"]}` line of an answer file, in file order. Extra
-    fields are ignored and an id may repeat (several samples per instance)."""
+    fields are ignored (`solve` writes its status, soc and makespan beside the plan) and an id
+    may repeat (several samples per instance). A line whose text is null is no answer (`solve`
+    found no plan): it is checked like the others and left out, so its instance counts as
+    unanswered."""
     out = []
     for n, row in _iter_jsonl(path):
         _check_fields(path, n, row, ANSWER_FIELDS, allow_extra=True)
-        out.append(Answer(n, row["id"], row["text"], row.get("puzzle_hash")))
+        if row["text"] is not None:
+            out.append(Answer(n, row["id"], row["text"], row.get("puzzle_hash")))
     return out
 
 

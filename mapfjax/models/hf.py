@@ -23,6 +23,7 @@ import numpy as np
 from flax import nnx
 
 from mapfjax import files, parallel
+from mapfjax.checks import is_finite_real, is_int
 from mapfjax.files import CheckpointError
 from mapfjax.models.qwen3 import ATTENTION_IMPLS, Qwen3, Qwen3Config
 
@@ -312,6 +313,93 @@ class ModelOptions:
         return dataclasses.asdict(self)
 
 
+# ---------------------------------------------------------------------------------------------
+# Generation settings: how a checkpoint is meant to be decoded, kept in its generation_config.json
+# beside transformers' own keys.
+
+GENERATION_CONFIG = "generation_config.json"
+# The key that says whether the checkpoint answers after Qwen3's thinking prompt: the name of the
+# chat template's argument (`apply_chat_template(..., enable_thinking=...)`). It is not one of
+# transformers' keys; transformers keeps it as an attribute of the GenerationConfig it loads.
+THINKING_KEY = "enable_thinking"
+
+# key -> (check of a JSON value, what is allowed); the other keys are transformers' own.
+GENERATION_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    THINKING_KEY: (lambda v: isinstance(v, bool), "true or false"),
+    "max_new_tokens": (lambda v: is_int(v) and v >= 1, "an integer >= 1"),
+    "do_sample": (lambda v: isinstance(v, bool), "true or false"),
+    "temperature": (lambda v: is_finite_real(v) and v >= 0, "a finite number >= 0"),
+    "top_p": (lambda v: is_finite_real(v) and 0 < v <= 1, "a number in (0, 1]"),
+}
+# Keys of a copied generation_config.json that `save_pretrained(generation=...)` replaces: a
+# stale sampling value (e.g. a base model's top_k) would make transformers decode otherwise.
+_DECODING_KEYS = (*GENERATION_KEYS, "top_k")
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationSettings:
+    """How a checkpoint is meant to be decoded, as its generation_config.json records it.
+
+    enable_thinking: answer after Qwen3's thinking prompt (key "enable_thinking");
+    max_new_tokens: the response budget; do_sample, temperature, top_p: transformers' sampling
+    keys (greedy when do_sample is false). The defaults are what a checkpoint without these keys
+    gets: thinking off, 512 new tokens, greedy. `given`: the keys its file set (the others are
+    defaults); not part of equality."""
+
+    enable_thinking: bool = False
+    max_new_tokens: int = 512
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    given: frozenset[str] = dataclasses.field(default=frozenset(), compare=False)
+
+    def __post_init__(self):
+        for key, (ok, allowed) in GENERATION_KEYS.items():
+            value = getattr(self, key)
+            if not ok(value):
+                raise ValueError(f"GenerationSettings.{key} = {value!r}; allowed: {allowed}")
+
+    def to_json(self) -> dict[str, Any]:
+        """The keys `save_pretrained` writes into generation_config.json (temperature and top_p
+        only when sampling: transformers ignores them, and warns, when greedy)."""
+        out = {
+            THINKING_KEY: self.enable_thinking,
+            "max_new_tokens": self.max_new_tokens,
+            "do_sample": self.do_sample,
+        }
+        if self.do_sample:
+            out |= {"temperature": self.temperature, "top_p": self.top_p}
+        return out
+
+
+def _json_object(file: pathlib.Path) -> dict:
+    try:
+        raw = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{file}: invalid JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{file}: expected a JSON object, got {type(raw).__name__}")
+    return raw
+
+
+def generation_settings(path_or_hub_id) -> GenerationSettings:
+    """The `GenerationSettings` of a checkpoint (local directory or hub id), read from its
+    generation_config.json; a key that is absent or null (transformers' "not set") keeps its
+    default, and a checkpoint without the file gets every default. A bad value raises
+    CheckpointError naming the file, the key, the value and what is allowed."""
+    file = _resolve(path_or_hub_id) / GENERATION_CONFIG
+    if not file.is_file():
+        return GenerationSettings()
+    raw, values = _json_object(file), {}
+    for key, (ok, allowed) in GENERATION_KEYS.items():
+        if raw.get(key) is None:
+            continue
+        if not ok(raw[key]):
+            raise CheckpointError(f"{file}: key {key!r}: {raw[key]!r}; allowed: {allowed}")
+        values[key] = raw[key]
+    return GenerationSettings(**values, given=frozenset(values))
+
+
 def from_pretrained(
     path_or_hub_id, dtype=jnp.bfloat16, param_dtype=None, mesh=None, rules="train", **model_kwargs
 ) -> Qwen3:
@@ -403,14 +491,22 @@ _COPIED_FILES = (
 _TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 
-def save_pretrained(model: Qwen3, path, dtype=None, *, copy_from=None) -> pathlib.Path:
+def save_pretrained(
+    model: Qwen3, path, dtype=None, *, copy_from=None, generation: GenerationSettings | None = None
+) -> pathlib.Path:
     """Writes `model` as a transformers-loadable checkpoint directory, atomically.
 
     path gets config.json, model.safetensors and generation_config.json. dtype: cast every
     tensor (e.g. jnp.bfloat16); default keeps the parameters' dtypes. copy_from: an HF
     checkpoint directory whose token ids (config.json), generation config and tokenizer files
-    are carried over. Only process 0 writes in a multi-process job.
+    are carried over. generation: how the checkpoint is meant to be decoded
+    (`GenerationSettings`, read back by `generation_settings`), written into
+    generation_config.json in place of the copied file's decoding keys; None leaves that file
+    as it is (the token ids, or copy_from's file verbatim). Only process 0 writes in a
+    multi-process job.
     """
+    if generation is not None and not isinstance(generation, GenerationSettings):
+        raise TypeError(f"generation = {generation!r}; allowed: a hf.GenerationSettings or None")
     path = pathlib.Path(path).expanduser()
     config = model.config
     arrays = {}
@@ -427,22 +523,27 @@ def save_pretrained(model: Qwen3, path, dtype=None, *, copy_from=None) -> pathli
     hf_config = config.to_hf()
     code = _CODES[arrays["model.embed_tokens.weight"].dtype]
     hf_config["dtype"] = _TORCH_NAMES.get(code, "float32")
-    generation = {}
+    token_ids = {}
     if copy_from is not None:
         _, source = read_config(pathlib.Path(copy_from))
         for k in _TOKEN_KEYS:
             if k in source:
-                hf_config[k] = generation[k] = source[k]
+                hf_config[k] = token_ids[k] = source[k]
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
         write_safetensors(tmp / "model.safetensors", arrays)
         (tmp / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
-        (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+        (tmp / GENERATION_CONFIG).write_text(json.dumps(token_ids, indent=2) + "\n")
         if copy_from is not None:
             for name in _COPIED_FILES:
                 if (pathlib.Path(copy_from) / name).is_file():
                     shutil.copy2(pathlib.Path(copy_from) / name, tmp / name)
+        if generation is not None:
+            kept = _json_object(tmp / GENERATION_CONFIG)
+            kept = {k: v for k, v in kept.items() if k not in _DECODING_KEYS}
+            text = json.dumps(kept | generation.to_json(), indent=2) + "\n"
+            (tmp / GENERATION_CONFIG).write_text(text)
         old = None
         if path.exists():
             old = path.parent / f".{path.name}.old-{os.getpid()}"

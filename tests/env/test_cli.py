@@ -57,7 +57,7 @@ def test_solve_then_verify_is_optimal(bench_file, tmp_path):
     solved = [json.loads(line) for line in out.splitlines()]
     assert all(r["status"] == "optimal" for r in solved)
     answers = tmp_path / "answers.jsonl"
-    rows = [{"id": r["id"], "text": "Sure!\n" + r["answer"]} for r in solved]
+    rows = [{"id": r["id"], "text": "Sure!\n" + r["text"]} for r in solved]
     rows.append({"id": solved[0]["id"], "text": "<answer>\nAgent 0: UP\n</answer>"})
     io.save_jsonl(answers, rows)
     args = ("verify", "--instances", str(bench_file), "--answers", str(answers))
@@ -75,6 +75,34 @@ def test_solve_then_verify_is_optimal(bench_file, tmp_path):
             "makespan": s["makespan"],
         }
     assert verdicts[-1]["failure"] == "parse_error" and verdicts[-1]["soc"] is None
+
+
+def test_generate_solve_then_render_and_verify_the_oracles_plans(tmp_path):
+    """What `solve` prints is an answer file: `verify --answers` and `render --answers` read it
+    as it is, and the verifier finds every plan of the oracle valid and optimal."""
+    inst, plans = tmp_path / "train.jsonl", tmp_path / "plans.jsonl"
+    code, _, err = run("generate", "--out", inst, "--n", "6", "--sizes", "3-5", "--wait_ratio",
+                       "0.5", "--seed", "3")  # fmt: skip
+    assert code == 0, err
+    problems = io.load_instances(inst)
+    code, out, err = run("solve", "--instances", inst, "--processes", "1")
+    assert code == 0, err
+    plans.write_text(out)
+    solved = [json.loads(line) for line in out.splitlines()]
+    assert [r["id"] for r in solved] == [p.id for p in problems]
+    assert all(r["status"] == "optimal" and r["text"].startswith("<answer>") for r in solved)
+    assert [r["puzzle_hash"] for r in solved] == [io.puzzle_hash(p) for p in problems]
+    code, out, err = run("verify", "--instances", inst, "--answers", plans)
+    assert code == 0, err
+    verdicts = [json.loads(line) for line in out.splitlines()]
+    assert [v["id"] for v in verdicts] == [p.id for p in problems]
+    assert all(v["valid"] is True and v["optimal"] is True for v in verdicts), verdicts
+    assert [v["soc"] for v in verdicts] == [p.optimal_soc for p in problems]
+    for name, magic in (("plan.png", b"\x89PNG"), ("plan.gif", b"GIF")):
+        code, _, err = run("render", "--instances", inst, "--id", problems[-1].id,
+                           "--out", tmp_path / name, "--answers", plans)  # fmt: skip
+        assert code == 0, err
+        assert (tmp_path / name).read_bytes()[: len(magic)] == magic
 
 
 def test_bad_input_is_one_clear_line(tmp_path, bench_file):
@@ -204,6 +232,30 @@ def test_verify_reports_missing_answers(capsys, tmp_path):
     code, out, err = main(capsys, "verify", "--instances", inst, "--answers", ans,
                           "--allow_missing")  # fmt: skip
     assert code == 0 and len(out.splitlines()) == 3 and err.startswith("warning: ")
+
+
+def test_an_instance_solve_has_no_plan_for_counts_as_unanswered(capsys, tmp_path):
+    """`solve` writes text null where the oracle has no plan (here: unsolvable); verify and
+    render read that line as no answer for the id, not as a bad line or an empty answer."""
+    inst, plans = tmp_path / "i.jsonl", tmp_path / "plans.jsonl"
+    io.save_instances(inst, [EASY, STUCK])
+    code, out, err = main(capsys, "solve", "--instances", inst, "--processes", 1)
+    assert code == 0, err
+    plans.write_text(out)
+    easy, stuck = (json.loads(line) for line in out.splitlines())
+    assert easy["text"] == "<answer>\nAgent 0: RIGHT, RIGHT\n</answer>"
+    assert stuck["status"] == "unsolvable" and stuck["text"] is None
+    code, out, err = main(capsys, "verify", "--instances", inst, "--answers", plans)
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert code == 1 and "no answer for 1 of 2 instance(s)" in err and "'stuck'" in err
+    assert (rows[0]["valid"], rows[0]["optimal"]) == (True, True)
+    assert rows[1]["id"] == "stuck" and rows[1]["failure"] == "missing"
+    code, _, err = main(capsys, "render", "--instances", inst, "--id", "stuck",
+                        "--out", tmp_path / "p.png", "--answers", plans)  # fmt: skip
+    assert code == 2 and f"--id 'stuck' has no answer in {plans}" in err
+    bad = _answers(tmp_path / "bad.jsonl", [{"id": "easy", "text": 7}])
+    code, _, err = main(capsys, "verify", "--instances", inst, "--answers", bad)
+    assert code == 2 and "bad.jsonl:1: field 'text': 7 is not a string" in err and "or null" in err
 
 
 def test_verify_flags_a_label_above_a_valid_plan(capsys, tmp_path):

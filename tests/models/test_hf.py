@@ -173,6 +173,23 @@ def test_save_copies_tokens_from_source(tmp_path):
     assert (out / "tokenizer_config.json").exists()
 
 
+def test_generation_settings_are_read_by_transformers(tmp_path):
+    """The settings a checkpoint carries are transformers' own keys where it has them
+    (max_new_tokens, do_sample, temperature, top_p); the thinking key is kept as an attribute."""
+    from transformers import GenerationConfig
+
+    model = qwen3.Qwen3(qwen3.PRESETS["tiny"], **F32)
+    settings = hf.GenerationSettings(True, 640, do_sample=True, temperature=0.5, top_p=0.9)
+    out = save_pretrained(model, tmp_path / "m", generation=settings)
+    theirs = GenerationConfig.from_pretrained(out)
+    assert (theirs.max_new_tokens, theirs.do_sample) == (640, True)
+    assert (theirs.temperature, theirs.top_p) == (0.5, 0.9)
+    assert getattr(theirs, hf.THINKING_KEY) is True
+    greedy = save_pretrained(model, tmp_path / "g", generation=hf.GenerationSettings())
+    theirs = GenerationConfig.from_pretrained(greedy)
+    assert theirs.do_sample is False and getattr(theirs, hf.THINKING_KEY) is False
+
+
 # --- malformed checkpoints: every case names the file and the offending tensor/key -----------
 
 
@@ -247,6 +264,7 @@ def test_bad_checkpoint_raises(tmp_path, case):
         assert needle in str(err.value), (needle, str(err.value))
 
 
+@pytest.mark.slow
 def test_index_lists_absent_tensor(tmp_path):
     path = make_tiny_checkpoint(tmp_path / "ckpt", max_shard_size="40KB")
     index = json.loads((path / "model.safetensors.index.json").read_text())
