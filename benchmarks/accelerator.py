@@ -4,7 +4,7 @@ fraction of the memory-bandwidth roofline, one GRPO step (rollout and update, th
 model FLOPs utilisation), peak device memory beside the ahead-of-time plan, and compile times.
 Writes <device>.json and <device>.md under --out. Nothing is downloaded.
 
-    python benchmarks/accelerator.py --models 0.6b,1.7b,4b --out results/accelerator
+    python benchmarks/accelerator.py --models 0.6b,1.7b,4b --out projects/accelerator/results
     python benchmarks/accelerator.py --models tiny --out /tmp/accelerator   # CPU, ~30 s
 """
 
@@ -84,7 +84,7 @@ def parse_args(argv=None):
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="0.6b,1.7b,4b", help=f"comma list of {sorted(SIZES)}")
-    ap.add_argument("--out", default="results/accelerator")
+    ap.add_argument("--out", default="projects/accelerator/results")
     ap.add_argument("--batches", help="sampling batch sizes (default 1,64,256)")
     ap.add_argument("--prompt-len", type=int, help="prompt tokens (default 256)")
     ap.add_argument("--new-tokens", help="decode budgets (default 256,2048)")

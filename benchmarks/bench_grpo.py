@@ -56,7 +56,7 @@ ARGS.add_argument(
 ARGS.add_argument("--batches", type=int, default=2, help="batches per cut (--update-cuts)")
 ARGS.add_argument(
     "--lengths-from",
-    default="results/go_no_go/trace_wait_step_g32_lr1e-4/matched/round_0/validation.json",
+    default="projects/go_no_go/results/trace_wait_step_g32_lr1e-4/matched/round_0/validation.json",
     help="a validation.json whose rows' response_tokens the traces' lengths are drawn from",
 )
 ARGS.add_argument("--wander", type=float, default=0.06, help="share of rows at the budget")

@@ -1,25 +1,19 @@
-"""The main job: the shipped tiny policy that thinks on some samples, 3 rounds, the policy
-as its own engineer (V6 context).
+"""The main job: the shipped tiny policy that thinks on some samples, 3 rounds of generate ->
+GRPO -> validate -> the policy proposes the next generator config (V6 context) -> project.
 
     python launch/train.py --config configs/tiny_cpu.py --workdir runs/tiny [--config.seed=1]
+    python launch/train.py --config configs/tiny_cpu.py:smoke --workdir runs/smoke
 
-It starts from mapfjax/assets/tiny_think (answers bare greedily, thinks on some samples) and
-trains as the go/no-go gate's matched arm (results/go_no_go: 32 groups of 8 at lr 1e-4, KL 0.1
-to the start, 640 new tokens with the thinking prompt), THINK_UPDATES updates a round, on 2
-agents, 3x3-6x6, half the puzzles needing a wait; held-out: the gate's 400 puzzles, greedy.
-13.6 minutes on 2 CPU cores for seed 0, compiles included (results/main_job/think).
-configs/paper_qwen3_4b.py is the paper's setting.
-
-`:answer_only` is the main job as it ran on the answer-only model (mapfjax/assets/tiny) until
-the thinking policy replaced it: 16 groups per update at lr 2e-4, 3 rounds of 25 updates,
-validated on 1,200 puzzles, the gate's 400 first; there it shows no measurable gain
-(results/main_job/held_out_1200). `:held_out_400` is that job as measured on the 400 alone, with
-mean@2 (results/main_job). `:previous` is the answer-only job as it ran before those settings
-(3x3-10x10, the reward's optimal bonus, 8 groups at lr 1e-4); the `laptop` and `grpo_effect`
-variants keep the settings they were measured with (`previous_main_job`). `:curricula_think` is
-the curriculum comparison on the policy that thinks (configs/laptop_effect.py:think): the main
-job with round 0 on a random config per seed. Every other variant starts from the answer-only
-model.
+"" starts from mapfjax/assets/tiny_think (answers bare greedily, thinks on some samples): 32
+groups of 8 at lr 1e-4, KL 0.1 to the start, 640 new tokens with the thinking prompt,
+THINK_UPDATES updates a round, on 2 agents, 3x3-6x6, half the puzzles needing a wait;
+held-out: 400 puzzles (100 per size), greedy. About 14 minutes on 2 CPU cores.
+`:answer_only` is the same loop on the answer-only model (mapfjax/assets/tiny): 16 groups per
+update at lr 2e-4, 3 rounds of 25 updates, validated on 1,200 puzzles (those 400 first).
+`:smoke` is the one-minute loop on the answer-only model: 2 rounds of a few small updates, a
+handful of held-out puzzles, the whole report (tests and a first look).
+configs/paper_qwen3_4b.py is the paper's setting; the experiments' variants of this job live in
+projects/ (projects/README.md).
 """
 
 import ml_collections
@@ -40,23 +34,10 @@ def engineer_settings(name: str = "policy", variant: str = "V6") -> ml_collectio
 
 
 # The variants after the colon (`configs/tiny_cpu.py:smoke`); "" is the main job.
-VARIANTS = (
-    "",
-    "answer_only",
-    "held_out_400",
-    "previous",
-    "curricula",
-    "curricula_smoke",
-    "curricula_few_waits",
-    "curricula_think",
-    "laptop",
-    "laptop_smoke",
-    "grpo_effect",
-    "smoke",
-)
+VARIANTS = ("", "answer_only", "smoke")
 
-# The main job's GRPO updates per round (results/main_job/PLAN_think.md): the largest count that
-# keeps the job within 14 minutes on 2 CPU cores, by the plan's pilot (13.6 minutes at 3).
+# The main job's GRPO updates per round (projects/main_job/results/PLAN_think.md): the largest
+# count that keeps the job within 14 minutes on 2 CPU cores (13.6 minutes at 3).
 THINK_UPDATES = 3
 
 
@@ -150,7 +131,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         {
             "valid_reward": 1.0,
             # Validity alone: with a bonus for optimal plans GRPO lowered held-out valid rates
-            # on the tiny model (results/grpo_effect/README.md).
+            # on the tiny model (projects/grpo_effect/results/README.md).
             "optimal_bonus": 0.0,
             "invalid_reward": 0.0,
             "format_penalty": 0.0,
@@ -158,10 +139,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         }
     )
     # Held-out validation: 1,200 puzzles, answered greedily, rates with 95 % intervals. The
-    # first 400 are the go/no-go gate's (100 per size, hole ratios 0.1-0.3, half needing a
-    # wait); two more draws of the same kind (extra_seeds) narrow a paired interval from about
-    # +-4 points to about +-2.3, for the decode budget that 2 samples per puzzle on the 400
-    # took before (`:held_out_400`: that set with mean@2). Every variant below keeps the 400.
+    # first 400 (100 per size, hole ratios 0.1-0.3, half needing a wait) are every job's; two
+    # more draws of the same kind (extra_seeds) narrow a paired interval from about +-4 points
+    # to about +-2.3 (`:answer_only`; the other jobs keep the 400).
     c.validation = ml_collections.ConfigDict(
         {
             "num_agents": 2,
@@ -179,56 +159,11 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         }
     )
     c.engineer = engineer_settings("policy", "V6")
-    if arg != "answer_only":  # all but the answer-only job validate on the gate's 400 alone
+    if arg != "answer_only":  # the other jobs validate on the gate's 400 alone
         c.validation.extra_seeds = ()
-    if arg == "held_out_400":  # the main job as measured in results/main_job (mean@2 on 400)
-        c.validation.samples = 2
-    if arg in ("previous", "grpo_effect") or arg.startswith("laptop"):
-        previous_main_job(c)  # `previous`: the main job as it ran until these settings
-    if arg.startswith("laptop"):  # the curriculum comparison (configs/laptop_effect.py)
-        # Sizes 3x3-8x8, where the frontier map shows flips (greedy fails, a sample solves);
-        # the engineer chooses among them. 20 updates per round, held-out 50 per size.
-        c.env = default_config(num_agents=2, sizes=range(3, 9), hole_ratio=0.2, wait_ratio=0.3)
-        c.train.instances = 160
-        c.validation.sizes = tuple(range(3, 9))
-    if arg == "curricula_think":  # the comparison on the policy that thinks
-        # The main job (think) with round 0 on a random config drawn from the seed
-        # (results/curricula_think/PLAN.md): 3 rounds of THINK_UPDATES, 2 engineer decisions.
-        think(c)
-        c.env_start = "random"
-    elif arg.startswith("curricula"):  # the curriculum comparison (configs/laptop_effect.py)
-        # The main job's settings and budget (75 updates of 16 groups) in 5 rounds of 15
-        # updates, so that an engineer decides 4 times; round 0 on a random config drawn from
-        # the seed (the paper's; the same for every engineer of a seed), greedy held-out only.
-        c.rounds = 5
-        c.env_start = "random"
-        c.train.instances = 240
-        c.validation.samples = 0
-    if arg == "curricula_few_waits":  # round 0 drawn with waits ~ U[0, 0.3] (the wait test)
-        c.env_start_max_wait = 0.3
-    if arg == "curricula_smoke":  # the same grid, 2 rounds of 1 update, 6 puzzles per size
-        c.rounds = 2
-        c.train.instances = 16
-        c.validation.per_size = 6
-        c.validation.hole_ratios = (0.2,)
-    if arg == "grpo_effect":  # does GRPO alone move held-out rates? (docs/experiments.md)
-        # One round, the fixed engineer: start vs after GRPO on the same held-out puzzles.
-        c.rounds = 1
-        c.engineer = engineer_settings("fixed", "V6")
-        c.env = default_config(num_agents=2, sizes=range(3, 7), hole_ratio=0.2, wait_ratio=0.3)
-        c.train.instances = 1200  # 150 updates of 8 groups x 8
-        c.train.checkpoint_every = 10
-        c.validation.sizes = tuple(range(3, 7))
-        c.validation.per_size = 100  # 400 puzzles: paired intervals of about +-4 points
-        c.validation.hole_ratios = (0.1, 0.2, 0.3)
-    if arg == "laptop_smoke":  # the same grid, 2 rounds of 2 updates, 6 puzzles per size
-        c.rounds = 2
-        c.train.instances = 16
-        c.validation.per_size = 6
-        c.validation.samples = 2
     if arg == "":  # the main job
         think(c)
-    if arg == "smoke":  # for tests: 2 rounds, a handful of steps
+    if arg == "smoke":  # the one-minute loop: 2 rounds, a handful of steps
         c.rounds = 2
         c.train.instances = 16
         c.train.group_size = 4
@@ -245,29 +180,12 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     return c
 
 
-def previous_main_job(c: ml_collections.ConfigDict) -> None:
-    """The main job's settings until the bonus-off, wait-share setting replaced them (3x3..10x10,
-    wait share 0.3, 8 groups per update at lr 1e-4, a 0.5 bonus for optimal plans, held-out 50
-    per size over hole ratios 0-0.5): what results/grpo_effect and results/laptop_effect were
-    measured with."""
-    c.env = default_config(num_agents=2, hole_ratio=0.2, wait_ratio=0.3, seed=0)
-    c.train.instances = 128
-    c.train.problems_per_step = 8
-    c.train.checkpoint_every = 4
-    c.optim.lr = 1e-4
-    c.reward.optimal_bonus = 0.5
-    c.validation.sizes = tuple(range(3, 11))
-    c.validation.per_size = 50
-    c.validation.hole_ratios = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)
-    c.validation.samples = 4
-
-
 def think(c: ml_collections.ConfigDict) -> None:
     """The main job from the policy that thinks on some samples (mapfjax/assets/tiny_think):
-    the go/no-go gate's matched arm (results/go_no_go, PLAN_reach.md: 32 groups at lr 1e-4, KL
-    0.1 to the start, 640 new tokens with the thinking prompt, the update in 16 parts by length
-    of half groups, as `launch/go_no_go.py --thinking` runs 32 groups) in the loop's 3 rounds,
-    THINK_UPDATES updates each; validated greedily on the gate's 400 puzzles at 640 tokens."""
+    the settings that passed the go/no-go gate (projects/go_no_go: 32 groups at lr 1e-4, KL 0.1
+    to the start, 640 new tokens with the thinking prompt, the update in 16 parts by length of
+    half groups) in the loop's 3 rounds, THINK_UPDATES updates each; validated greedily on the
+    400 held-out puzzles at 640 tokens."""
     c.model.path = str(configfile.ROOT / "mapfjax" / "assets" / "tiny_think")
     c.train.problems_per_step = 32
     c.train.instances = THINK_UPDATES * c.train.problems_per_step

@@ -3,7 +3,7 @@ r"""Held-out rates of several runs from the same starting model on the same held
 the start and against the first run, with the training rollouts' trend.
 
     python launch/compare_runs.py --runs runs/grpo_lr3e-4,runs/rft_lr3e-4 \
-        [--labels "GRPO lr 3e-4,RFT lr 3e-4"] [--export results/grpo_effect]
+        [--labels "GRPO lr 3e-4,RFT lr 3e-4"] [--export projects/grpo_effect/results]
 
 --export DIR copies each run's small files (validations, records, reports, plots, gzipped
 metrics; no checkpoints) to DIR/<run directory name>/ and writes DIR/comparison.md from those
@@ -13,7 +13,8 @@ copies, so `--runs DIR/a,DIR/b` regenerates the table without the run directorie
 import pathlib
 
 from absl import app, flags
-from absl import logging as absl_logging
+
+from mapfjax import configfile
 
 _RUNS = flags.DEFINE_list("runs", None, "run directories of launch/train.py, comma-separated")
 _LABELS = flags.DEFINE_list("labels", None, "one label per run (default: directory names)")
@@ -23,7 +24,6 @@ flags.mark_flag_as_required("runs")
 
 def main(argv):
     del argv
-    absl_logging.set_verbosity(absl_logging.WARNING)  # JAX's backend probing is chatty
     from mapfjax import files
     from mapfjax.eval import report
 
@@ -44,4 +44,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    configfile.quiet_backend_probe()
     app.run(main)

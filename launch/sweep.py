@@ -1,12 +1,12 @@
-"""Run a sweep: every run of `launch/train.py` one after another here (finished runs skipped),
+r"""Run a sweep: every run of `launch/train.py` one after another here (finished runs skipped),
 or with --dry_run the list of commands for a cluster; then a summary table, and for sweeps
 that name `results` the comparison files under that directory (with --results_only only these,
 from the runs finished here and the run records already there).
 
     python launch/sweep.py --config configs/sweep_ablation.py --workdir runs/sweep --dry_run
     python launch/sweep.py --config configs/sweep_ablation.py --workdir runs/sweep
-    python launch/sweep.py --config configs/laptop_effect.py --workdir runs/curricula
-    python launch/sweep.py --config configs/laptop_effect.py --workdir runs/curricula --results_only
+    python launch/sweep.py --config projects/curricula/configs/laptop_effect.py:think \
+        --workdir runs/curricula_think [--results_only]
 """
 
 import os
@@ -37,7 +37,7 @@ def main(argv):
     from mapfjax import files
     from mapfjax.eval import sweep as sw
 
-    # "FILE" or "FILE:ARG" (a variant of the sweep, e.g. configs/laptop_effect.py:previous).
+    # "FILE" or "FILE:ARG" (a variant of the sweep, e.g. configs/sweep_ablation.py:train,...).
     spec = config_flags.get_config_filename(flags.FLAGS["config"])
     sweep_file = spec.partition(":")[0]
     module = configfile.load_module(pathlib.Path(sweep_file).absolute())

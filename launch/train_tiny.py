@@ -1,7 +1,10 @@
-"""Train the shipped tiny model: BPE tokenizer, SFT on oracle answers, short GRPO, export and
-greedy validation. Seeded; rerunning the same command resumes from the workdir.
+r"""Build a tiny model by its recipe: BPE tokenizer, SFT on the oracle's answers (or reasoning
+traces), optional GRPO, export and greedy validation (VALIDATION.md). A recipe of named stages
+runs them in order, each from the one before (configs/tiny_model.py:think). Seeded; rerunning
+the same command resumes from the workdir (a finished stage is skipped).
 
     python launch/train_tiny.py --config configs/tiny_model.py [--config.workdir=/tmp/tiny]
+    python launch/train_tiny.py --config configs/tiny_model.py:think
 """
 
 import json
@@ -28,7 +31,12 @@ from mapfjax.rl import data, driver, recipe, rollout  # noqa: E402
 from mapfjax.rl.sft import SFTConfig  # noqa: E402
 from mapfjax.rl.trainer import OptimConfig, Trainer  # noqa: E402
 
-CONFIG = config_flags.DEFINE_config_file("config", "configs/tiny_model.py")
+CONFIG = config_flags.DEFINE_config_file(
+    "config",
+    "configs/tiny_model.py",
+    "ml-collections config file of the tiny model's recipe, path[:variant]; override its keys "
+    "with --config.KEY=VALUE",
+)
 
 
 def fit(trainer, ckpt, total, batches, every, log, name):  # resumes from ckpt; logs JSON
@@ -54,16 +62,24 @@ def fit(trainer, ckpt, total, batches, every, log, name):  # resumes from ckpt; 
     bar.close()
 
 
-def main(_):
-    c = CONFIG.value
-    try:
-        recipe.check_recipe(c)  # before hours of data generation and SFT
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    parallel.enable_compilation_cache()  # a rerun or resume skips recompiling
-    logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint write at INFO
+def resolve_excludes(c, work: pathlib.Path) -> None:
+    """`sft.exclude` entries that name a training config (FILE.py[:ARG]) become the file of
+    that config's held-out set, written under `work` (`validation.held_out_file`)."""
+    from mapfjax.engineer import validation
+
+    c.sft.exclude = tuple(
+        str(validation.held_out_file(e, work / "held_out"))
+        if str(e).partition(":")[0].endswith(".py")
+        else e
+        for e in c.sft.get("exclude", ())
+    )
+
+
+def run(c) -> None:
+    """One run of a recipe (a stage): data, SFT, GRPO, export, validation."""
     work, out = pathlib.Path(c.workdir), pathlib.Path(c.out_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    resolve_excludes(c, work)
     d = recipe.prepare(c, work)
     tok, pad, dtype = d.tokenizer, tok_lib.special_ids(d.tokenizer).pad, jnp.dtype(c.dtype)
     if c.get("init"):  # continue from a checkpoint (its architecture and tokenizer)
@@ -101,7 +117,11 @@ def main(_):
             start_step=driver.restore(rl, ckpt).get("step", 0),
         )  # fmt: skip
         model = rl.model()
-    bpe.attach_tokenizer(hf.save_pretrained(model, out), tok)
+    # The export says how it is meant to be decoded: its prompt mode and response budget.
+    generation = hf.GenerationSettings(
+        enable_thinking=thinking, max_new_tokens=int(c.validation.max_new_tokens)
+    )
+    bpe.attach_tokenizer(hf.save_pretrained(model, out, generation=generation), tok)
     shipped = hf.from_pretrained(out, dtype=jnp.float32)  # validate exactly what users load
     v = rollout.greedy_eval(
         shipped, tok_lib.load_tokenizer(out), d.validation, c.validation.max_new_tokens,
@@ -116,6 +136,31 @@ def main(_):
     report = rollout.validation_report(v, "Tiny model", notes, d.validation)
     files.atomic_write(out / "VALIDATION.md", report.encode())
     print(report)
+
+
+def main(_):
+    c = CONFIG.value
+    try:  # every stage, before hours of data generation and SFT
+        stages = recipe.stage_configs(c)
+        for stage in stages:
+            try:
+                recipe.check_recipe(stage.config, made_before=bool(stage.after))
+            except ValueError as e:
+                raise ValueError(f"stage.{stage.name}: {e}" if stage.name else str(e)) from None
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    parallel.enable_compilation_cache()  # a rerun or resume skips recompiling
+    logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint write at INFO
+    for k, stage in enumerate(stages):
+        out = pathlib.Path(stage.config.out_dir)
+        if stage.name and k < len(stages) - 1 and (out / "VALIDATION.md").is_file():
+            print(f"stage {stage.name} ({k + 1}/{len(stages)}): done, {out}", file=sys.stderr)
+            continue
+        if stage.name:
+            print(f"stage {stage.name} ({k + 1}/{len(stages)}) -> {out}", file=sys.stderr)
+        run(stage.config)
+    return 0
 
 
 if __name__ == "__main__":

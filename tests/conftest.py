@@ -25,7 +25,63 @@ if os.environ.get("MAPFJAX_COMPILATION_CACHE", "").strip().lower() not in ("off"
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 
+import inspect  # noqa: E402
+import re  # noqa: E402
+
 import pytest  # noqa: E402
+
+# The fixtures of end-to-end tests: a subprocess's environment, a model built for the session.
+_E2E_FIXTURES = {"one_device_env", "tiny_model_dir"}
+
+
+def _starts_processes(module) -> set[str]:
+    """Names of a test module's own functions and fixtures that start a process, directly or
+    through another of them."""
+    sources = {}
+    for name, obj in vars(module).items():
+        fn = getattr(obj, "__wrapped__", obj)  # a fixture's own function
+        fn = getattr(obj, "_get_wrapped_function", lambda fn=fn: fn)()
+        if inspect.isfunction(fn) and fn.__module__ == module.__name__:
+            try:
+                sources[name] = inspect.getsource(fn)
+            except (OSError, TypeError):
+                pass
+    out = {name for name, src in sources.items() if "subprocess" in src}
+    grew = True
+    while grew:  # callers of those, to a fixed point
+        more = {n for n, src in sources.items() if n not in out and _calls(src, out)}
+        out |= more
+        grew = bool(more)
+    return out
+
+
+def _calls(source: str, names: set[str]) -> bool:
+    return any(re.search(rf"\b{n}\(", source) for n in names)
+
+
+def is_end_to_end(item, helpers: set[str]) -> bool:
+    """A test that starts a process (itself or through a helper of its module) or uses an
+    end-to-end fixture."""
+    if (_E2E_FIXTURES | helpers) & set(item.fixturenames):
+        return True
+    fn = getattr(item, "function", None)
+    try:
+        source = inspect.getsource(fn) if fn is not None else ""
+    except (OSError, TypeError):
+        return False
+    return "subprocess" in source or _calls(source, helpers)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark `e2e` every end-to-end test (`is_end_to_end`): `pytest -m "not slow and not e2e"`
+    is the fast tier, the unit tests alone (docs/development.md)."""
+    helpers: dict = {}
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is not None and module not in helpers:
+            helpers[module] = _starts_processes(module)
+        if is_end_to_end(item, helpers.get(module, set())):
+            item.add_marker(pytest.mark.e2e)
 
 
 def pytest_sessionstart(session):

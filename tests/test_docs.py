@@ -1,5 +1,6 @@
-"""The README and docs/ stay navigable: every relative link points at a file or folder that
-exists, and every command they show names configs and scripts (and config variants) that exist."""
+"""The README, docs/ and the experiments' READMEs stay navigable: every relative link points at
+a file or folder that exists, and every command they show names configs, scripts and modules
+(and config variants) that exist."""
 
 import ast
 import pathlib
@@ -14,12 +15,31 @@ _SHELL = {"bash", "sh", "shell", "console", "zsh"}
 _INLINE = re.compile(r"`(python [^`]+)`")  # `python launch/x.py ...` in prose
 # A script or config named by a command, with an optional ':variant' (configs/x.py:arg).
 _PATH = re.compile(
-    r"(?<![\w/.-])((?:configs|launch|benchmarks)/[\w./-]*?\.(?:py|sh|sbatch))(?::(\w+))?"
+    r"(?<![\w/.-])((?:configs|launch|benchmarks|projects)/[\w./-]*?\.(?:py|sh|sbatch))"
+    r"(?::(\w+))?"
 )
+# A module run with `python -m` (mapfjax.env, projects.go_no_go.go_no_go).
+_MODULE = re.compile(r"python3? -m ((?:mapfjax|projects)(?:\.\w+)+)")
 
 
 def pages() -> list[pathlib.Path]:
-    return [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
+    """The README, the manual and each experiment's README (its results' own pages are logs
+    that record commands as they ran)."""
+    return (
+        [ROOT / "README.md"]
+        + sorted((ROOT / "docs").glob("*.md"))
+        + [ROOT / "projects" / "README.md"]
+        + sorted((ROOT / "projects").glob("*/README.md"))
+    )
+
+
+def module_file(name: str, root: pathlib.Path = ROOT) -> pathlib.Path | None:
+    """The file `python -m name` runs from the repository root, or None."""
+    base = root.joinpath(*name.split("."))
+    for f in (base.with_suffix(".py"), base / "__main__.py"):
+        if f.is_file():
+            return f
+    return None
 
 
 def _without_code(text: str) -> str:
@@ -67,13 +87,16 @@ def missing_paths(commands_: list[str], root: pathlib.Path = ROOT) -> list[str]:
                 out.append(f"{path} (in: {line})")
             elif variant and not re.search(rf"""["']{variant}["']""", file.read_text("utf-8")):
                 out.append(f"{path}:{variant} (no variant {variant!r}; in: {line})")
+        for name in _MODULE.findall(line):
+            if module_file(name, root) is None:
+                out.append(f"-m {name} (in: {line})")
     return out
 
 
 def test_pages_exist():
     names = {p.name for p in pages()}
     assert "README.md" in names
-    for part in ("environment", "models", "training", "engineer", "evaluation", "experiments"):
+    for part in ("environment", "models", "training", "engineer", "evaluation"):
         assert f"{part}.md" in names, part
     for part in ("benchmarks", "launching", "development", "paper", "other_trainers"):
         assert f"{part}.md" in names, part
@@ -102,18 +125,32 @@ def test_commands_name_existing_configs_and_scripts():
 def test_readme_links_every_docs_page():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     linked = {t.split("#")[0] for t in _LINK.findall(readme)}
-    unlinked = [p.name for p in pages()[1:] if f"docs/{p.name}" not in linked]
+    docs = sorted((ROOT / "docs").glob("*.md"))
+    unlinked = [p.name for p in docs if f"docs/{p.name}" not in linked]
+    assert "projects/README.md" in linked
     assert not unlinked, f"docs pages the README does not link: {unlinked}"
 
 
+_INTERVAL = re.compile(r"\[-?\d+(?:\.\d+)?, -?\d+(?:\.\d+)?\]")  # [51, 61], [0.6, 5.8]
+
+
 def test_readme_is_a_front_door():
-    """Short, and its first lines are the two commands (`.ci/run` runs the second)."""
+    """Short, what mapfjax is in its first lines, then the two commands (`.ci/run` runs the
+    second); no results log: at most a dozen intervals and no overlong lines."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert len(readme.splitlines()) < 200
-    head = readme.splitlines()[:8]
-    assert head[3].startswith("pip install -e . && python launch/train.py"), head
+    lines = readme.splitlines()
+    assert len(lines) <= 150, len(lines)
+    assert max(len(line) for line in lines) <= 400
+    assert len(_INTERVAL.findall(readme)) <= 12, _INTERVAL.findall(readme)
+    assert lines[0] == "# mapfjax" and lines[2].startswith("mapfjax is ")
+    fences = _FENCE.findall(readme)
+    first, second = fences[0][3].strip(), fences[1][3].strip()
+    assert readme.index(first) < readme.index("\n## ") and readme.index(second) < 1500
+    assert first.startswith("pip install -e . && python launch/train.py"), first
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()[-1]
-    assert ci == head[6], (ci, head[6])
+    assert ci == second, (ci, second)
+    assert "https://arxiv.org/abs/" in readme and (ROOT / "LICENSE").is_file()
+    assert "Apache License" in (ROOT / "LICENSE").read_text(encoding="utf-8")
 
 
 def test_checks_catch_a_broken_link_and_a_missing_config(tmp_path):

@@ -17,7 +17,7 @@ ALLOWED = {
     "stats.py": ("mapfjax.checks",),
     "models/tokenizer.py": ("mapfjax.files",),
     "models/bpe.py": ("mapfjax.files", "mapfjax.checks", "mapfjax.models.tokenizer"),
-    "models/hf.py": ("mapfjax.parallel", "mapfjax.files", "mapfjax.models.qwen3"),
+    "models/hf.py": ("mapfjax.parallel", "mapfjax.files", "mapfjax.checks", "mapfjax.models.qwen3"),
     "env/io.py": ("mapfjax.files", "mapfjax.checks", "mapfjax.env"),
     "env/benchmark.py": ("mapfjax.stats", "mapfjax.streams", "mapfjax.env"),
 }
@@ -125,3 +125,51 @@ def test_every_module_imports_on_its_own():
         timeout=600,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+
+
+def _imports_anywhere(path: pathlib.Path) -> set[str]:
+    """Every module name a file imports (statements inside functions too), and every string
+    that `importlib.import_module` or `__import__` is called with literally."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.add(node.module)
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            func = ast.unparse(node.func)
+            if func.endswith(("import_module", "__import__")):
+                out.add(str(node.args[0].value))
+    return out
+
+
+def product_files() -> list[pathlib.Path]:
+    """The files a user runs or installs: the package, the entry points, the configs and the
+    benchmarks."""
+    root = PACKAGE.parent
+    return [
+        p for d in ("mapfjax", "launch", "configs", "benchmarks") for p in root.glob(f"{d}/**/*.py")
+    ]
+
+
+def test_the_product_never_imports_an_experiment():
+    """projects/ builds on the package; nothing of the package, the entry points, the configs
+    or the benchmarks imports projects/ (an experiment can change or go without breaking them)."""
+    files = product_files()
+    assert len(files) > 60
+    bad = [
+        f"{p.relative_to(PACKAGE.parent)}: {m}"
+        for p in files
+        for m in sorted(_imports_anywhere(p))
+        if m == "projects" or m.startswith("projects.")
+    ]
+    assert not bad, "product files that import an experiment:\n" + "\n".join(bad)
+
+
+def test_the_import_scan_sees_imports_inside_functions(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text(
+        "import os\ndef g():\n    from projects.x import y\n"
+        "    importlib.import_module('projects.z')\n"
+    )
+    assert {"os", "projects.x", "projects.z"} <= _imports_anywhere(f)

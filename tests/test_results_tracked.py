@@ -1,5 +1,6 @@
-"""Every file that the README or a results/ page names under results/ is tracked by git, so an
-ignore rule (or a forgotten `git add`) cannot silently drop committed results."""
+"""Every file that the README or an experiment's page names under an experiment's results/
+(projects/<name>/results/) is tracked by git, so an ignore rule (or a forgotten `git add`)
+cannot silently drop committed results."""
 
 import fnmatch
 import pathlib
@@ -18,7 +19,7 @@ _FILE = re.compile(r"^[\w./<>*-]+\.(?:json|jsonl|jsonl\.gz|gz|csv|png|md)$")
 def _tracked() -> list[str]:
     try:
         out = subprocess.run(
-            ["git", "ls-files", "results", "README.md"],
+            ["git", "ls-files", "projects", "README.md"],
             cwd=ROOT,
             capture_output=True,
             text=True,
@@ -34,8 +35,14 @@ def _pattern(name: str) -> str:
     return re.sub(r"<[^>]*>", "*", name)
 
 
+def _is_result(rel: str) -> bool:
+    """Whether a path from the root names something in an experiment's results folder."""
+    parts = rel.split("/")
+    return len(parts) >= 3 and parts[0] == "projects" and parts[2] == "results"
+
+
 def _named(page: pathlib.Path, text: str) -> list[tuple[str, str]]:
-    """(what the page says, the glob it must match) for the results/ files a page names:
+    """(what the page says, the glob it must match) for the results files a page names:
     relative links resolved from the page, and backticked file names under its experiment."""
     base = page.parent.relative_to(ROOT).as_posix()
     out = []
@@ -48,13 +55,13 @@ def _named(page: pathlib.Path, text: str) -> list[tuple[str, str]]:
             rel = path.relative_to(ROOT).as_posix()
         except ValueError:
             continue
-        if rel.startswith("results/"):
+        if _is_result(rel):
             out.append((target, _pattern(rel)))
-    for name in _CODE.findall(text):  # a results/ path written out in full, from the root
-        if name.startswith("results/") and "*" not in name:
+    for name in _CODE.findall(text):  # a results path written out in full, from the root
+        if _is_result(name) and "*" not in name:
             out.append((name, _pattern(name)))
-    if base.startswith("results/"):
-        experiment = "/".join(base.split("/")[:2])
+    if base.startswith("projects/") and base.count("/") >= 1:
+        experiment = "/".join(base.split("/")[:2]) + "/results"
         for name in _CODE.findall(text):
             # A '*' written out is a family of work-directory files, not one result; a path
             # from another top-level folder (mapfjax/assets/...) is not under results/.
@@ -89,11 +96,12 @@ def test_named_result_files_are_tracked():
 
 
 def test_results_are_not_ignored():
-    """The ignore rule for run directories is anchored at the root: results/*/runs/ is kept."""
+    """The ignore rule for run directories is anchored at the root: an experiment's
+    results/runs/ is kept."""
     out = subprocess.run(
-        ["git", "check-ignore", "-q", "results/some_experiment/runs/run.json"], cwd=ROOT
+        ["git", "check-ignore", "-q", "projects/some_experiment/results/runs/run.json"], cwd=ROOT
     )
     if out.returncode == 128:
         pytest.skip("not a git checkout")
-    assert out.returncode == 1, "results/*/runs/ files are ignored by .gitignore"
+    assert out.returncode == 1, "projects/*/results/runs/ files are ignored by .gitignore"
     assert subprocess.run(["git", "check-ignore", "-q", "runs/tiny/x"], cwd=ROOT).returncode == 0

@@ -5,12 +5,14 @@ back), greedy and sampled answers on it, and its rates with 95 % intervals per s
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import pathlib
 
 import jax
 import numpy as np
 
-from mapfjax import files, stats
+from mapfjax import configfile, files, stats
 from mapfjax.engineer.rundir import read_instances, save_instances, write_json
 from mapfjax.engineer.settings import ValidationSettings
 from mapfjax.env import io, reward
@@ -35,6 +37,20 @@ def held_out_set(workdir: pathlib.Path, v: ValidationSettings) -> list:
         probs += io.held_out(drawn, {io.puzzle_hash(p) for p in probs})[0]
     save_instances(workdir, path, probs)
     return probs
+
+
+def held_out_file(spec: str, root: pathlib.Path) -> pathlib.Path:
+    """The held-out set of the training config `spec` (FILE.py or FILE.py:ARG) as an instance
+    file under `root` (drawn as `held_out_set` draws it, in a folder keyed by the config's
+    validation settings, so a changed config draws anew): what a tiny-model recipe keeps out
+    of its SFT data (`sft.exclude`)."""
+    path, _, arg = spec.partition(":")
+    v = ValidationSettings.from_config(configfile.get_config(path, arg))
+    key = json.dumps(dataclasses.asdict(v), sort_keys=True, default=list)
+    where = root / hashlib.sha256(key.encode()).hexdigest()[:10]
+    where.mkdir(parents=True, exist_ok=True)
+    held_out_set(where, v)
+    return where / "validation_set.jsonl"
 
 
 def validate(trainer, tokenizer, problems, v: ValidationSettings, enable_thinking: bool,

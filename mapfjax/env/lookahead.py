@@ -316,7 +316,7 @@ def relay_retry_end_form(problem: Problem) -> Lookahead:
     return Lookahead((), plans, tried, order, tries=tries, ended=ended)
 
 
-# The look-ahead forms a trace can write (`rl.data.response`, `launch/trace_lengths.py`).
+# The look-ahead forms a trace can write (`rl.data.response`, `projects/go_no_go/trace_lengths.py`).
 LOOKAHEADS = {
     "search": search,
     "priority": priority,

@@ -42,7 +42,6 @@ from typing import NamedTuple
 from mapfjax import stats
 from mapfjax.env import trace as _trace
 from mapfjax.env.joint import INF, GridMap
-from mapfjax.env.locality import MOVE_CODES, WAIT
 from mapfjax.env.simulate import simulate
 from mapfjax.env.trace import (
     CORNERED,
@@ -65,6 +64,8 @@ from mapfjax.env.trace import (
 )
 from mapfjax.env.types import HOLE_CELL, Problem
 
+WAIT = 0
+MOVE_CODES = (1, 2, 3, 4)  # UP, DOWN, LEFT, RIGHT: the move lines' order
 MAX_ORDERS = 24  # orders `relay` tries (every order of up to 4 agents)
 
 

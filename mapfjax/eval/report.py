@@ -203,7 +203,8 @@ def training_curves(workdir: pathlib.Path) -> list[tuple[int, dict]]:
     return out
 
 
-# The stop criterion (docs/experiments.md, "Does GRPO alone move held-out rates?").
+# The stop criterion (projects/grpo_effect/README.md: training mean@G rising by less than
+# STALL_POINTS over STALL_UPDATES updates).
 STALL_POINTS, STALL_UPDATES = 10.0, 300
 
 

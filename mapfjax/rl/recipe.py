@@ -56,10 +56,60 @@ class RunData:
     grpo_pool: list[Problem]
 
 
-def check_recipe(cfg) -> None:
+STAGE_PREFIX = "stage:"  # an `init` naming an earlier stage of the same recipe
+
+
+def _is_config(spec: str) -> bool:
+    try:
+        return configfile.resolve(spec).is_file()
+    except (FileNotFoundError, ValueError):
+        return False
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """One run of a recipe: its name ("" for a recipe of one run), its config with `workdir`,
+    `out_dir` and an `init` of "stage:NAME" resolved, and that init's stage name (or "")."""
+
+    name: str
+    config: object
+    after: str = ""
+
+
+def stage_configs(cfg) -> list[Stage]:
+    """A recipe's runs, in order. A recipe of one run is itself. A staged recipe names its
+    stages in `stages` (run in that order) and holds each one's recipe in `stage.NAME`: stage
+    NAME works in <workdir>/NAME and exports to <workdir>/NAME/export, the last one to
+    `out_dir`; an `init` of "stage:OTHER" starts from OTHER's export, OTHER an earlier stage.
+    Raises ValueError naming the key and what is allowed."""
+    if "stages" not in cfg:
+        return [Stage("", cfg)]
+    names = tuple(cfg.stages)
+    held = tuple(sorted(cfg.get("stage", {}).keys()))
+    ok = len(names) > 0 and len(set(names)) == len(names) and sorted(names) == list(held)
+    require("stages", names, ok, f"each of stage's recipes {held} once, in the order they run")
+    work, out = pathlib.Path(cfg.workdir), pathlib.Path(cfg.out_dir)
+    runs = []
+    for k, name in enumerate(names):
+        s = copy.deepcopy(cfg.stage[name])
+        s.workdir = str(work / name)
+        s.out_dir = str(out if k == len(names) - 1 else work / name / "export")
+        init, after = str(s.get("init", "")), ""
+        if init.startswith(STAGE_PREFIX):
+            after = init[len(STAGE_PREFIX) :]
+            require(f"stage.{name}.init", init, after in names[:k],
+                    f"'stage:NAME' with NAME an earlier stage of {names[:k]}, a model "
+                    "directory, or ''")  # fmt: skip
+            s.init = str(work / after / "export")
+        runs.append(Stage(name, s, after))
+    return runs
+
+
+def check_recipe(cfg, made_before: bool = False) -> None:
     """Check a tiny-model recipe config (configs/tiny_model.py) before any data is generated or
     any model built: a bad value found after hours of SFT would cost them. Raises ValueError
-    naming the key, its value and what is allowed."""
+    naming the key, its value and what is allowed. made_before: `init` is the export of an
+    earlier stage of the same recipe (not there yet)."""
 
     def at_least(key: str, least: int) -> None:
         node, last = configfile.key_path(cfg, key)
@@ -72,7 +122,9 @@ def check_recipe(cfg) -> None:
                        ("validation.batch_size", 1), ("rl.train.steps", 0)):  # fmt: skip
         at_least(key, least)
     require_dtype("dtype", cfg.dtype)
-    if cfg.get("init"):
+    if made_before:  # an earlier stage's export: `stage_configs` checked that it runs first
+        pass
+    elif cfg.get("init"):
         init = pathlib.Path(cfg.init)
         require("init", cfg.init, (init / "config.json").is_file(), "a model directory or ''")
     else:  # a model from scratch, with a tokenizer of its own
@@ -121,8 +173,15 @@ def check_recipe(cfg) -> None:
         part, key = where.split(".")
         env_config.check_hole_ratios(cfg[part].get(key, ()), where)
     for path in cfg.sft.get("exclude", ()):
-        ok = isinstance(path, str) and pathlib.Path(path).is_file()
-        require("sft.exclude", path, ok, "instance files (JSONL) whose puzzles SFT never sees")
+        spec = str(path).partition(":")[0]
+        ok = isinstance(path, str) and (
+            pathlib.Path(path).is_file() or (spec.endswith(".py") and _is_config(spec))
+        )
+        allowed = (
+            "instance files (JSONL) whose puzzles SFT never sees, or training configs "
+            "(FILE.py[:ARG]) whose held-out puzzles it never sees"
+        )
+        require("sft.exclude", path, ok, allowed)
     spare = cfg.validation.get("spare", 0.0)
     require("validation.spare", spare, is_finite_real(spare) and spare >= 0, "a number >= 0")
     rl = copy.deepcopy(cfg.rl)
@@ -134,7 +193,8 @@ def check_recipe(cfg) -> None:
 def prepare(cfg, workdir) -> RunData:
     """Build (first run) or load (later runs) a run's data under `workdir`, from the config
     fields tokenizer.{instances, vocab_size}, sft.{env, instances, hole_ratios, exclude (instance
-    files whose puzzles are dropped from the SFT data)}, validation.{env,
+    files whose puzzles are dropped from the SFT data: `resolve_excludes` turns a training
+    config named there into its held-out set's file)}, validation.{env,
     per_size}, rl.env, rl.train.{steps, problems_per_step, oversample}, seed and processes
     (configs/tiny_model.py).
     Each part has its own seed offset, so changing one size does not change the others."""

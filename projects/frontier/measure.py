@@ -1,8 +1,9 @@
 r"""The frontier map of a checkpoint: greedy valid, mean@k, pass@k, mixed groups, p(1-p) and
 flip share per (map size, hole ratio, needs-wait) cell, with 95 % intervals.
 
-    python launch/frontier.py --checkpoint mapfjax/assets/tiny --out_dir results/frontier_tiny_broad
-    python launch/frontier.py --checkpoint DIR --agents 3 --sizes 3-10 \
+    python -m projects.frontier.measure --checkpoint mapfjax/assets/tiny \
+        --out_dir projects/frontier/results/tiny_broad
+    python -m projects.frontier.measure --checkpoint DIR --agents 3 --sizes 3-10 \
         --hole_ratios 0,0.1,0.2,0.3,0.4,0.5 --per_cell 24 --samples 8 --seed 0
 
 Writes frontier.md, frontier.csv, frontier.json and frontier_<metric>.png to --out_dir.
@@ -38,9 +39,9 @@ def main(argv):
 
     from mapfjax import parallel
     from mapfjax.env import config as env_config
-    from mapfjax.eval import frontier
     from mapfjax.models import hf
     from mapfjax.models import tokenizer as tok_lib
+    from projects.frontier import frontier
 
     parallel.enable_compilation_cache()
     try:

@@ -4,11 +4,12 @@ by both models with --max_new_tokens; every other answer ended inside the budget
 decode with more room writes it again, so its verdict stands. Writes <out>/budget.md (the paired
 change at the arm's budget and at the larger one) and each model's evaluation of those puzzles.
 
-    python launch/budget_check.py --arm results/go_no_go/trace_wait_fstep/matched \
+    python -m projects.go_no_go.budget_check \
+        --arm projects/go_no_go/results/trace_wait_fstep/matched \
         --instances runs/gng_fstep/matched/validation_set.jsonl \
         --start runs/tiny_trace_wait/export --end runs/gng_fstep/matched/round_0/model \
         --max_new_tokens 800 \
-        --out results/go_no_go/budget/trace_wait_fstep
+        --out projects/go_no_go/results/budget/trace_wait_fstep
 """
 
 import json
@@ -28,13 +29,14 @@ _BUDGET = flags.DEFINE_integer(
     "max_new_tokens", 800, "the larger budget (prompt + budget within the model's positions)"
 )
 _OUT = flags.DEFINE_string("out", None, "output folder", required=True)
-_EVALUATE = pathlib.Path(__file__).resolve().with_name("evaluate.py")
+_EVALUATE = pathlib.Path(__file__).resolve().parents[2] / "launch" / "evaluate.py"
 
 
 def main(argv):
     del argv
     from mapfjax import files, stats
-    from mapfjax.eval import evaluate, gate, report
+    from mapfjax.eval import evaluate, report
+    from projects.go_no_go import gate
 
     arm, out = pathlib.Path(_ARM.value), pathlib.Path(_OUT.value)
     try:

@@ -1,5 +1,5 @@
-"""The go / no-go gate for a starting policy (`launch/go_no_go.py`): does GRPO from it raise
-held-out greedy valid, and does what it trains on matter?
+"""The go / no-go gate for a starting policy (`projects/go_no_go/go_no_go.py`): does GRPO from
+it raise held-out greedy valid, and does what it trains on matter?
 
 Read from two run directories of `launch/train.py` that start from the same policy and are
 validated on the same held-out puzzles: one trained on the held-out distribution ("matched"),

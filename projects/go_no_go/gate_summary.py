@@ -1,13 +1,13 @@
 r"""Every go / no-go arm under a results folder in one table and one picture: the starting
 policy, what the arm changed (learning rate, KL, trace_loss, training wait ratio), greedy valid
-before and after GRPO and the paired change with its 95 % interval (`mapfjax.eval.gate.arms`).
+before and after GRPO and the paired change with its 95 % interval (`projects.go_no_go.gate.arms`).
 Reads only the committed small files (<results>/<name>/<arm>/run_config.json, start/ and
 round_*/validation.json); writes <results>/arms.md and <results>/arms.png. With --pool, the
 paired change pooled over the named arms' puzzles instead (`gate.pooled_change`), written to
 <results>/pooled.md.
 
-    python launch/gate_summary.py --results results/go_no_go
-    python launch/gate_summary.py --results results/go_no_go \
+    python -m projects.go_no_go.gate_summary --results projects/go_no_go/results
+    python -m projects.go_no_go.gate_summary --results projects/go_no_go/results \
         --pool "rebuilt=trace_wait_more/matched,trace_wait_optim/matched"
 """
 
@@ -15,7 +15,9 @@ import pathlib
 
 from absl import app, flags
 
-_RESULTS = flags.DEFINE_string("results", "results/go_no_go", "folder of go_no_go.py outputs")
+_RESULTS = flags.DEFINE_string(
+    "results", "projects/go_no_go/results", "folder of go_no_go.py outputs"
+)
 _POOL = flags.DEFINE_multi_string(
     "pool",
     [],
@@ -27,7 +29,7 @@ _POOL = flags.DEFINE_multi_string(
 def main(argv):
     del argv
     from mapfjax import files
-    from mapfjax.eval import gate
+    from projects.go_no_go import gate
 
     results = pathlib.Path(_RESULTS.value)
     if _POOL.value:

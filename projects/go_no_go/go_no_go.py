@@ -1,14 +1,16 @@
 r"""Go / no-go for a starting policy: GRPO with the fixed engineer on the held-out distribution
 (2 agents, 3x3-6x6) and, with the same budget, on a mismatched one (3x3 maps only, or with
 `--mismatched no_wait` no puzzle that needs a wait); both validated on the same 400
-held-out puzzles (configs/tiny_cpu.py:grpo_effect). Writes <out>/verdict.md (criteria in
-mapfjax/eval/gate.py; verdict_no_wait.md against the no-wait arm) and the runs' small files;
-exit status 0 on GO, 1 on NO-GO, 2 on an error.
+held-out puzzles (projects/grpo_effect/configs/grpo_effect.py). Writes <out>/verdict.md
+(criteria in projects/go_no_go/gate.py; verdict_no_wait.md against the no-wait arm) and the
+runs' small files; exit status 0 on GO, 1 on NO-GO, 2 on an error.
 Rerunning the command resumes both runs; rerunning it with more --rounds extends them (the
 gate then reads the last round).
 
-    python launch/go_no_go.py --policy runs/tiny_trace_grid/export --thinking --updates 60 \
-        --out results/go_no_go/trace [--reference results/grpo_effect/grpo_lr1e-4]
+    python -m projects.go_no_go.go_no_go --policy runs/tiny_trace_grid/export --thinking \
+        --updates 60 \
+        --out projects/go_no_go/results/trace \
+        [--reference projects/grpo_effect/results/grpo_lr1e-4]
 """
 
 import pathlib
@@ -32,7 +34,7 @@ MICRO_GROUPS = 4
 # Pieces per part of a thinking update: each group's 8 traces, sorted by length, in pieces of
 # 4 (--group_split 2) and the parts made of 4 pieces by length (16 parts of a 32-group update)
 # ran the update 1.5x faster than 2 parts of whole groups, where a trace that runs to the
-# budget pads its whole group (the same gradient; results/go_no_go/README.md).
+# budget pads its whole group (the same gradient; projects/go_no_go/results/README.md).
 PART_PIECES = 4
 
 _POLICY = flags.DEFINE_string("policy", None, "model directory (HF files) to start from")
@@ -133,11 +135,11 @@ _BONUS = flags.DEFINE_float(
 )
 # The mismatched arm's training distribution: 3x3 maps only (the held-out set's wait share),
 # or every held-out size with no puzzle that needs a wait (the half of held-out where GRPO's
-# gains from the shipped model fall; results/go_no_go, "The shipped model").
+# gains from the shipped model fall; projects/go_no_go/results, "The shipped model").
 HELD_OUT_SIZES = range(3, 7)
 # The mismatched arm's training puzzles (sizes, wait ratio; None: --wait_ratio). "large" is out of
 # the held-out range and out of the trace policies' SFT data (3x3-6x6), inside the engineer's
-# legal space (results/go_no_go/PLAN_reach.md).
+# legal space (projects/go_no_go/results/PLAN_reach.md).
 MISMATCHES = {
     "3x3": ((3,), None),
     "no_wait": (HELD_OUT_SIZES, 0.0),
@@ -196,7 +198,8 @@ _HELD_OUT_SEED = flags.DEFINE_integer(
     "held_out_seed",
     None,
     "seed of the held-out draw; unset: the training config's, which draws the gate's 400 "
-    "puzzles (results/go_no_go/held_out_400.jsonl), on which every setting so far was chosen; "
+    "puzzles (projects/go_no_go/results/held_out_400.jsonl), on which every setting so far was "
+    "chosen; "
     "another seed draws fresh puzzles of the same kind, for a claim (then leave out "
     "--reference, whose start was validated on the gate's puzzles)",
     lower_bound=0,
@@ -271,7 +274,7 @@ def arm_config(sizes, wait_ratio: float | None = None):
     from mapfjax import configfile
     from mapfjax.env.config import default_config
 
-    c = configfile.get_config(configfile.ROOT / "configs" / "tiny_cpu.py", "grpo_effect")
+    c = configfile.get_config("projects/grpo_effect/configs/grpo_effect.py")
     c.model.path = str(pathlib.Path(_POLICY.value).resolve())
     wait = _WAIT.value if wait_ratio is None else wait_ratio
     c.env = default_config(num_agents=2, sizes=sizes, hole_ratio=0.2, wait_ratio=wait)
@@ -322,7 +325,8 @@ def main(argv):
     absl_logging.set_verbosity(absl_logging.WARNING)
     from mapfjax import files
     from mapfjax.engineer import loop
-    from mapfjax.eval import gate, report
+    from mapfjax.eval import report
+    from projects.go_no_go import gate
 
     work, out = pathlib.Path(_WORKDIR.value), pathlib.Path(_OUT.value)
     try:

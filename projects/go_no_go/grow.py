@@ -8,11 +8,11 @@ zero), new heads and MLP units write nothing, and the RMSNorm scales are divided
 (a mean over k times the dimensions, of which the new ones are zero, is k times smaller). In
 both, every other new weight is freshly initialised, so gradients reach the zeros at once.
 
-    python -m mapfjax.models.grow SRC DST --layers 18   # SRC, DST: HF checkpoint directories
-    python -m mapfjax.models.grow SRC DST --width 2     # 2x hidden, heads, MLP (~4x parameters)
+    python -m projects.go_no_go.grow SRC DST --layers 18   # SRC, DST: HF checkpoint directories
+    python -m projects.go_no_go.grow SRC DST --width 2     # 2x hidden, heads, MLP (~4x parameters)
 
 Used to ask whether capacity, not more updates, is what a small model lacks
-(docs/experiments.md, "The shipped tiny model's history"): continue the grown model with the
+(projects/tiny_models/README.md): continue the grown model with the
 same recipe and compare at equal compute.
 """
 
@@ -141,7 +141,7 @@ def widen(model: Qwen3, factor: int, seed: int = 0) -> Qwen3:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m mapfjax.models.grow", description=__doc__.split("\n\n")[0]
+        prog="python -m projects.go_no_go.grow", description=__doc__.split("\n\n")[0]
     )
     p.add_argument("src", help="a Hugging Face Qwen3 checkpoint directory")
     p.add_argument("dst", help="where the grown checkpoint goes (tokenizer files copied)")

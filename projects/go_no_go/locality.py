@@ -19,12 +19,11 @@ from collections.abc import Sequence
 
 from mapfjax import stats
 from mapfjax.env.joint import INF, GridMap
+from mapfjax.env.relay import MOVE_CODES, WAIT
 from mapfjax.env.simulate import simulate
 from mapfjax.env.trace import step, taken_cells
 from mapfjax.env.types import Problem
 
-WAIT = 0
-MOVE_CODES = (1, 2, 3, 4)  # UP, DOWN, LEFT, RIGHT: the move line's order
 # Most agents `most_explained_optimal` searches jointly (5^n action combinations a state).
 MAX_AGENTS = 3
 MAX_STATES = 400_000

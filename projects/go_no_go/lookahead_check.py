@@ -10,7 +10,8 @@ puzzles, which field of the first wrong line in a run is wrong (`env.relay.line_
 on the puzzles where every order fails on a line, how many traces end on `no order left`, how
 many are right (`relay_retry_end`'s ending) and how many answers are valid.
 
-    python launch/lookahead_check.py --instances results/go_no_go/held_out_400.jsonl \
+    python -m projects.go_no_go.lookahead_check \
+        --instances projects/go_no_go/results/held_out_400.jsonl \
         --eval runs/trace_ahead_eval --form priority [--out table.md]
 """
 

@@ -5,7 +5,7 @@ the token budget, those of them with an agent on one cell on 3 or more lines of 
 (`env.relay.loop_counts`); then the share of traces that close against the first file's,
 paired on the same puzzles.
 
-    python launch/loop_count.py --answers runs/a/answers.jsonl,runs/b/answers.jsonl \
+    python -m projects.go_no_go.loop_count --answers runs/a/answers.jsonl,runs/b/answers.jsonl \
         --labels "retry start,loop lessons" [--out table.md]
 """
 

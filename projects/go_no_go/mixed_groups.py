@@ -1,10 +1,10 @@
-r"""Mixed GRPO groups by the greedy verdict on their puzzle (`mapfjax.eval.groups`).
+r"""Mixed GRPO groups by the greedy verdict on their puzzle (`projects.go_no_go.groups`).
 
     # each 2nd puzzle of an instance file, 8 copies each (ids "<id>#<j>")
-    python launch/mixed_groups.py repeat --instances held_out.jsonl --k 8 --every 2 \
+    python -m projects.go_no_go.mixed_groups repeat --instances held_out.jsonl --k 8 --every 2 \
         --out copies.jsonl
     # evaluate copies.jsonl at temperature 1 (launch/evaluate.py), then count the groups
-    python launch/mixed_groups.py count --greedy start/validation.json \
+    python -m projects.go_no_go.mixed_groups count --greedy start/validation.json \
         --evals eval_top_p1,eval_top_p095 --labels "top_p 1,top_p 0.95" --seconds 240,250 \
         --out groups.md
 """
@@ -16,7 +16,7 @@ import sys
 from absl import app, flags
 
 from mapfjax import files
-from mapfjax.eval import groups
+from projects.go_no_go import groups
 
 _INSTANCES = flags.DEFINE_string("instances", None, "repeat: the instance JSONL")
 _K = flags.DEFINE_integer("k", 8, "repeat: copies per puzzle (the group size)")

@@ -3,8 +3,9 @@ r"""What a relay trace that retries would reach: per puzzle, how the relay plan
 at its horizon, or a plan the simulator rejects) and whether another order has a valid plan,
 split by whether the puzzle needs a wait (`relay.orders_table`).
 
-    python launch/relay_orders.py --instances results/go_no_go/held_out_400.jsonl \
-        --out results/go_no_go/relay/orders.md
+    python -m projects.go_no_go.relay_orders \
+        --instances projects/go_no_go/results/held_out_400.jsonl \
+        --out projects/go_no_go/results/relay/orders.md
 """
 
 from absl import app, flags

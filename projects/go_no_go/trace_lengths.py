@@ -7,7 +7,8 @@ each agent's in turn). With --verdicts (a launch/evaluate.py
 --out_dir, or a run's validation.json) also the evaluation's parse errors, and how many of
 them the budget would have cut even on the oracle's trace.
 
-    python launch/trace_lengths.py --instances results/go_no_go/held_out_400.jsonl \
+    python -m projects.go_no_go.trace_lengths \
+        --instances projects/go_no_go/results/held_out_400.jsonl \
         --tokenizer runs/tiny_trace_grid/export_aw10_6000 --style grid --budget 640 \
         [--verdicts runs/go_no_go_6000_kl/matched/start/validation.json] [--out table.md]
 """

@@ -4,7 +4,8 @@ and their distances to the goal decide (`env.locality`), the most that any optim
 reaches, the local rule run as a planner, and with --evals each policy's valid rate on the
 puzzles whose plan is decided and on the rest.
 
-    python launch/trace_locality.py --instances results/go_no_go/held_out_400.jsonl \
+    python -m projects.go_no_go.trace_locality \
+        --instances projects/go_no_go/results/held_out_400.jsonl \
         [--evals runs/trace_long_eval/long --labels trace_long] [--out table.md]
 """
 
@@ -22,8 +23,9 @@ flags.mark_flags_as_required(["instances"])
 def main(argv):
     del argv
     from mapfjax import files
-    from mapfjax.env import io, locality, oracle
+    from mapfjax.env import io, oracle
     from mapfjax.eval import evaluate as ev
+    from projects.go_no_go import locality
 
     def build():
         if len(_LABELS.value) != len(_EVALS.value):

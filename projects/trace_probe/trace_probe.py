@@ -1,18 +1,17 @@
-"""Which map transcription can a small model learn? SFT on the trace's header alone (the map in
+r"""Which map transcription can a small model learn? SFT on the trace's header alone (the map in
 each style of `mapfjax.env.trace.STYLES`, then the agent lines), same model, data and budget per
 style, greedy-checked on held-out puzzles as it trains. Appends one JSON line per check to
 <out>/<style>.jsonl (a finished style is skipped on a rerun).
 
-    python launch/trace_probe.py --styles holes,rows,grid --updates 600 --out results/trace_probe
+    python -m projects.trace_probe.trace_probe --styles holes,rows,grid --updates 600 \
+        --out projects/trace_probe/results/probe
 """
 
 import argparse
 import json
 import pathlib
-import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from mapfjax import hostalloc  # noqa: E402
 
 if __name__ == "__main__":
@@ -85,14 +84,14 @@ def main():
     ap.add_argument("--updates", type=int, default=600)
     ap.add_argument("--every", type=int, default=200)
     ap.add_argument("--instances", type=int, default=12000)
-    ap.add_argument("--held_out", default="results/trace_pilot/held_out.jsonl")
-    ap.add_argument("--out", default="results/trace_probe")
+    ap.add_argument("--held_out", default="projects/trace_probe/results/pilot/held_out.jsonl")
+    ap.add_argument("--out", default="projects/trace_probe/results/probe")
     ap.add_argument("--workdir", default="runs/trace_probe", help="the tokenizer's files")
     ap.add_argument("--summary", action="store_true", help="only write <out>/summary.md")
     a = ap.parse_args()
     if a.summary:
         return summary(pathlib.Path(a.out))
-    c = configfile.get_config(configfile.ROOT / "configs" / "tiny_model.py", "trace")
+    c = configfile.get_config("projects/go_no_go/configs/tiny_model.py", "trace")
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     held = io.load_instances(a.held_out)

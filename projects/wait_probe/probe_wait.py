@@ -1,9 +1,12 @@
 r"""Does a policy's state, where it starts to answer, say whether the puzzle needs a wait? A
-linear probe per model and layer (`mapfjax.eval.probe`), fitted on fresh puzzles drawn like the
-held-out set and scored by AUC on the held-out set, every model on the same bootstrap draws.
+linear probe per model and layer (`projects.wait_probe.probe`), fitted on fresh puzzles drawn
+like the held-out set and scored by AUC on the held-out set, every model on the same bootstrap
+draws.
 
-    python launch/probe_wait.py --models random:mapfjax/assets/tiny,shipped:mapfjax/assets/tiny \\
-        --test results/main_job/held_out_1200/held_out_1200.jsonl --out results/wait_probe
+    python -m projects.wait_probe.probe_wait \\
+        --models random:mapfjax/assets/tiny,shipped:mapfjax/assets/tiny \\
+        --test projects/main_job/results/held_out_1200/held_out_1200.jsonl \\
+        --out projects/wait_probe/results
 
 A model named `random` is the checkpoint's shape with fresh random weights. Writes
 <out>/probe.json and <out>/probe.md; each model's features are kept in
@@ -17,12 +20,11 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from mapfjax import configfile, files, hostalloc, stats  # noqa: E402
 from mapfjax.engineer.settings import ValidationSettings  # noqa: E402
 from mapfjax.env import io  # noqa: E402
-from mapfjax.eval import probe  # noqa: E402
 from mapfjax.rl import data  # noqa: E402
+from projects.wait_probe import probe  # noqa: E402
 
 
 def parse_models(text: str) -> list[tuple[str, str]]:

@@ -334,8 +334,8 @@ def test_a_random_start_is_drawn_from_the_seed_over_the_configs_sizes():
     from mapfjax.engineer import loop
     from mapfjax.env import config as env_config
 
-    c = tiny_cpu.get_config("curricula")
-    assert c.env_start == "random"
+    c = tiny_cpu.get_config("answer_only")
+    c.env_start = "random"
     draws = []
     for seed in (0, 0, 1):
         c.seed = seed
@@ -351,11 +351,13 @@ def test_a_random_start_is_drawn_from_the_seed_over_the_configs_sizes():
 
 
 def test_a_random_start_with_few_waits_scales_only_the_wait_draws():
-    """env_start_max_wait = 0.3 (configs/tiny_cpu.py:curricula_few_waits): the same seed draws
+    """env_start_max_wait = 0.3 (the curriculum comparison's wait test): the same seed draws
     the same data and hole ratios, and waits ~ U[0, 0.3] (the U[0, 1] draws x 0.3)."""
     from mapfjax.engineer import loop
 
-    wide, few = tiny_cpu.get_config("curricula"), tiny_cpu.get_config("curricula_few_waits")
+    wide, few = tiny_cpu.get_config("answer_only"), tiny_cpu.get_config("answer_only")
+    wide.env_start = few.env_start = "random"
+    few.env_start_max_wait = 0.3
     assert few.env_start_max_wait == 0.3 and "env_start_max_wait" not in wide
     for seed in (0, 5, 9):
         wide.seed = few.seed = seed
@@ -434,8 +436,7 @@ def test_an_unknown_config_variant_is_one_line_naming_the_known_ones(tmp_path):
         assert done.returncode == 2 and "Traceback" not in done.stderr
         assert done.stderr.strip().splitlines() == [
             "error: configs/tiny_cpu.py:nosuch: no such variant; allowed: '', 'answer_only', "
-            "'held_out_400', 'previous', 'curricula', 'curricula_smoke', 'curricula_few_waits', "
-            "'curricula_think', 'laptop', 'laptop_smoke', 'grpo_effect', 'smoke'"
+            "'smoke'"
         ]
     assert not work.exists()
 
@@ -500,11 +501,14 @@ def test_the_main_jobs_held_out_set_begins_with_the_gates_400_puzzles(tmp_path):
     assert c.validation.extra_seeds  # the answer-only job draws more after the gate's 400
     c.validation.extra_seeds = ()
     drawn = held_out_set(tmp_path, ValidationSettings.from_config(c))
-    gate = io.load_instances(configfile.ROOT / "results" / "go_no_go" / "held_out_400.jsonl")
+    gate = io.load_instances(
+        configfile.ROOT / "projects" / "go_no_go" / "results" / "held_out_400.jsonl"
+    )
     assert [p.id for p in drawn] == [p.id for p in gate]
     assert [io.puzzle_hash(p) for p in drawn] == [io.puzzle_hash(p) for p in gate]
-    # The committed 1,200 (results/main_job/held_out_1200) are those 400, then the 800 fresh.
-    part = configfile.ROOT / "results" / "main_job" / "held_out_1200"
+    # The committed 1,200 (projects/main_job/results/held_out_1200) are those 400, then the 800
+    # fresh.
+    part = configfile.ROOT / "projects" / "main_job" / "results" / "held_out_1200"
     whole = io.load_instances(part / "held_out_1200.jsonl")
     fresh = io.load_instances(part / "extra_800.jsonl")
     assert [p.id for p in whole] == [p.id for p in gate + fresh]

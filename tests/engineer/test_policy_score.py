@@ -5,6 +5,7 @@ plain full-sequence forward pass of that one continuation."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from mapfjax.engineer import policy
@@ -13,6 +14,7 @@ from mapfjax.models.qwen3 import Qwen3, Qwen3Config
 from tests.rl.test_data import make_tokenizer
 
 
+@pytest.mark.slow
 def test_scores_equal_a_plain_forward_pass_per_continuation(tmp_path):
     tok = make_tokenizer(tmp_path)
     cfg = Qwen3Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_layers=2,

@@ -94,6 +94,7 @@ def run_verify(probs, plans, labels=None):
     return dynamics.verdict_rows(dynamics.verify(inst, arr, ok, lengths))
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(problem_and_plan(), min_size=1, max_size=8))
 def test_verify_matches_reference_simulator(cases):
@@ -352,6 +353,7 @@ def test_reference_simulator_gives_every_agent_cell_at_the_failing_step():
     assert ok["valid"] and ok["failure_positions"] is None
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(problem_and_plan(), min_size=1, max_size=6))
 def test_agent_credit_matches_each_agent_simulated_alone(cases):

@@ -11,11 +11,12 @@ import re
 import numpy as np
 import pytest
 
-from mapfjax.env import locality, lookahead, oracle, simulate, text, trace
+from mapfjax.env import lookahead, oracle, simulate, text, trace
 from mapfjax.env.joint import GridMap
 from mapfjax.env.lookahead import Constraint
 from mapfjax.env.types import ACTION_DELTAS, Problem
 from mapfjax.rl import data
+from projects.go_no_go import locality
 from tests.models.test_bpe import random_problems
 
 CROSS = Problem(id="cross", grid=("FFF", "HFH"), starts=((0, 0), (1, 1)), goals=((0, 2), (0, 1)))
@@ -199,7 +200,8 @@ def test_the_check_script_counts_where_blocks_go_wrong(tmp_path):
     (ev / "verdicts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     root = pathlib.Path(__file__).resolve().parents[2]
     out = subprocess.run(
-        [sys.executable, "launch/lookahead_check.py", f"--instances={inst}", f"--eval={ev}"],
+        [sys.executable, "-m", "projects.go_no_go.lookahead_check", f"--instances={inst}",
+         f"--eval={ev}"],
         cwd=root, capture_output=True, text=True,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr

@@ -376,6 +376,7 @@ def test_answer_actions_pads_with_wait():
         oracle.answer_actions(oracle.solve(p, max_nodes=1))
 
 
+@pytest.mark.slow
 def test_solve_many_matches_in_process_results():
     rng = random.Random(11)
     problems = [random_problem(rng, 5, 5, rng.choice([2, 3]), 0.2) for _ in range(12)]
@@ -396,6 +397,7 @@ def _worker_platforms(_) -> str:
     return jax.config.jax_platforms
 
 
+@pytest.mark.slow
 def test_oracle_workers_stay_on_the_host(monkeypatch):
     # On a GPU machine a worker that started its own CUDA client ran out of memory beside the
     # parent's: the pool's workers are pinned to the CPU, whatever the environment says (the

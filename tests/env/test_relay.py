@@ -295,7 +295,8 @@ def test_the_check_script_reads_relay_traces(tmp_path):
     (ev / "answers.jsonl").write_text("".join(json.dumps(a) + "\n" for a in answers))
     (ev / "verdicts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = subprocess.run(
-        [sys.executable, "launch/lookahead_check.py", f"--instances={tmp_path / 'inst.jsonl'}",
+        [sys.executable, "-m", "projects.go_no_go.lookahead_check",
+         f"--instances={tmp_path / 'inst.jsonl'}",
          f"--eval={ev}", "--form=relay"],
         cwd=pathlib.Path(__file__).resolve().parents[2], capture_output=True, text=True,
     )  # fmt: skip
@@ -343,7 +344,7 @@ def test_a_run_that_repeats_a_cell_after_the_others_rest_never_settles():
     from mapfjax.configfile import ROOT
     from mapfjax.env import io
 
-    problems = io.load_instances(ROOT / "results" / "go_no_go" / "held_out_400.jsonl")
+    problems = io.load_instances(ROOT / "projects" / "go_no_go" / "results" / "held_out_400.jsonl")
     outcomes, lines, saved = {}, [], 0
     for p in problems:
         if relay.plan_in_order(p, (0, 1)) is not None:
@@ -556,7 +557,8 @@ def test_no_loop_lesson_where_the_next_order_has_no_plan_or_nothing_goes_back():
 
 def test_loop_counts_read_a_back_and_forth_from_the_text(tmp_path):
     """`most_lines_on_a_cell` counts one agent's lines on one cell within an attempt (a retry
-    starts a new count); `loop_counts` and launch/loop_count.py count traces that never close,
+    starts a new count); `loop_counts` and projects/go_no_go/loop_count.py count traces that never
+    close,
     those going back and forth, and loop and retry lines."""
     import json
     import subprocess
@@ -578,7 +580,7 @@ def test_loop_counts_read_a_back_and_forth_from_the_text(tmp_path):
     path.write_text("".join(json.dumps({"id": f"p{i}", "text": r}) + "\n"
                             for i, r in enumerate(responses)))  # fmt: skip
     out = subprocess.run(
-        [sys.executable, "launch/loop_count.py", f"--answers={path}", "--labels=start",
+        [sys.executable, "projects/go_no_go/loop_count.py", f"--answers={path}", "--labels=start",
          f"--out={tmp_path / 't.md'}"], capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert "| start | 3 | 1 | 1 | 0 | 1 | - |" in out.stdout
@@ -586,7 +588,7 @@ def test_loop_counts_read_a_back_and_forth_from_the_text(tmp_path):
     closed = tmp_path / "closed.jsonl"  # the same puzzles, every trace closing
     closed.write_text("".join(json.dumps({"id": f"p{i}", "text": good}) + "\n" for i in range(3)))
     out = subprocess.run(
-        [sys.executable, "launch/loop_count.py", f"--answers={path},{closed}",
+        [sys.executable, "projects/go_no_go/loop_count.py", f"--answers={path},{closed}",
          "--labels=start,later"], capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert "| later | 3 | 0 | 0 | 0 | 3 | +33.3 [-20, 87] |" in out.stdout, out.stdout

@@ -62,43 +62,6 @@ def test_expand_commands_build_the_intended_configs(tmp_path):
             assert cfg.engineer.variant == run.variant
 
 
-def test_the_wait_test_expands_to_its_written_design(tmp_path):
-    """configs/laptop_effect.py:wait_test (results/wait_test/README.md, fixed before the runs):
-    fixed and wait, seeds 5-9, the curriculum loop with round 0's waits ~ U[0, 0.3]."""
-    laptop = configfile.load_module("configs/laptop_effect.py")
-    sweep = laptop.get_config("wait_test")
-    assert sweep.results == "results/wait_test" and sweep.reference == "fixed"
-    runs = sw.expand(sweep, tmp_path, laptop.get_config)
-    assert sorted(r.name for r in runs) == sorted(
-        [f"fixed_s{s}" for s in range(5, 10)] + [f"wait_V6_Tbookkeeping_s{s}" for s in range(5, 10)]
-    )
-    for run, argv in zip(runs, sw.plan(runs, sweep, "configs/laptop_effect.py"), strict=True):
-        cfg, _ = _parse_train_argv(argv)
-        assert cfg.env_start == "random" and cfg.env_start_max_wait == 0.3 and cfg.rounds == 5
-        assert cfg.engineer.settings.name == run.engineer and cfg.seed == run.seed
-
-
-def test_the_comparison_on_the_thinking_policy_is_the_main_job_from_a_random_round_0(tmp_path):
-    """configs/laptop_effect.py:think (results/curricula_think/PLAN.md, fixed before the runs):
-    the paper's six engineers, seeds 0-4, each run the main job's training and held-out set
-    from mapfjax/assets/tiny_think with round 0 on a random config drawn from the seed."""
-    laptop = configfile.load_module("configs/laptop_effect.py")
-    sweep = laptop.get_config("think")
-    assert sweep.results == "results/curricula_think" and sweep.reference == "fixed"
-    runs = sw.expand(sweep, tmp_path, laptop.get_config)
-    engineers = ("fixed", "random", "rule", "learnability", "bandit", "policy")
-    assert sorted({r.engineer for r in runs}) == sorted(engineers) and len(runs) == 30
-    main = configfile.get_config("configs/tiny_cpu.py", "").to_dict()
-    for run, argv in zip(runs, sw.plan(runs, sweep, "configs/laptop_effect.py"), strict=True):
-        cfg, _ = _parse_train_argv(argv)
-        assert cfg.env_start == "random" and cfg.seed == run.seed
-        assert cfg.engineer.settings.name == run.engineer
-        got = cfg.to_dict()
-        for block in ("model", "train", "grpo", "optim", "reward", "validation", "env"):
-            assert got[block] == main[block], block
-        assert got["rounds"] == main["rounds"] == 3
-
-
 def test_overrides_and_errors(tmp_path):
     sweep = _sweep(overrides="rounds=2, train.instances=32", train_arg="smoke")
     runs = sw.expand(sweep, tmp_path, sweep_ablation.get_config)

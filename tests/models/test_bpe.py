@@ -138,6 +138,7 @@ def test_bad_vocab_size():
         bpe.build_tokenizer(["abc"], 200)
 
 
+@pytest.mark.slow
 def test_shipped_tiny_model_loads_and_matches_transformers():
     import torch  # slow to import (seconds); only this comparison needs it
 

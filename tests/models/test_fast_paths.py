@@ -79,6 +79,7 @@ def test_fast_attention_equals_einsum_with_causal_and_left_padding(impl, chunk, 
     _close_trees(gf, gr, ATOL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", ["fused", "splash"])
 def test_fast_attention_equals_einsum_on_shared_prefix(impl, monkeypatch):
     """prefix + extend: the prompt's keys as a shared segment beside each row's own keys."""

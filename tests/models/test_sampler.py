@@ -409,6 +409,7 @@ def test_compact_rows_halves_or_keeps():
     assert sampler._compact_rows(5, 8, 4) == 8
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_compaction_drops_finished_rows_and_changes_no_row(models, monkeypatch, temperature):
     """With every row but one finished, decoding goes on with the live rows only; each row's
@@ -443,6 +444,7 @@ def test_compaction_drops_finished_rows_and_changes_no_row(models, monkeypatch, 
         np.testing.assert_allclose(np.asarray(got.logprobs_full)[r, : len(row)], want, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_compaction_on_a_mesh_keeps_a_multiple_of_its_batch_shards(models, monkeypatch):
     (ours, _), _ = models
     prompts = PROMPTS + [[7, 8, 9, 10, 11], [1, 2], [42] * 9, [250, 4, 4]]
@@ -463,6 +465,7 @@ def test_compaction_on_a_mesh_keeps_a_multiple_of_its_batch_shards(models, monke
     np.testing.assert_allclose(sharded.logprobs, plain.logprobs, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_compaction_is_on_by_default_above_its_budget(models):
     """compact=None: rows draw by their own index (compaction's draws) only above
     COMPACT_BUDGET new tokens, so short budgets sample as before."""
@@ -478,6 +481,7 @@ def test_compaction_is_on_by_default_above_its_budget(models):
         assert not np.array_equal(np.asarray(auto.tokens), np.asarray(other.tokens))
 
 
+@pytest.mark.slow
 def test_long_windows_match_transformers(models, monkeypatch):
     """Windows of CPU_FUSED_WINDOW slots and more (attention over a row's own cache written as
     multiply-and-sum on CPU): greedy tokens still transformers', log-probs those of the

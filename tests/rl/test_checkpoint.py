@@ -51,6 +51,7 @@ def leaves_equal(a, b):
     return len(la) == len(lb) and all(np.array_equal(x, y) for x, y in zip(la, lb, strict=True))
 
 
+@pytest.mark.slow
 def test_interrupt_and_resume_is_exact(tmp_path):
     mesh = parallel.make_mesh({"fsdp": 4, "tp": 2})
     run = Trainer(tiny_model(), OPTIM, "grpo", mesh, loss_cfg=GRPO, seed=7)

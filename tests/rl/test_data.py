@@ -226,6 +226,7 @@ def test_answer_only_examples_keep_the_answer_after_an_empty_think_block(tok):
         data.sft_examples(tok, problems[:2], thinking=True, answer_only=-0.1)
 
 
+@pytest.mark.slow
 def test_sft_on_traces_lowers_the_loss(tok, problems):
     """A micro model fits trace examples: the loss over the whole turn falls by half."""
     import jax.numpy as jnp

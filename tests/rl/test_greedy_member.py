@@ -11,7 +11,7 @@ import pytest
 
 from mapfjax.env.reward import RewardConfig
 from mapfjax.rl import driver, grpo, rollout
-from tests.eval.test_go_no_go import _PROBE, _run_probe
+from projects.go_no_go.tests.test_go_no_go import _PROBE, _run_probe
 from tests.models.test_bpe import random_problems
 from tests.rl.test_rollout import as_rows, model, tok  # noqa: F401 (fixtures)
 
@@ -46,6 +46,7 @@ def test_each_group_holds_the_greedy_answer_first_then_the_samples(model, tok, p
     assert got.texts == tok.batch_decode(got.completions, skip_special_tokens=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_old_logprobs_are_the_trainers_at_temperature(model, tok, problems, temperature):  # noqa: F811
     """The greedy rows were not drawn at the temperature the loss uses; every row's old
@@ -109,6 +110,7 @@ def test_a_group_of_one_cannot_hold_a_greedy_member(model, tok, problems):  # no
 @pytest.mark.parametrize(
     "args, want", [([], [False, "unset"]), (["--greedy_member"], [True, True])]
 )
+@pytest.mark.slow
 def test_the_gate_flag_reaches_the_rollouts_and_leaves_the_config_alone_when_off(args, want):
     probe = _PROBE.replace(
         "c.train.objective, c.train.temperature]",

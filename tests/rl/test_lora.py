@@ -135,6 +135,7 @@ def test_trainer_starts_at_the_model_and_moves_only_the_adapted_kernels():
     )
 
 
+@pytest.mark.slow
 def test_kl_reference_is_the_frozen_model_and_an_update_in_parts_equals_it_whole():
     cfg = GRPOConfig(group_size=4, kl_coef=0.1)
     tr = Trainer(tiny_model(), OPTIM, "grpo", loss_cfg=cfg)

@@ -71,6 +71,7 @@ def test_make_batch_layout():
     np.testing.assert_array_equal(b.completion_tokens[1], [3, 4, 9, 99])
 
 
+@pytest.mark.slow
 def test_pad_id_outside_vocab_is_harmless():
     model = tiny_model()
     kw = dict(prompt_bucket=8, completion_bucket=4)
@@ -105,6 +106,7 @@ def test_sft_training_lowers_the_loss():
     assert losses[-1] < 0.5 * losses[0]
 
 
+@pytest.mark.slow
 def test_answer_weight_matches_numpy_weighted_cross_entropy():
     """Tokens after the first </think> (id 250 here) weigh `answer_weight`; the loss is the
     weighted mean, its normaliser (grad accumulation) the summed weights."""

@@ -55,6 +55,7 @@ def flat(x):
     return x.reshape(-1, x.shape[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("g", [1, 2, 5])
 def test_logprobs_loss_and_gradients_equal_the_unshared_path(g):
     shared, plain = both_layouts(seed=g, groups=3, g=g)
@@ -87,6 +88,7 @@ def test_logprobs_loss_and_gradients_equal_the_unshared_path(g):
     "mesh_shape, accum",
     [(None, 2), ({"fsdp": 4, "tp": 2}, 1), ({"data": 2, "fsdp": 2, "tp": 2}, 2)],
 )
+@pytest.mark.slow
 def test_update_equals_unshared_on_the_train_mesh_and_with_accumulation(mesh_shape, accum):
     shared, plain = both_layouts(seed=7, groups=8, g=4)
     cfg = GRPOConfig(group_size=4)

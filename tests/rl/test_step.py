@@ -59,6 +59,7 @@ def test_registered_losses_resolve_by_name_object_or_function():
     }
 
 
+@pytest.mark.slow
 def test_equal_weighting_averages_micro_batch_losses(registry):
     """The same token-mean loss registered with equal weighting: accumulated over two
     micro-batches of unequal token counts it is the mean of their losses, not the token mean."""
@@ -185,6 +186,7 @@ def test_group_split_cuts_groups_into_pieces_by_row_length():
 @pytest.mark.parametrize(
     "accum, sharded, group_split", [(1, False, 1), (2, False, 1), (1, True, 1), (2, False, 2)]
 )
+@pytest.mark.slow
 def test_a_length_split_update_equals_the_whole_batch_update(accum, sharded, group_split):
     """OptimConfig.length_split: the update from the parts' gradients equals one update on the
     whole batch (token-mean GRPO loss, with and without micro-batches inside each part, on one
@@ -231,6 +233,7 @@ def test_groups_out_of_the_loss_fill_parts_of_their_own():
 @pytest.mark.parametrize(
     "group_split, masked", [(1, [0, 2, 3, 5, 6]), (2, [1, 2, 4, 7]), (1, range(8))]
 )
+@pytest.mark.slow
 def test_parts_out_of_the_loss_are_not_run_and_the_update_is_the_same(group_split, masked):
     """Trainer: the parts of a length-split update with no token in the loss are not run (the
     first part runs where none has one); the update, its loss and metrics are those of the

@@ -114,7 +114,7 @@ def test_a_recipe_without_grpo_is_accepted():
     from mapfjax import configfile
     from mapfjax.rl import recipe
 
-    c = configfile.get_config("configs/tiny_model.py", "trace_quick")
+    c = configfile.get_config("configs/tiny_model.py", "think_quick").stage.trace
     c.rl.train.steps, c.sft.answer_weight = 0, 10.0
     recipe.check_recipe(c)
     assert c.rl.train.steps == 0  # the check works on a copy
@@ -141,11 +141,12 @@ def test_only_the_full_recipes_write_into_the_package():
     from mapfjax import configfile
 
     assets = (ROOT / "mapfjax" / "assets").resolve()
-    for arg, ships in (("", True), ("quick", False), ("broad", False)):
+    for arg, ships in (("", True), ("quick", False), ("think", True), ("think_quick", False)):
         out = configfile.resolve(configfile.get_config("configs/tiny_model.py", arg).out_dir)
         assert out.resolve().is_relative_to(assets) == ships, (arg, out)
 
 
+@pytest.mark.slow
 def test_sft_exclude_keeps_a_held_out_file_out_of_the_sft_data(tmp_path):
     """The puzzles of sft.exclude files are dropped from the SFT data, and the cache is keyed
     by the files' content (another file: other data)."""
@@ -153,7 +154,7 @@ def test_sft_exclude_keeps_a_held_out_file_out_of_the_sft_data(tmp_path):
     from mapfjax.env import io
     from mapfjax.rl import data, recipe
 
-    c = configfile.get_config("configs/tiny_model.py", "trace_quick")
+    c = configfile.get_config("configs/tiny_model.py", "think_quick").stage.trace
     c.sft.instances, c.tokenizer.instances, c.validation.per_size = 48, 48, 2
     drawn = data.generate_problems(c.sft.env, 48, c.seed + 1, 1, tuple(c.sft.hole_ratios))
     held = tmp_path / "held.jsonl"
@@ -168,44 +169,57 @@ def test_sft_exclude_keeps_a_held_out_file_out_of_the_sft_data(tmp_path):
     assert len(recipe.prepare(c, tmp_path / "w").sft) > len(got)
 
 
-def test_a_lookahead_recipe_writes_the_block_and_drops_puzzles_it_cannot_plan(tmp_path):
-    """trace_lookahead: every SFT completion holds the block, its plan is the look-ahead's, and
-    the cache key changes with it."""
+def test_a_staged_recipe_runs_in_order_each_from_the_export_before():
+    """configs/tiny_model.py:think: stage `trace` works and exports in <workdir>/trace, `mix`
+    starts from that export and writes the recipe's out_dir; every stage passes its check."""
     from mapfjax import configfile
-    from mapfjax.env import lookahead, trace
-    from mapfjax.rl import data, recipe
+    from mapfjax.rl import recipe
 
-    c = configfile.get_config("configs/tiny_model.py", "trace_quick")
-    c.sft.instances, c.tokenizer.instances, c.validation.per_size = 32, 32, 2
-    c.trace_lookahead = "priority"
-    recipe.check_recipe(c)
-    run = recipe.prepare(c, tmp_path / "w")
-    drawn = data.generate_problems(c.sft.env, 32, c.seed + 1, 1, tuple(c.sft.hole_ratios))
-    plannable = [p for p in drawn if lookahead.priority(p).plans is not None]
-    assert len(run.sft) == len(plannable)
-    tok = run.tokenizer
-    for e, p in zip(run.sft, plannable, strict=True):
-        turn = tok.decode(e.completion)
-        assert "\nP0 (" in turn and "\nP1 (" in turn
-        plans = trace.parse_trace(trace.thinking_text(turn), 2)[0]
-        assert plans == lookahead.priority(p).plans
-    c.trace_lookahead = ""
-    assert len(recipe.prepare(c, tmp_path / "w").sft) == len(drawn)  # its own cache entry
+    c = configfile.get_config("configs/tiny_model.py", "think")
+    c.workdir = "/w"
+    stages = recipe.stage_configs(c)
+    assert [s.name for s in stages] == ["trace", "mix"] and stages[1].after == "trace"
+    assert stages[0].config.workdir == "/w/trace" and not stages[0].config.get("init")
+    assert stages[0].config.out_dir == stages[1].config.init == "/w/trace/export"
+    assert stages[1].config.out_dir == c.out_dir and stages[1].config.workdir == "/w/mix"
+    for s in stages:
+        recipe.check_recipe(s.config, made_before=bool(s.after))
+    assert stages[1].config.sft.answer_only == 0.6 and stages[0].config.sft.answer_only == 0
+    one = configfile.get_config("configs/tiny_model.py", "quick")
+    assert [(s.name, s.config) for s in recipe.stage_configs(one)] == [("", one)]
 
 
-def test_a_retry_recipe_with_loop_lessons_adds_them_to_its_own_cache_entry(tmp_path):
-    """sft.loop_lessons: the retrying relay's examples, then the lessons
-    (`data.loop_lesson_examples`) of the same drawn puzzles; the cache key changes with it."""
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda c: setattr(c, "stages", ("mix", "trace")), r"stage\.mix\.init = 'stage:trace'"),
+        (lambda c: setattr(c, "stages", ("trace",)), r"stages = \('trace',\); allowed: each"),
+        (lambda c: setattr(c, "stages", ("trace", "trace")), r"stages = .*allowed: each"),
+    ],
+)
+def test_a_staged_recipe_that_cannot_run_in_its_order_is_refused(edit, message):
     from mapfjax import configfile
-    from mapfjax.rl import data, recipe
+    from mapfjax.rl import recipe
 
-    c = configfile.get_config("configs/tiny_model.py", "trace_quick")
-    c.sft.instances, c.tokenizer.instances, c.validation.per_size = 48, 32, 2
-    c.trace_lookahead = "relay_retry"
-    plain = recipe.prepare(c, tmp_path / "w").sft
-    c.sft.loop_lessons = 1.0
-    recipe.check_recipe(c)
-    run = recipe.prepare(c, tmp_path / "w")
-    drawn = data.generate_problems(c.sft.env, 48, c.seed + 1, 1, tuple(c.sft.hole_ratios))
-    want = data.loop_lesson_examples(run.tokenizer, drawn, 1.0, c.trace_style)
-    assert want and run.sft == [*plain, *want]
+    c = configfile.get_config("configs/tiny_model.py", "think")
+    edit(c)
+    with pytest.raises(ValueError, match=message):
+        recipe.stage_configs(c)
+
+
+@pytest.mark.slow
+def test_a_training_config_in_sft_exclude_is_its_held_out_set(tmp_path):
+    """`sft.exclude` may name a training config: its held-out puzzles, drawn as the loop draws
+    them (the main job's 400 here), become the instance file the recipe keeps out."""
+    from mapfjax import configfile
+    from mapfjax.engineer import settings, validation
+    from mapfjax.env import io
+
+    path = validation.held_out_file("configs/tiny_cpu.py", tmp_path)
+    v = settings.ValidationSettings.from_config(configfile.get_config("configs/tiny_cpu.py"))
+    want = validation.held_out_set(tmp_path / "direct", v)
+    got = io.load_instances(path)
+    assert len(got) == 400 and [io.puzzle_hash(p) for p in got] == [io.puzzle_hash(p) for p in want]
+    assert validation.held_out_file("configs/tiny_cpu.py", tmp_path) == path  # read back
+    other = validation.held_out_file("configs/tiny_cpu.py:answer_only", tmp_path)
+    assert other != path and len(io.load_instances(other)) == 1200

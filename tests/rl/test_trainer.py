@@ -265,6 +265,7 @@ def test_remat_policy_by_name_gives_the_same_update_and_state_is_donated():
         OptimConfig(remat="all").validate()
 
 
+@pytest.mark.slow
 def test_forget_compiled_frees_a_finished_trainers_programs():
     """The jitted update is cached per setup (a fresh Trainer of the same setup reuses it), so
     a trainer no longer used keeps its programs alive through the cache (a notebook trying

@@ -14,11 +14,11 @@ import pytest
 
 from mapfjax import env
 from mapfjax.env import config as env_config
-from mapfjax.eval import frontier
 from mapfjax.models import hf
 from mapfjax.models import tokenizer as tok_lib
+from projects.frontier import frontier
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 Z = 1.959963984540054
 
 
@@ -216,7 +216,7 @@ def test_end_to_end_tiny_grid(tiny_model_dir, tmp_path):
 
 def test_command_line_names_a_bad_flag(tmp_path):
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "launch/frontier.py"), "--checkpoint", str(tmp_path),
+        [sys.executable, "-m", "projects.frontier.measure", "--checkpoint", str(tmp_path),
          "--sizes", "3-x"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip

@@ -1,23 +1,17 @@
-# Shared by the scripts that run planned go / no-go arms (launch/trace_bonus0.sh,
-# launch/trace_lora.sh, launch/trace_step.sh, launch/trace_confirm.sh, launch/trace_more.sh,
-# launch/trace_optim.sh, launch/trace_top_p.sh, launch/trace_screen.sh, launch/trace_start.sh,
-# launch/trace_first_stage.sh, launch/trace_lessons.sh, launch/trace_scale.sh,
-# launch/trace_retry.sh, launch/trace_loop.sh, launch/trace_end.sh, launch/trace_wide.sh,
-# launch/trace_greedy.sh, launch/trace_fresh.sh, launch/trace_transfer.sh, launch/trace_rounds.sh,
-# launch/trace_mix.sh, launch/trace_mix_placebo.sh, launch/trace_mix_reach.sh,
-# launch/device_starts.sh);
+# Shared by the scripts in this folder that run planned go / no-go arms (trace_*.sh,
+# device_starts.sh);
 # sourced, not run. They set BUDGET_S (the seconds of GRPO an arm may take) before calling
 # pilot_updates, and call build_start first where the start may not be built yet.
 
 shopt -s inherit_errexit  # a failed count or pilot inside $(...) stops the script
-# Every step runs `python launch/<script>.py`, which puts launch/, not the checkout, first on
-# the path: the checkout goes first, so that hours into a chain no step fails on a mapfjax
-# that is not installed, nor runs the code of another checkout that is.
-PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)${PYTHONPATH:+:$PYTHONPATH}"
+# Steps run `python launch/<script>.py` (which puts launch/, not the checkout, first on the
+# path) and `python -m projects.go_no_go.<script>`: the checkout goes first, so that hours into
+# a chain no step fails on a mapfjax that is not installed, nor runs another checkout's code.
+PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONPATH
-R=results/go_no_go  # where the arms' results go
+R=projects/go_no_go/results  # where the arms' results go
 
-# The arms' start and the flags every arm shares (results/go_no_go/PLAN_trace_bonus0.md)
+# The arms' start and the flags every arm shares (projects/go_no_go/results/PLAN_trace_bonus0.md)
 TRACE_WAIT=(--policy runs/tiny_trace_wait/export --thinking --optimal_bonus 0 --kl_coef 0.1
   --wait_ratio 0.5 --samples 0)
 # ... read on the fresh held-out draw of those plans, the mismatched arm run on a gain
@@ -50,14 +44,14 @@ read_start() {  # RECIPE START EVAL OUT LABEL [FORM]: START built by the train_t
   python launch/compare_evals.py --instances $R/held_out_400.jsonl --sizes 3-6 --split_wait \
     --evals "$R/trace_wait_kl0.1_wait0.5/matched/start/validation.json,$3" \
     --labels "trace_wait,$5" --out "$4/comparison.md"
-  python launch/lookahead_check.py --instances $R/held_out_400.jsonl --eval "$3" \
+  python -m projects.go_no_go.lookahead_check --instances $R/held_out_400.jsonl --eval "$3" \
     --form "${6:-relay}" --out "$4/retry_check.md"
 }
 
 build_start() {  # TRACE_WAIT's start by the trace recipe (about 8,000 SFT updates of 16: hours
   # on 2 CPU cores, minutes on a GPU); each step resumes or is skipped when built; EXTRA="..."
   # adds recipe flags to each
-  local t=configs/tiny_model.py
+  local t=projects/go_no_go/configs/tiny_model.py
   built runs/tiny_trace_grid/export_aw10_6000 || python launch/train_tiny.py --config $t:trace \
     --config.sft.stages='(1000,1500,2500,4000,6000)' --config.sft.answer_weight=10 \
     --config.rl.train.steps=0 --config.out_dir=runs/tiny_trace_grid/export_aw10_6000 ${EXTRA:-}
@@ -83,12 +77,12 @@ mix_export() {  # N: where trace_mix continued from ending_export N is exported 
 }
 
 mix_starts() {  # N: the ending start after the first N of its recipe's SFT updates
-  # (configs/tiny_model.py:trace_end_scratch, whose stages end at 1500, 3000 and 6000: a shorter
+  # (projects/go_no_go/configs/tiny_model.py:trace_end_scratch, whose stages end at 1500, 3000 and 6000: a shorter
   # build is the longer one's prefix and the longer one resumes it in the same workdir), then
   # trace_mix continued from it, each unless built, into ending_export N and mix_export N;
   # N=scratch: trace_mix_scratch alone (the mix from the first update, no ending start);
   # EXTRA="..." adds recipe flags
-  local t=configs/tiny_model.py stages ending mix
+  local t=projects/go_no_go/configs/tiny_model.py stages ending mix
   case $1 in
     1500) stages='(1500,)' ;;
     3000) stages='(1500,3000)' ;;
@@ -117,7 +111,7 @@ gate() {  # go_no_go.py exits 1 on NO-GO, which is a result here; 2 or more is a
     prev=$a
   done
   stamp=$(date +%s)
-  python launch/go_no_go.py "$@" || rc=$?
+  python -m projects.go_no_go.go_no_go "$@" || rc=$?
   # a flag error also exits 1, writing nothing: the verdict must be this run's
   [ "$rc" -le 1 ] && [ -f "${@: -1}/$name" ] && [ "$(stat -c %Y "${@: -1}/$name")" -ge "$stamp" ]
 }
@@ -158,11 +152,11 @@ kept_count() {  # FILE VAR COMMAND...: VAR, an update count that COMMAND prints 
 }
 
 pilot_then_arm() {  # NAME VAR SEED DRAW LABEL FLAGS...: a 3-update pilot of FLAGS fixes VAR,
-  # the updates that fit BUDGET_S (once, kept in results/go_no_go/trace_NAME_pilot.txt); then
+  # the updates that fit BUDGET_S (once, kept in projects/go_no_go/results/trace_NAME_pilot.txt); then
   # the arm (TRACE_WAIT's start) on held-out draw DRAW with its no-wait mismatched arm on a
-  # gain (runs/gng_NAME -> results/go_no_go/trace_wait_NAME), and the arm beside the shipped
+  # gain (runs/gng_NAME -> projects/go_no_go/results/trace_wait_NAME), and the arm beside the shipped
   # model under LABEL
-  local name=$1 var=$2 seed=$3 draw=$4 label=$5 r=results/go_no_go
+  local name=$1 var=$2 seed=$3 draw=$4 label=$5 r=projects/go_no_go/results
   shift 5
   kept_count "$r/trace_${name}_pilot.txt" "$var" pilot_updates "trace_${name}_pilot" 3 "$@"
   gate "${TRACE_WAIT[@]}" "$@" --updates "${!var}" --seed "$seed" --held_out_seed "$draw" \

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# PLAN_reach.md (results/go_no_go): the start of launch/trace_mix_reach.sh built on one GPU in
-# minutes where 2 CPU cores take one to several hours (`mix_starts` in launch/arms.sh; N as
+# PLAN_reach.md (projects/go_no_go/results): the start of projects/go_no_go/arms/trace_mix_reach.sh built on one GPU in
+# minutes where 2 CPU cores take one to several hours (`mix_starts` in projects/go_no_go/arms/arms.sh; N as
 # there: scratch by default, trace_mix_scratch; 1500, 3000 or 6000: the ending start's first N
 # SFT updates, then trace_mix from it). Run on the device machine from the repository root; the
 # exports (with their VALIDATION.md) and the SFT logs come back in $OUT/starts.tgz. Each start
@@ -9,8 +9,8 @@
 # `echo /.whl/ >> .git/info/exclude && python3 -m pip download --no-deps -d .whl
 # ml-collections==1.1.0`; carry [".whl"]).
 #
-#   OUT=/somewhere bash launch/device_starts.sh   # then here: tar xzf starts.tgz &&
-#                                                 # bash launch/trace_mix_reach.sh
+#   OUT=/somewhere bash projects/go_no_go/arms/device_starts.sh   # then here: tar xzf starts.tgz &&
+#                                                 # bash projects/go_no_go/arms/trace_mix_reach.sh
 set -euo pipefail
 : "${OUT:?OUT: the folder the exports are written to}"
 N=${N:-scratch}
@@ -21,7 +21,7 @@ if compgen -G ".whl/*.whl" > /dev/null; then
 fi
 export PYTHONUNBUFFERED=1
 python() { python3 "$@"; }  # the GPU image has python3 only
-source launch/arms.sh
+source projects/go_no_go/arms/arms.sh
 # one compiled shape per prompt length (a compile costs hundreds of updates there), the data
 # made by 14 of the machine's 16 cores, fewer checkpoint writes
 EXTRA="--config.sft.completion_multiple=1152 --config.processes=14 --config.sft.checkpoint_every=500"

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # How many GRPO groups each candidate start would give a lesson its greedy answer can use: on
-# the 200 puzzles of J's check (results/go_no_go/top_p_check), each start's greedy answers and
+# the 200 puzzles of J's check (projects/go_no_go/results/top_p_check), each start's greedy answers and
 # 8 samples per puzzle at temperature 1, the mixed groups counted by the greedy verdict
-# (launch/mixed_groups.py). Resumable: a start already measured is skipped.
+# (projects/go_no_go/mixed_groups.py). Resumable: a start already measured is skipped.
 #
-#   bash launch/start_candidates.sh       # about 7 minutes per start on 2 CPU cores
+#   bash projects/go_no_go/arms/start_candidates.sh       # about 7 minutes per start on 2 CPU cores
 set -euo pipefail
-R=results/go_no_go
+R=projects/go_no_go/results
 C=$R/start_candidates
 mkdir -p $C
-[ -f $C/puzzles.jsonl ] || python launch/mixed_groups.py repeat \
+[ -f $C/puzzles.jsonl ] || python -m projects.go_no_go.mixed_groups repeat \
   --instances runs/gng_optim/matched/validation_set.jsonl --k 1 --every 2 --out $C/puzzles.jsonl
 for name in trace_grid6000:runs/tiny_trace_grid/export_aw10_6000 trace_long:runs/tiny_trace_long/export; do
   label=${name%%:*} ckpt=${name#*:}
@@ -27,6 +27,6 @@ for name in trace_grid6000:runs/tiny_trace_grid/export_aw10_6000 trace_long:runs
     mkdir -p $out
     cp runs/start_candidates_${label}_$kind/{results.md,verdicts.jsonl} $out/
   done
-  python launch/mixed_groups.py count --greedy $C/$label/greedy --evals $C/$label/sampled \
+  python -m projects.go_no_go.mixed_groups count --greedy $C/$label/greedy --evals $C/$label/sampled \
     --labels "$label" --out $C/$label/groups.md
 done

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # The trace policy with the reward's optimal bonus off, end to end, as planned in
-# results/go_no_go/PLAN_trace_bonus0.md: the start built by the trace recipe, its check on the
+# projects/go_no_go/results/PLAN_trace_bonus0.md: the start built by the trace recipe, its check on the
 # gate's 400 puzzles, pilots that fix the update counts (30 minutes / mean seconds of an update
 # after the first), then arms B, C and A on the fresh held-out draw. Every step resumes or is
 # skipped when done, so after any stop the same command goes on where it stood.
 #
-#   bash launch/trace_bonus0.sh            # hours on 2 CPU cores; EXTRA="..." adds recipe flags
+#   bash projects/go_no_go/arms/trace_bonus0.sh            # hours on 2 CPU cores; EXTRA="..." adds recipe flags
 set -euo pipefail
 shopt -s inherit_errexit  # a failed pilot inside $(...) stops the script
-R=results/go_no_go
+R=projects/go_no_go/results
 BUDGET_S=${BUDGET_S:-1800}
-source launch/arms.sh  # build_start, gate, pilot_updates, check_counts; COMMON, the arms' flags
+source projects/go_no_go/arms/arms.sh  # build_start, gate, pilot_updates, check_counts; COMMON, the arms' flags
 
 build_start
 

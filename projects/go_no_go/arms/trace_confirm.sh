@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Arm F again with a second training seed, on a held-out draw that chose no setting, as planned
-# in results/go_no_go/PLAN_confirm.md (its matched arm, then its mismatched arm when the
+# in projects/go_no_go/results/PLAN_confirm.md (its matched arm, then its mismatched arm when the
 # matched one gains), after building the start when it is not built yet (`build_start`).
 # Resumable: the same command goes on where it stood.
 #
-#   bash launch/trace_confirm.sh            # about an hour on 2 CPU cores, once the start is built
+#   bash projects/go_no_go/arms/trace_confirm.sh            # about an hour on 2 CPU cores, once the start is built
 set -euo pipefail
-source launch/arms.sh
-R=results/go_no_go
+source projects/go_no_go/arms/arms.sh
+R=projects/go_no_go/results
 build_start
 source $R/trace_bonus0_pilots.txt
 check_counts $R/trace_bonus0_pilots.txt N32

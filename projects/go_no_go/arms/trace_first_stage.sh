@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Arm N, as planned in results/go_no_go/PLAN_first_stage.md: arm M's flags and start (the
+# Arm N, as planned in projects/go_no_go/results/PLAN_first_stage.md: arm M's flags and start (the
 # recipe's first stage, 6,000 grid-trace SFT updates) with the updates that fit 30 minutes at
 # M's logged pace, on a new held-out draw, its no-wait mismatched arm on a gain, and beside the
 # shipped model. Resumable: the same command goes on where it stood.
 #
-#   bash launch/trace_first_stage.sh            # about 1 hour on 2 CPU cores, once built
+#   bash projects/go_no_go/arms/trace_first_stage.sh            # about 1 hour on 2 CPU cores, once built
 set -euo pipefail
 BUDGET_S=${BUDGET_S:-1650}
-source launch/arms.sh
+source projects/go_no_go/arms/arms.sh
 
 build_start
 kept_count $R/trace_first_stage_count.txt NN updates_that_fit $R/trace_grid6000_fstep/matched

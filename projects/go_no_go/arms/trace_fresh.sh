@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# PLAN_fresh.md (results/go_no_go): arm Y, C's command (PLAN_greedy.md) with every training
+# PLAN_fresh.md (projects/go_no_go/results): arm Y, C's command (PLAN_greedy.md) with every training
 # puzzle drawn once (--fresh_puzzles), on C's held-out draw, then Y against C paired.
 # Resumable: the same command goes on where it stood.
 #
-#   bash launch/trace_fresh.sh   # about 35 minutes on 2 CPU cores (more with the arm on a gain)
+#   bash projects/go_no_go/arms/trace_fresh.sh   # about 35 minutes on 2 CPU cores (more with the arm on a gain)
 set -euo pipefail
-source launch/arms.sh
+source projects/go_no_go/arms/arms.sh
 START=runs/tiny_trace_end_scratch/export
 source $R/trace_greedy_pilot.txt  # X_UPDATES: C's update count
 check_counts $R/trace_greedy_pilot.txt X_UPDATES

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# PLAN_greedy.md (results/go_no_go): arm X, V's flags with each group's greedy answer as its
+# PLAN_greedy.md (projects/go_no_go/results): arm X, V's flags with each group's greedy answer as its
 # first member (--greedy_member), from the ending start: the update count from a 3-update
 # pilot, a new held-out draw, its no-wait mismatched arm on a gain, beside the shipped model;
 # then the control C, the same arm without the greedy member, on the same draw and seed.
 # Resumable: the same command goes on where it stood.
 #
-#   bash launch/trace_greedy.sh   # about 1.3 h on 2 CPU cores (more with the arm on a gain)
+#   bash projects/go_no_go/arms/trace_greedy.sh   # about 1.3 h on 2 CPU cores (more with the arm on a gain)
 set -euo pipefail
-source launch/arms.sh
+source projects/go_no_go/arms/arms.sh
 START=runs/tiny_trace_end_scratch/export
 built $START || {
-  echo "error: $START is not built; run launch/trace_end.sh first (its SFT, about 3.6 h)" >&2
+  echo "error: $START is not built; run projects/go_no_go/arms/trace_end.sh first (its SFT, about 3.6 h)" >&2
   exit 2
 }
 

@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
 # GRPO on low-rank adapters from the trace policy, as planned in
-# results/go_no_go/PLAN_lora.md: after launch/trace_bonus0.sh (the start, its check and arms
+# projects/go_no_go/results/PLAN_lora.md: after projects/go_no_go/arms/trace_bonus0.sh (the start, its check and arms
 # B, C, A; each step skipped once done), a pilot that fixes the update count (30 minutes / mean
 # seconds of an update after the first), then arms D (LoRA rank 8, lr 1e-3) and E (its
 # placebo) on the fresh held-out draw, and D against E. Resumable: the same command goes on
 # where it stood.
 #
-#   bash launch/trace_lora.sh            # hours on 2 CPU cores
+#   bash projects/go_no_go/arms/trace_lora.sh            # hours on 2 CPU cores
 set -euo pipefail
 shopt -s inherit_errexit  # a failed pilot inside $(...) stops the script
-source launch/arms.sh
-R=results/go_no_go
+source projects/go_no_go/arms/arms.sh
+R=projects/go_no_go/results
 BUDGET_S=${BUDGET_S:-1800}
 
-bash launch/trace_bonus0.sh
+bash projects/go_no_go/arms/trace_bonus0.sh
 
 LORA=(--groups 8 --lora_rank 8 --lora_alpha 32 --lr 1e-3)
 if [ ! -f $R/trace_lora_pilot.txt ]; then

@@ -1,22 +1,22 @@
 #!/usr/bin/env bash
-# PLAN_mix.md (results/go_no_go): a start that thinks on some samples and answers at once on
-# others (configs/tiny_model.py:trace_mix: the ending start + 600 SFT updates, 60 % of the
+# PLAN_mix.md (projects/go_no_go/results): a start that thinks on some samples and answers at once on
+# others (projects/go_no_go/configs/tiny_model.py:trace_mix: the ending start + 600 SFT updates, 60 % of the
 # puzzles answered after an empty think block), then C's arm from it on a new held-out draw
 # with its 3x3 mismatched arm on a gain, beside the shipped model and the ending start.
 # SEED and DRAW (default 18 and 12368) run the plan's confirmation (19 and 12369) into
-# results/go_no_go/trace_mix_<SEED>; MISMATCH (a go_no_go.py --mismatched choice, default 3x3),
+# projects/go_no_go/results/trace_mix_<SEED>; MISMATCH (a go_no_go.py --mismatched choice, default 3x3),
 # WHEN (--mismatched_when, default gain) and OUT (the results folder) run other mismatched arms
-# (launch/trace_mix_reach.sh). The ending start is built first where it is missing (about 3.6 h).
+# (projects/go_no_go/arms/trace_mix_reach.sh). The ending start is built first where it is missing (about 3.6 h).
 # N (default 6000) starts from trace_mix continued from the ending start's first N SFT updates
-# (`mix_starts` in launch/arms.sh: 1500, 3000 or 6000), or N=scratch from trace_mix_scratch
+# (`mix_starts` in projects/go_no_go/arms/arms.sh: 1500, 3000 or 6000), or N=scratch from trace_mix_scratch
 # (no ending start to set beside it). MINUTES (default 0: none) gives each arm a time budget
 # (go_no_go.py --minutes: at most C's update count, ending sooner where the budget runs out;
 # PLAN_reach.md's fourth amendment: 27, within the gate's 30). Resumable: the same command
 # goes on where it stood.
 #
-#   bash launch/trace_mix.sh   # about 30 minutes of SFT, then 30-60 of GRPO, on 2 CPU cores
+#   bash projects/go_no_go/arms/trace_mix.sh   # about 30 minutes of SFT, then 30-60 of GRPO, on 2 CPU cores
 set -euo pipefail
-source launch/arms.sh
+source projects/go_no_go/arms/arms.sh
 N=${N:-6000}
 ENDING=$(ending_export "$N")
 START=$(mix_export "$N")

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# PLAN_mix.md's amendment (results/go_no_go): the matched arm of launch/trace_mix.sh (seed 18,
+# PLAN_mix.md's amendment (projects/go_no_go/results): the matched arm of projects/go_no_go/arms/trace_mix.sh (seed 18,
 # draw 12368) with each group's advantages shuffled (--objective placebo), then paired with
 # the matched arm on the same 400 puzzles. Resumable: the same command goes on where it stood.
 #
-#   bash launch/trace_mix_placebo.sh   # about 25 minutes on 2 CPU cores (after trace_mix.sh)
+#   bash projects/go_no_go/arms/trace_mix_placebo.sh   # about 25 minutes on 2 CPU cores (after trace_mix.sh)
 set -euo pipefail
-source launch/arms.sh
+source projects/go_no_go/arms/arms.sh
 START=runs/tiny_trace_mix/export
 M=$R/trace_mix
 [ -f $M/matched/round_0/validation.json ] || {
-  echo "error: $M/matched has no round_0; run launch/trace_mix.sh first" >&2
+  echo "error: $M/matched has no round_0; run projects/go_no_go/arms/trace_mix.sh first" >&2
   exit 2
 }
 source $R/trace_greedy_pilot.txt  # X_UPDATES: C's update count

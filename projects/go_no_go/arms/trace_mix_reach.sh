@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# PLAN_reach.md (results/go_no_go): a start that thinks on some samples, built where it is
+# PLAN_reach.md (projects/go_no_go/results): a start that thinks on some samples, built where it is
 # missing: by default (N=scratch, the plan's second amendment) trace_mix_scratch, the mix from
 # the first update in the ending recipe's first stage (about an hour of SFT on 2 cores, so that
 # the start and both arms fit one sitting); N=1500, 3000 or 6000: trace_mix continued from the
@@ -8,14 +8,14 @@
 # from it on a new held-out draw with a mismatched arm on 7x7-10x10 maps (sizes the held-out set
 # and the start's SFT data leave out), run whatever the matched arm gives. SEED and DRAW
 # (default 20 and 12370; the confirmation 21 and 12371) choose the run, into
-# results/go_no_go/trace_mix_reach_<SEED>; MINUTES gives each arm a time budget (launch/trace_mix.sh;
+# projects/go_no_go/results/trace_mix_reach_<SEED>; MINUTES gives each arm a time budget (projects/go_no_go/arms/trace_mix.sh;
 # the fourth amendment's runs: MINUTES=27). BUILD (the fifth amendment's: BUILD=3) reads a
 # start rebuilt once more into trace_mix_reach_start_<N>_build<BUILD>, its rebuild.txt set
 # against the second build's reading too. Resumable: the same command goes on where it stood.
 #
-#   bash launch/trace_mix_reach.sh   # about 1.2 h of SFT where nothing is built, then 1-1.5 h
+#   bash projects/go_no_go/arms/trace_mix_reach.sh   # about 1.2 h of SFT where nothing is built, then 1-1.5 h
 set -euo pipefail
-source launch/arms.sh
+source projects/go_no_go/arms/arms.sh
 N=${N:-scratch}
 SEED=${SEED:-20}
 DRAW=${DRAW:-12370}
@@ -24,7 +24,7 @@ ENDING=$(ending_export "$N")
 CHECK=$R/trace_mix_reach_start_$N${BUILD:+_build$BUILD}
 # read once: a committed record of a shorter start is kept (the arms read their own start)
 if [ -n "$ENDING" ] && { [ "$N" = 6000 ] || [ ! -f $CHECK/retry_check.md ]; }; then
-  read_start configs/tiny_model.py:trace_end_scratch "$ENDING" runs/trace_end_scratch_eval_$N \
+  read_start projects/go_no_go/configs/tiny_model.py:trace_end_scratch "$ENDING" runs/trace_end_scratch_eval_$N \
     $CHECK "trace_end_scratch ($N from scratch)" relay_retry_end
 fi
 if [ "$N" = 6000 ]; then
@@ -39,4 +39,4 @@ if [ "$N" = 6000 ]; then
   cat $CHECK/rebuild.txt
 fi
 N=$N SEED=$SEED DRAW=$DRAW MISMATCH=large WHEN=always OUT=$R/trace_mix_reach_$SEED \
-  bash launch/trace_mix.sh
+  bash projects/go_no_go/arms/trace_mix.sh

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# Arm I, as planned in results/go_no_go/PLAN_optim.md, only when arm H (launch/trace_more.sh)
+# Arm I, as planned in projects/go_no_go/results/PLAN_optim.md, only when arm H (projects/go_no_go/arms/trace_more.sh)
 # did not pass: H's flags with the momentum optimiser (Adam without its second moment) at about
 # twice H's step, on a new held-out draw; its no-wait mismatched arm when it meets the gain.
 # Resumable: the same command goes on where it stood.
 #
-#   bash launch/trace_optim.sh            # about 1.5 hours on 2 CPU cores, after trace_more.sh
+#   bash projects/go_no_go/arms/trace_optim.sh            # about 1.5 hours on 2 CPU cores, after trace_more.sh
 set -euo pipefail
 shopt -s inherit_errexit  # a failed step inside $(...) stops the script
-source launch/arms.sh
-R=results/go_no_go
+source projects/go_no_go/arms/arms.sh
+R=projects/go_no_go/results
 H=$R/trace_wait_more
 [ -f $H/verdict_no_wait.md ] || {
-  echo "error: no $H/verdict_no_wait.md: arm I runs after arm H (bash launch/trace_more.sh)" >&2
+  echo "error: no $H/verdict_no_wait.md: arm I runs after arm H (bash projects/go_no_go/arms/trace_more.sh)" >&2
   exit 2
 }
 if head -n 1 $H/verdict_no_wait.md | grep -q '^\*\*GO\*\*'; then

@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# PLAN_retry.md (results/go_no_go): the relay that retries, from scratch by the trace recipe
-# (configs/tiny_model.py:trace_retry_scratch), its greedy answers on the gate's 400 puzzles
+# PLAN_retry.md (projects/go_no_go/results): the relay that retries, from scratch by the trace recipe
+# (projects/go_no_go/configs/tiny_model.py:trace_retry_scratch), its greedy answers on the gate's 400 puzzles
 # against trace_wait's and checked line by line, then arm R (F's flags) from it on a new
 # held-out draw, its no-wait mismatched arm on a gain, and beside the shipped model; then (the
 # plan's amendments) R's no-wait arm run anyway, R2 (a second training seed on a new draw) and
 # S (R's flags at 14 updates on another draw).
 # Resumable: the same command goes on where it stood.
 #
-#   bash launch/trace_retry.sh   # SFT about 3.6 h on 2 CPU cores (resumable), then about 2 h
+#   bash projects/go_no_go/arms/trace_retry.sh   # SFT about 3.6 h on 2 CPU cores (resumable), then about 2 h
 set -euo pipefail
-source launch/arms.sh
+source projects/go_no_go/arms/arms.sh
 START=runs/tiny_trace_retry_scratch/export
 
-read_start configs/tiny_model.py:trace_retry_scratch $START runs/trace_retry_scratch_eval \
+read_start projects/go_no_go/configs/tiny_model.py:trace_retry_scratch $START runs/trace_retry_scratch_eval \
   $R/trace_retry "trace_retry_scratch (6000 from scratch)"
 # every arm from it takes F's flags; R and R2 with the no-wait mismatch, run always (the plan's
 # amendment ran R's after R was read)

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# PLAN_transfer.md's amendments (results/go_no_go): C (PLAN_greedy.md) continued for more
+# PLAN_transfer.md's amendments (projects/go_no_go/results): C (PLAN_greedy.md) continued for more
 # rounds of 19 updates on new puzzles, from a copy of its run directory, each round validated
 # on the same held-out draw and on Z1's fresh puzzles. Resumable: the same command goes on where
 # it stood; ROUNDS=k extends the run to k rounds (default 2: C2; 3: C3).
 #
-#   bash launch/trace_rounds.sh            # about 35 minutes on 2 CPU cores
-#   ROUNDS=3 bash launch/trace_rounds.sh   # about 35 minutes more
+#   bash projects/go_no_go/arms/trace_rounds.sh            # about 35 minutes on 2 CPU cores
+#   ROUNDS=3 bash projects/go_no_go/arms/trace_rounds.sh   # about 35 minutes more
 set -euo pipefail
-source launch/arms.sh
+source projects/go_no_go/arms/arms.sh
 START=runs/tiny_trace_end_scratch/export
 T=$R/trace_end_transfer
 [ -d runs/gng_c_rounds ] || cp -r runs/gng_greedy_control runs/gng_c_rounds

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# Arms L and M, as planned in results/go_no_go/PLAN_start.md: arm F's flags (KL 0.1, 32 groups,
+# Arms L and M, as planned in projects/go_no_go/results/PLAN_start.md: arm F's flags (KL 0.1, 32 groups,
 # lr 1e-4, 7 updates) from the rebuilt trace_wait start (L) and from the recipe's first stage,
 # 6,000 grid-trace SFT updates (M), both with seed 6 on one new held-out draw, each with its
 # no-wait mismatched arm on a gain (M's also without one, by the plan's amendment) and beside
 # the shipped model. Resumable: the same command goes on where it stood (each start is built
 # first when it is not).
 #
-#   bash launch/trace_start.sh            # about 1.5 hours on 2 CPU cores, once built
+#   bash projects/go_no_go/arms/trace_start.sh            # about 1.5 hours on 2 CPU cores, once built
 set -euo pipefail
-source launch/arms.sh
-R=results/go_no_go
+source projects/go_no_go/arms/arms.sh
+R=projects/go_no_go/results
 
 build_start
 F=(--groups 32 --lr 1e-4 --updates 7 --seed 6 --held_out_seed 12354 --mismatched no_wait

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# A smaller step at 32 groups, as planned in results/go_no_go/PLAN_step.md: after
-# launch/trace_lora.sh (the start, arms B, C, A, D and E; each step skipped once done), arm F
+# A smaller step at 32 groups, as planned in projects/go_no_go/results/PLAN_step.md: after
+# projects/go_no_go/arms/trace_lora.sh (the start, arms B, C, A, D and E; each step skipped once done), arm F
 # (arm B at half its learning rate) and G (its placebo) on the fresh held-out draw, then F
 # against G and F against B. Resumable: the same command goes on where it stood.
 #
-#   bash launch/trace_step.sh            # hours on 2 CPU cores
+#   bash projects/go_no_go/arms/trace_step.sh            # hours on 2 CPU cores
 set -euo pipefail
-source launch/arms.sh
-R=results/go_no_go
+source projects/go_no_go/arms/arms.sh
+R=projects/go_no_go/results
 
-bash launch/trace_lora.sh
+bash projects/go_no_go/arms/trace_lora.sh
 
 source $R/trace_bonus0_pilots.txt
 check_counts $R/trace_bonus0_pilots.txt N32

@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# Arm J, as planned in results/go_no_go/PLAN_top_p.md: a check of the start's sampled groups
+# Arm J, as planned in projects/go_no_go/results/PLAN_top_p.md: a check of the start's sampled groups
 # at top_p 1 and 0.95 on arm I's draw, then (when the check holds) H's flags with rollouts in
 # the 0.95 nucleus on a new held-out draw, its no-wait mismatched arm when J meets the gain,
 # and J beside the shipped model. Resumable: the same command goes on where it stood.
 #
-#   bash launch/trace_top_p.sh            # about 1.5 hours on 2 CPU cores, after trace_optim.sh
+#   bash projects/go_no_go/arms/trace_top_p.sh            # about 1.5 hours on 2 CPU cores, after trace_optim.sh
 set -euo pipefail
 shopt -s inherit_errexit  # a failed step inside $(...) stops the script
-source launch/arms.sh
-R=results/go_no_go
+source projects/go_no_go/arms/arms.sh
+R=projects/go_no_go/results
 P=$R/top_p_check
 START=runs/tiny_trace_wait/export
 mkdir -p $P
-[ -f $P/puzzles.jsonl ] || python launch/mixed_groups.py repeat \
+[ -f $P/puzzles.jsonl ] || python -m projects.go_no_go.mixed_groups repeat \
   --instances runs/gng_optim/matched/validation_set.jsonl --k 8 --every 2 --out $P/puzzles.jsonl
 for TP in 1 0.95; do
   if [ ! -f $P/top_p$TP/verdicts.jsonl ]; then
@@ -26,14 +26,14 @@ for TP in 1 0.95; do
     cp runs/top_p_check_$TP/{results.md,verdicts.jsonl,seconds.txt} $P/top_p$TP/
   fi
 done
-python launch/mixed_groups.py count --greedy $R/trace_wait_optim/matched/start/validation.json \
+python -m projects.go_no_go.mixed_groups count --greedy $R/trace_wait_optim/matched/start/validation.json \
   --evals $P/top_p1,$P/top_p0.95 --labels "top_p 1,top_p 0.95" \
   --seconds "$(cat $P/top_p1/seconds.txt),$(cat $P/top_p0.95/seconds.txt)" --out $P/groups.md
 # The plan's rule: J runs when the groups greedy fails keep half their count and their share
 # of the mixed groups grows 1.5x; its updates: 18 scaled by the decode's time ratio
 python - $R $P > $R/trace_top_p_count.txt <<'PY'
 import math, sys
-from mapfjax.eval import groups
+from projects.go_no_go import groups
 r, p = sys.argv[1:]
 greedy = groups.read_valid(f"{r}/trace_wait_optim/matched/start/validation.json")
 a, b = (groups.group_counts(greedy, groups.read_valid(f"{p}/top_p{t}")) for t in ("1", "0.95"))

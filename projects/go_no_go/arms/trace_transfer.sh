@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# PLAN_transfer.md (results/go_no_go): no training. The start, X, C and Y answer 608 fresh
+# PLAN_transfer.md (projects/go_no_go/results): no training. The start, X, C and Y answer 608 fresh
 # puzzles of their training config (Z1), and the start and Y the 1,216 puzzles Y trained on
 # (Z2), greedily; each set compared paired. Resumable: finished evaluations are kept.
 #
-#   bash launch/trace_transfer.sh   # about 20 minutes on 2 CPU cores
+#   bash projects/go_no_go/arms/trace_transfer.sh   # about 20 minutes on 2 CPU cores
 set -euo pipefail
-source launch/arms.sh
+source projects/go_no_go/arms/arms.sh
 START=runs/tiny_trace_end_scratch/export
 T=$R/trace_end_transfer
 mkdir -p $T/evals

@@ -1,5 +1,5 @@
 """The shell scripts that chain hours of planned runs: every one parses, and the helpers they
-share (`launch/arms.sh`) tell a NO-GO verdict from a failure and refuse bad update counts."""
+share (`arms/arms.sh`) tell a NO-GO verdict from a failure and refuse bad update counts."""
 
 import json
 import os
@@ -9,8 +9,10 @@ import subprocess
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-SCRIPTS = sorted((ROOT / "launch").glob("*.sh"))
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+ARMS = ROOT / "projects" / "go_no_go" / "arms"
+RECIPES = "projects/go_no_go/configs/tiny_model.py"
+SCRIPTS = sorted(ARMS.glob("*.sh"))
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
@@ -20,16 +22,16 @@ def test_scripts_parse(script):
 
 
 def _bash(tmp_path, body: str, fake_python: bool = True) -> subprocess.CompletedProcess:
-    """`body` run by bash in tmp_path with launch/arms.sh sourced and `python` a stub that
-    exits with $RC, writes the file $WRITE (a verdict's name) into its last argument when it is
-    set and appends its arguments to calls.txt (fake_python=False: the real Python)."""
-    script = f"set -euo pipefail\nsource {ROOT / 'launch' / 'arms.sh'}\n{body}\n"
+    """`body` run by bash in tmp_path with arms.sh sourced and `python` a stub that exits with
+    $RC, writes the file $WRITE (a verdict's name) into its last argument when it is set and
+    appends its arguments to calls.txt (fake_python=False: the real Python)."""
+    script = f"set -euo pipefail\nsource {ARMS / 'arms.sh'}\n{body}\n"
     if not fake_python:
         return subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True)
     stub = tmp_path / "bin" / "python"
     stub.parent.mkdir()
     stub.write_text(
-        '#!/usr/bin/env bash\necho "$*" >> calls.txt\n'
+        '#!/usr/bin/env bash\nargs="$*"\necho "${args#-m }" >> calls.txt\n'
         '[ -n "${WRITE:-}" ] && touch "${@: -1}/$WRITE"\nexit "${RC:-0}"\n'
     )
     stub.chmod(0o755)
@@ -89,7 +91,7 @@ def test_build_start_runs_the_recipe_steps_not_built_yet_with_extra_flags(tmp_pa
     variants = [":trace ", ":trace_long ", ":trace_wait "][built:]
     assert len(calls) == len(variants), calls
     for call, variant in zip(calls, variants, strict=True):
-        assert call.startswith("launch/train_tiny.py --config configs/tiny_model.py" + variant)
+        assert call.startswith(f"launch/train_tiny.py --config {RECIPES}" + variant)
         assert call.endswith("--config.processes=14 --config.x=1"), call
     if built == 0:
         assert "--config.out_dir=runs/tiny_trace_grid/export_aw10_6000" in calls[0]
@@ -180,7 +182,7 @@ def test_every_vs_shipped_label_is_one_label(script):
 def test_pilot_then_arm_with_its_count_kept_runs_the_arm_and_its_comparison(tmp_path):
     """The arm's flags, pilot count, seed, draw, no-wait mismatch, workdir and output follow
     NAME and the kept count; its table beside the shipped model comes last."""
-    r = tmp_path / "results" / "go_no_go"
+    r = tmp_path / "projects" / "go_no_go" / "results"
     r.mkdir(parents=True)
     (r / "trace_x_pilot.txt").write_text("NX=7\n")
     _shipped_made(tmp_path)
@@ -194,28 +196,28 @@ def test_pilot_then_arm_with_its_count_kept_runs_the_arm_and_its_comparison(tmp_
     calls = (tmp_path / "calls.txt").read_text().splitlines()
     assert out.returncode == 0 and out.stdout.strip().endswith("NX=7"), out.stderr
     assert [c.split()[0] for c in calls] == [
-        "launch/go_no_go.py", "launch/evaluate.py", "launch/compare_evals.py"
+        "projects.go_no_go.go_no_go", "launch/evaluate.py", "launch/compare_evals.py"
     ]  # fmt: skip
     assert calls[0] == (
-        "launch/go_no_go.py --policy p --groups 2 --screen 2 --updates 7 --seed 4 "
+        "projects.go_no_go.go_no_go --policy p --groups 2 --screen 2 --updates 7 --seed 4 "
         "--held_out_seed 99 --mismatched no_wait --mismatched_when gain --workdir runs/gng_x "
-        "--out results/go_no_go/trace_wait_x"
+        "--out projects/go_no_go/results/trace_wait_x"
     )
     assert "GRPO (X),shipped model" in calls[2]
 
 
 @pytest.mark.parametrize("verdict, rc", [(None, 2), ("**GO** (400 held-out puzzles)", 0)])
 def test_arm_i_runs_only_after_arm_h_missed_the_gate(tmp_path, verdict, rc):
-    """launch/trace_optim.sh refuses to start before H's verdict exists and runs nothing when
-    H passed."""
-    (tmp_path / "launch").mkdir()
+    """arms/trace_optim.sh refuses to start before H's verdict exists and runs nothing when H
+    passed."""
+    (tmp_path / "projects" / "go_no_go" / "arms").mkdir(parents=True)
     for name in ("arms.sh", "trace_optim.sh"):
-        (tmp_path / "launch" / name).write_text((ROOT / "launch" / name).read_text())
+        (tmp_path / "projects" / "go_no_go" / "arms" / name).write_text((ARMS / name).read_text())
     if verdict is not None:
-        h = tmp_path / "results" / "go_no_go" / "trace_wait_more"
+        h = tmp_path / "projects" / "go_no_go" / "results" / "trace_wait_more"
         h.mkdir(parents=True)
         (h / "verdict_no_wait.md").write_text(verdict + "\n")
-    out = _bash(tmp_path, "bash launch/trace_optim.sh")
+    out = _bash(tmp_path, "bash projects/go_no_go/arms/trace_optim.sh")
     assert out.returncode == rc, out.stderr
     assert not (tmp_path / "calls.txt").exists()  # nothing was run
     assert ("runs after arm H" in out.stderr) if rc else ("arm I is not run" in out.stdout)
@@ -300,7 +302,8 @@ def test_held_out_answers_evaluates_a_start_on_the_gates_puzzles_once(tmp_path):
     calls = (tmp_path / "calls.txt").read_text().splitlines()
     assert len(calls) == 1 and calls[0].startswith("launch/evaluate.py --checkpoint runs/s/export")
     for flag in ("--enable_thinking", "--max_new_tokens 640",
-                 "--instances results/go_no_go/held_out_400.jsonl", "--out_dir runs/s_eval",
+                 "--instances projects/go_no_go/results/held_out_400.jsonl",
+                 "--out_dir runs/s_eval",
                  "--answers_out runs/s_eval/answers.jsonl"):  # fmt: skip
         assert flag in calls[0]
 
@@ -317,8 +320,8 @@ def test_read_start_builds_evaluates_compares_and_checks_a_start(tmp_path):
     calls = (tmp_path / "calls.txt").read_text().splitlines()
     assert [c.split()[0] for c in calls] == [
         "launch/train_tiny.py", "launch/evaluate.py", "launch/compare_evals.py",
-        "launch/lookahead_check.py", "launch/evaluate.py", "launch/compare_evals.py",
-        "launch/lookahead_check.py",
+        "projects.go_no_go.lookahead_check", "launch/evaluate.py", "launch/compare_evals.py",
+        "projects.go_no_go.lookahead_check",
     ]  # fmt: skip
     assert calls[0] == "launch/train_tiny.py --config cfg.py:v"
     want = "trace_wait_kl0.1_wait0.5/matched/start/validation.json,runs/s_eval"
@@ -354,15 +357,15 @@ def test_mix_starts_builds_the_ending_prefix_then_trace_mix_from_it(tmp_path, n,
     ending = "export" if n == "6000" else f"export_{n}"
     mix = "runs/tiny_trace_mix" if n == "6000" else f"runs/tiny_trace_mix_{n}"
     if n == "scratch":
-        want = ["launch/train_tiny.py --config configs/tiny_model.py:trace_mix_scratch "
+        want = [f"launch/train_tiny.py --config {RECIPES}:trace_mix_scratch "
                 "--config.processes=14"]  # fmt: skip
         dirs = [f"{mix}/export"]
     else:
         want = [
-            "launch/train_tiny.py --config configs/tiny_model.py:trace_end_scratch "
+            f"launch/train_tiny.py --config {RECIPES}:trace_end_scratch "
             f"--config.sft.stages={stages} --config.out_dir=runs/tiny_trace_end_scratch/{ending} "
             "--config.processes=14",
-            "launch/train_tiny.py --config configs/tiny_model.py:trace_mix "
+            f"launch/train_tiny.py --config {RECIPES}:trace_mix "
             f"--config.init=runs/tiny_trace_end_scratch/{ending} --config.workdir={mix} "
             f"--config.out_dir={mix}/export --config.processes=14",
         ]
@@ -385,10 +388,9 @@ def test_mix_starts_refuses_a_count_that_ends_no_stage(tmp_path):
 def test_config_trace_mix_scratch_is_trace_end_scratchs_first_stage_with_the_mix():
     """configs/tiny_model.py:trace_mix_scratch differs from trace_end_scratch in its mix, its
     stages (the first one) and its folders only."""
-    import sys
+    from mapfjax import configfile
 
-    sys.path.insert(0, str(ROOT))
-    from configs import tiny_model
+    tiny_model = configfile.load_module(RECIPES)
 
     def flat(d, prefix=""):
         for k, v in d.items():
@@ -406,7 +408,7 @@ def test_config_trace_mix_scratch_is_trace_end_scratchs_first_stage_with_the_mix
 @pytest.mark.parametrize("n", ["scratch", "1500"])
 @pytest.mark.parametrize("built", [0, 1, 2])
 def test_device_starts_builds_what_is_missing_with_the_gpu_flags_then_packs_it(tmp_path, n, built):
-    """launch/device_starts.sh: N's starts (scratch by default: trace_mix_scratch; 1500: the
+    """arms/device_starts.sh: N's starts (scratch by default: trace_mix_scratch; 1500: the
     ending start's first 1,500 updates, then trace_mix from it), each skipped where its export
     holds VALIDATION.md and built otherwise by python3 with the device flags; the exports and
     SFT logs are packed into $OUT/starts.tgz. Without OUT it stops before running anything."""
@@ -427,7 +429,8 @@ def test_device_starts_builds_what_is_missing_with_the_gpu_flags_then_packs_it(t
         (tmp_path / log).write_text("{}\n")
         if k < built:
             (tmp_path / d / "VALIDATION.md").write_text(d)
-    (tmp_path / "launch").symlink_to(ROOT / "launch")
+    (tmp_path / "projects" / "go_no_go").mkdir(parents=True)
+    (tmp_path / "projects" / "go_no_go" / "arms").symlink_to(ARMS)
     stub = tmp_path / "bin" / "python3"
     stub.parent.mkdir()
     stub.write_text('#!/usr/bin/env bash\necho "$*" >> calls.txt\n')
@@ -435,7 +438,8 @@ def test_device_starts_builds_what_is_missing_with_the_gpu_flags_then_packs_it(t
     env = {"PATH": f"{stub.parent}:/usr/bin:/bin", "HOME": str(tmp_path)}
     if n != "scratch":
         env["N"] = n
-    run = lambda e: subprocess.run(["bash", "launch/device_starts.sh"], cwd=tmp_path, env=e,
+    run = lambda e: subprocess.run(["bash", "projects/go_no_go/arms/device_starts.sh"],
+                                   cwd=tmp_path, env=e,
                                    capture_output=True, text=True)  # fmt: skip
     out = run(env)
     assert out.returncode != 0 and "OUT" in out.stderr and not (tmp_path / "calls.txt").exists()
@@ -444,7 +448,7 @@ def test_device_starts_builds_what_is_missing_with_the_gpu_flags_then_packs_it(t
     assert out.returncode == 0, out.stderr
     log = tmp_path / "calls.txt"
     calls = log.read_text().splitlines() if log.exists() else []
-    assert [c.split()[2] for c in calls] == [f"configs/tiny_model.py:{v}" for v in variants[built:]]
+    assert [c.split()[2] for c in calls] == [f"{RECIPES}:{v}" for v in variants[built:]]
     for c in calls:
         assert c.startswith("launch/train_tiny.py --config ")
         assert c.endswith("--config.sft.completion_multiple=1152 --config.processes=14 "
@@ -456,14 +460,14 @@ def test_device_starts_builds_what_is_missing_with_the_gpu_flags_then_packs_it(t
 
 @pytest.mark.parametrize("n, recorded", [("scratch", False), ("1500", False), ("1500", True)])
 def test_trace_mix_reach_reads_a_short_start_once_then_runs_the_large_arm(tmp_path, n, recorded):
-    """launch/trace_mix_reach.sh: the start by mix_starts (N=scratch by default:
+    """projects/go_no_go/arms/trace_mix_reach.sh: the start by mix_starts (N=scratch by default:
     trace_mix_scratch, no ending start to read), a first-stage ending start read on the gate's
-    400 unless its committed record is there, then launch/trace_mix.sh with the plan's seed,
+    400 unless its committed record is there, then arms/trace_mix.sh with the plan's seed,
     draw and large mismatched arm, run always."""
-    (tmp_path / "launch").mkdir()
+    (tmp_path / "projects" / "go_no_go" / "arms").mkdir(parents=True)
     for name in ("arms.sh", "trace_mix_reach.sh"):
-        (tmp_path / "launch" / name).symlink_to(ROOT / "launch" / name)
-    (tmp_path / "launch" / "trace_mix.sh").write_text(
+        (tmp_path / "projects" / "go_no_go" / "arms" / name).symlink_to(ARMS / name)
+    (tmp_path / "projects" / "go_no_go" / "arms" / "trace_mix.sh").write_text(
         'echo "trace_mix N=$N SEED=$SEED DRAW=$DRAW MISMATCH=$MISMATCH WHEN=$WHEN OUT=$OUT"'
         " >> calls.txt\n"
     )
@@ -473,20 +477,20 @@ def test_trace_mix_reach_reads_a_short_start_once_then_runs_the_large_arm(tmp_pa
     for d in built:
         (tmp_path / d).mkdir(parents=True)
         (tmp_path / d / "VALIDATION.md").touch()
-    record = tmp_path / "results" / "go_no_go" / f"trace_mix_reach_start_{n}"
+    record = tmp_path / "projects" / "go_no_go" / "results" / f"trace_mix_reach_start_{n}"
     if recorded:
         record.mkdir(parents=True)
         (record / "retry_check.md").touch()
     env = "" if n == "scratch" else f"N={n} "  # scratch is the default
-    out = _bash(tmp_path, env + "bash launch/trace_mix_reach.sh")
+    out = _bash(tmp_path, env + "bash projects/go_no_go/arms/trace_mix_reach.sh")
     assert out.returncode == 0, out.stderr
     calls = (tmp_path / "calls.txt").read_text().splitlines()
-    reads = ["launch/evaluate.py", "launch/compare_evals.py", "launch/lookahead_check.py"]
+    reads = ["launch/evaluate.py", "launch/compare_evals.py", "projects.go_no_go.lookahead_check"]
     read = n != "scratch" and not recorded
     assert [c.split()[0] for c in calls[:-1]] == (reads if read else [])
     assert calls[-1] == (
         f"trace_mix N={n} SEED=20 DRAW=12370 MISMATCH=large WHEN=always "
-        "OUT=results/go_no_go/trace_mix_reach_20"
+        "OUT=projects/go_no_go/results/trace_mix_reach_20"
     )
     assert not (record / "rebuild.txt").exists()
 
@@ -496,7 +500,7 @@ def test_arms_puts_the_checkout_first_on_the_python_path(tmp_path):
     so that the real Python finds its mapfjax from any directory, installed or not."""
     body = 'echo "$PYTHONPATH"; python -c "import mapfjax; print(mapfjax.__file__)"'
     out = subprocess.run(
-        ["bash", "-c", f"source {ROOT / 'launch' / 'arms.sh'}\n{body}"],
+        ["bash", "-c", f"source {ARMS / 'arms.sh'}\n{body}"],
         cwd=tmp_path, capture_output=True, text=True,
         env={**os.environ, "PYTHONPATH": "/elsewhere"},
     )  # fmt: skip
@@ -510,16 +514,16 @@ def test_trace_mix_reach_reads_a_third_build_beside_both_earlier_ones(tmp_path):
     """N=6000 BUILD=3: the rebuilt start is read into its own folder (the second build's
     committed reading stays as it is) and rebuild.txt sets it against the first build's files
     and the second build's, line by line."""
-    (tmp_path / "launch").mkdir()
+    (tmp_path / "projects" / "go_no_go" / "arms").mkdir(parents=True)
     for name in ("arms.sh", "trace_mix_reach.sh"):
-        (tmp_path / "launch" / name).symlink_to(ROOT / "launch" / name)
-    (tmp_path / "launch" / "trace_mix.sh").write_text(
+        (tmp_path / "projects" / "go_no_go" / "arms" / name).symlink_to(ARMS / name)
+    (tmp_path / "projects" / "go_no_go" / "arms" / "trace_mix.sh").write_text(
         'echo "trace_mix N=$N SEED=$SEED DRAW=$DRAW OUT=$OUT" >> calls.txt\n'
     )
     for d in ("runs/tiny_trace_end_scratch/export", "runs/tiny_trace_mix/export"):
         (tmp_path / d).mkdir(parents=True)
         (tmp_path / d / "VALIDATION.md").touch()
-    r = tmp_path / "results" / "go_no_go"
+    r = tmp_path / "projects" / "go_no_go" / "results"
     second = r / "trace_mix_reach_start_6000"
     third = r / "trace_mix_reach_start_6000_build3"
     for d in (r / "trace_end", second, third):
@@ -528,18 +532,22 @@ def test_trace_mix_reach_reads_a_third_build_beside_both_earlier_ones(tmp_path):
         (second / f).write_text(f"second {f}\n")
         (third / f).write_text(f"second {f}\n")
         (r / "trace_end" / f).write_text(f"first {f}\n")
-    out = _bash(tmp_path, "N=6000 SEED=26 DRAW=12376 BUILD=3 bash launch/trace_mix_reach.sh")
+    out = _bash(
+        tmp_path, "N=6000 SEED=26 DRAW=12376 BUILD=3 bash projects/go_no_go/arms/trace_mix_reach.sh"
+    )
     assert out.returncode == 0, out.stderr
     calls = (tmp_path / "calls.txt").read_text().splitlines()
     assert "runs/trace_end_scratch_eval_6000" in calls[0]  # the reading, then the arms
     assert str(third.relative_to(tmp_path)) in calls[1]
     assert calls[-1] == (
-        "trace_mix N=6000 SEED=26 DRAW=12376 OUT=results/go_no_go/trace_mix_reach_26"
+        "trace_mix N=6000 SEED=26 DRAW=12376 OUT=projects/go_no_go/results/trace_mix_reach_26"
     )
     assert (third / "rebuild.txt").read_text().splitlines() == [
-        "comparison.md: differs to results/go_no_go/trace_end/comparison.md",
-        "retry_check.md: differs to results/go_no_go/trace_end/retry_check.md",
-        "comparison.md: identical to results/go_no_go/trace_mix_reach_start_6000/comparison.md",
-        "retry_check.md: identical to results/go_no_go/trace_mix_reach_start_6000/retry_check.md",
+        "comparison.md: differs to projects/go_no_go/results/trace_end/comparison.md",
+        "retry_check.md: differs to projects/go_no_go/results/trace_end/retry_check.md",
+        "comparison.md: identical to "
+        "projects/go_no_go/results/trace_mix_reach_start_6000/comparison.md",
+        "retry_check.md: identical to "
+        "projects/go_no_go/results/trace_mix_reach_start_6000/retry_check.md",
     ]
     assert not (second / "rebuild.txt").exists()

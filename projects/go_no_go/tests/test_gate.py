@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from mapfjax import stats
-from mapfjax.eval import gate
 from mapfjax.rl.metrics import GroupOutcome
+from projects.go_no_go import gate
 
 
 def _write(run, label, valid, failures=None):
@@ -240,16 +240,18 @@ def test_gate_summary_script_writes_the_table_and_the_picture(tmp_path):
     import subprocess
     import sys
 
-    root = pathlib.Path(__file__).resolve().parents[2]
-    script = [sys.executable, str(root / "launch" / "gate_summary.py")]
+    root = pathlib.Path(__file__).resolve().parents[3]
+    script = [sys.executable, "-m", "projects.go_no_go.gate_summary"]
     start = _draw(0.3, seed=1)
     _arm(tmp_path, "a", start, start)
-    out = subprocess.run([*script, f"--results={tmp_path}"], capture_output=True, text=True)
+    out = subprocess.run(
+        [*script, f"--results={tmp_path}"], capture_output=True, text=True, cwd=root
+    )
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "arms.md").read_text() in out.stdout + "\n"
     assert (tmp_path / "arms.png").exists()
     missing = f"--results={tmp_path / 'none'}"
-    out = subprocess.run([*script, missing], capture_output=True, text=True)
+    out = subprocess.run([*script, missing], capture_output=True, text=True, cwd=root)
     assert out.returncode == 2 and "no finished arm" in out.stderr
 
 
@@ -328,14 +330,16 @@ def test_pools_are_named_arms_and_bad_specs_say_what_is_allowed(tmp_path):
                           ("x=c/matched", "arm 'c/matched' has no")]:  # fmt: skip
         with pytest.raises(ValueError, match=message):
             gate.parse_pools([spec], tmp_path)
-    root = pathlib.Path(__file__).resolve().parents[2]
-    script = [sys.executable, str(root / "launch" / "gate_summary.py"), f"--results={tmp_path}"]
+    root = pathlib.Path(__file__).resolve().parents[3]
+    script = [sys.executable, "-m", "projects.go_no_go.gate_summary", f"--results={tmp_path}"]
     out = subprocess.run(
-        [*script, "--pool=two=a/matched,b/matched"], capture_output=True, text=True
+        [*script, "--pool=two=a/matched,b/matched"], capture_output=True, text=True, cwd=root
     )
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "pooled.md").read_text() == text
-    out = subprocess.run([*script, "--pool=two=a/matched,zz"], capture_output=True, text=True)
+    out = subprocess.run(
+        [*script, "--pool=two=a/matched,zz"], capture_output=True, text=True, cwd=root
+    )
     assert out.returncode == 2 and "arm 'zz' has no" in out.stderr
 
 
@@ -361,8 +365,8 @@ def test_budget_check_script_without_truncated_answers_reruns_nothing(tmp_path):
     (run / "run_config.json").write_text(json.dumps({"validation": {"max_new_tokens": 640}}))
     inst = tmp_path / "held.jsonl"
     inst.write_text("".join(json.dumps({"id": f"p{i}"}) + "\n" for i in range(400)))
-    root = pathlib.Path(__file__).resolve().parents[2]
-    args = [sys.executable, str(root / "launch" / "budget_check.py"), f"--arm={run}",
+    root = pathlib.Path(__file__).resolve().parents[3]
+    args = [sys.executable, "-m", "projects.go_no_go.budget_check", f"--arm={run}",
             f"--instances={inst}", "--start=s", "--end=e", f"--out={tmp_path / 'out'}"]  # fmt: skip
     out = subprocess.run(args, capture_output=True, text=True, cwd=root)
     assert out.returncode == 0, out.stderr

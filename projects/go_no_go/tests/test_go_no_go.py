@@ -1,4 +1,4 @@
-"""launch/go_no_go.py's arms: the flags reach the loop config (run in a subprocess: absl
+"""projects/go_no_go/go_no_go.py's arms: the flags reach the loop config (run in a subprocess: absl
 flags are process-global)."""
 
 import json
@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 _PROBE = """
 import importlib.util, json, sys
 from absl import flags
-spec = importlib.util.spec_from_file_location("go_no_go", "launch/go_no_go.py")
+spec = importlib.util.spec_from_file_location("go_no_go", "projects/go_no_go/go_no_go.py")
 m = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(m)
 flags.FLAGS(["go_no_go", "--policy=p", "--out=o", *sys.argv[1:]])
@@ -162,8 +162,8 @@ def test_optimal_bonus_sets_the_reward():
     )
     from mapfjax import configfile
 
-    path = configfile.ROOT / "configs" / "tiny_cpu.py"
-    default = configfile.get_config(path, "grpo_effect").reward.optimal_bonus
+    default = configfile.get_config("projects/grpo_effect/configs/grpo_effect.py").reward
+    default = default.optimal_bonus
     cases = [([], [default, 1.0]), (["--optimal_bonus=0"], [0.0, 1.0])]
     cases += [(["--optimal_bonus=0.25"], [0.25, 1.0])]
     for args, want in cases:
@@ -230,7 +230,7 @@ def test_a_thinking_update_runs_in_micro_batches_of_at_most_four_groups(args, wa
 )
 def test_a_bad_flag_is_refused_before_any_work(args, wants):
     out = subprocess.run(
-        [sys.executable, "launch/go_no_go.py", "--policy=p", "--out=o", *args],
+        [sys.executable, "-m", "projects.go_no_go.go_no_go", "--policy=p", "--out=o", *args],
         cwd=ROOT, capture_output=True, text=True,
     )  # fmt: skip
     assert out.returncode != 0
@@ -251,7 +251,14 @@ def test_mismatched_arm_choices():
         got = _run_probe(probe, ["--wait_ratio=0.5", *args])
         assert got[7] == waits and got[-1] == sizes, args
     bad = subprocess.run(
-        [sys.executable, "launch/go_no_go.py", "--policy=p", "--out=o", "--mismatched=5x5"],
+        [
+            sys.executable,
+            "-m",
+            "projects.go_no_go.go_no_go",
+            "--policy=p",
+            "--out=o",
+            "--mismatched=5x5",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -295,7 +302,7 @@ import importlib.util, json, pathlib, sys
 from absl import flags
 from mapfjax.engineer import loop
 from mapfjax.eval import report
-spec = importlib.util.spec_from_file_location("go_no_go", "launch/go_no_go.py")
+spec = importlib.util.spec_from_file_location("go_no_go", "projects/go_no_go/go_no_go.py")
 m = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(m)
 gain = sys.argv[1] == "gain"
@@ -343,8 +350,9 @@ def test_mismatched_when_gain_runs_that_arm_only_after_a_passing_matched_arm(
 
 
 def test_the_thinking_main_job_trains_as_the_gates_matched_arm():
-    """configs/tiny_cpu.py, the main job (results/main_job/PLAN_think.md), is the gate's matched arm
-    (launch/trace_mix.sh's flags) in the loop's rounds: the same training, update split, reward,
+    """configs/tiny_cpu.py, the main job (projects/main_job/results/PLAN_think.md), is the gate's
+    matched arm (projects/go_no_go/arms/trace_mix.sh's flags) in the loop's rounds: the same
+    training, update split, reward,
     generator and held-out set; only the policy's path, the rounds, the updates per round and the
     engineer differ."""
     from mapfjax import configfile

@@ -1,4 +1,4 @@
-"""mapfjax.eval.groups: copies of puzzles for sampled groups, and the groups sorted by the
+"""projects.go_no_go.groups: copies of puzzles for sampled groups, and the groups sorted by the
 greedy verdict on their puzzle (checked against a hand count)."""
 
 import json
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from mapfjax.eval import groups
+from projects.go_no_go import groups
 
 from .test_go_no_go import ROOT
 
@@ -53,7 +53,7 @@ def test_group_counts_refuses_what_is_not_a_set_of_groups(sampled, match):
 def test_the_cli_repeats_then_counts(tmp_path):
     src = tmp_path / "i.jsonl"
     src.write_text("".join(json.dumps({"id": f"p{i}"}) + "\n" for i in range(4)))
-    run = [sys.executable, "launch/mixed_groups.py"]
+    run = [sys.executable, "-m", "projects.go_no_go.mixed_groups"]
     out = subprocess.run(run + ["repeat", f"--instances={src}", "--k=2", "--every=2",
                                 f"--out={tmp_path / 'c.jsonl'}"],
                          cwd=ROOT, capture_output=True, text=True)  # fmt: skip

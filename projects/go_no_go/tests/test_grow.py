@@ -8,7 +8,8 @@ import pytest
 from flax import nnx
 
 from mapfjax.configfile import ROOT
-from mapfjax.models import grow, hf
+from mapfjax.models import hf
+from projects.go_no_go import grow
 
 TINY = ROOT / "mapfjax" / "assets" / "tiny"
 

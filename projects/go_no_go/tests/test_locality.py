@@ -1,6 +1,6 @@
 """env.locality: which actions the trace's move lines decide, the optimal plan with the fewest
 undecided ones (against the CBS oracle's cost and the plain-Python simulator), the rule as a
-planner, and launch/trace_locality.py's table."""
+planner, and projects/go_no_go/trace_locality.py's table."""
 
 import json
 import pathlib
@@ -9,11 +9,12 @@ import sys
 
 import pytest
 
-from mapfjax.env import io, locality, oracle, simulate
+from mapfjax.env import io, oracle, simulate
 from mapfjax.env.types import DOWN, RIGHT, UP, WAIT, Problem
+from projects.go_no_go import locality
 from tests.models.test_bpe import random_problems
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 # A0 must cross (0, 1), A1's goal, before A1 settles there: A1 waits while A0's line says A0
 # goes to (0, 1), so its UP cell reads `taken` and the wait is decided by its own line.
@@ -82,7 +83,8 @@ def test_the_search_refuses_too_many_agents_and_reports_an_unsolvable_puzzle():
 
 def _run(*args):
     return subprocess.run(
-        [sys.executable, "launch/trace_locality.py", *args], cwd=ROOT, capture_output=True,
+        [sys.executable, "-m", "projects.go_no_go.trace_locality", *args], cwd=ROOT,
+        capture_output=True,
         text=True,
     )  # fmt: skip
 

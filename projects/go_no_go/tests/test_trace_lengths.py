@@ -1,4 +1,5 @@
-"""launch/trace_lengths.py: the oracle response's tokens per size against a budget, and an
+"""projects/go_no_go/trace_lengths.py: the oracle response's tokens per size against a budget,
+and an
 evaluation's parse errors that the budget would cut even on the oracle's trace."""
 
 import json
@@ -12,7 +13,7 @@ from mapfjax.env import io, oracle, text, trace
 from mapfjax.env.types import Problem
 from mapfjax.eval import evaluate as ev
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 
 def _problems():
@@ -45,7 +46,8 @@ def test_the_table_counts_lengths_over_the_budget_and_parse_errors_among_them():
 
 def _run(*args):
     return subprocess.run(
-        [sys.executable, "launch/trace_lengths.py", *args], cwd=ROOT, capture_output=True,
+        [sys.executable, "-m", "projects.go_no_go.trace_lengths", *args], cwd=ROOT,
+        capture_output=True,
         text=True,
     )  # fmt: skip
 

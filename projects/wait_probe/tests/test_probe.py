@@ -1,4 +1,5 @@
-"""Linear probes (`mapfjax.eval.probe`): the logistic fit is the penalised optimum and finds a
+"""Linear probes (`projects.wait_probe.probe`): the logistic fit is the penalised optimum and
+finds a
 linear label, shuffled labels give chance, features do not depend on how prompts are batched,
 and a truncated model is the first layers of the full one."""
 
@@ -11,8 +12,8 @@ import pytest
 from flax import nnx
 
 from mapfjax import stats
-from mapfjax.eval import probe
 from mapfjax.models.qwen3 import Qwen3, Qwen3Config
+from projects.wait_probe import probe
 from tests.models.test_bpe import random_problems
 from tests.rl.test_data import make_tokenizer
 
@@ -106,16 +107,18 @@ def test_features_do_not_depend_on_batching_and_truncation_keeps_the_first_layer
 
 
 def test_the_script_writes_its_table_and_a_rerun_reads_the_features_back(tmp_path):
-    """launch/probe_wait.py end to end on the shipped model and its random twin, small sets."""
+    """projects/wait_probe/probe_wait.py end to end on the shipped model and its random twin,
+    small sets."""
     import json
     import subprocess
     import sys
 
-    root = pathlib.Path(__file__).resolve().parents[2]
+    root = pathlib.Path(__file__).resolve().parents[3]
     test = tmp_path / "test.jsonl"
-    rows = (root / "results/go_no_go/held_out_400.jsonl").read_text().splitlines()[:60]
+    rows = (root / "projects/go_no_go/results/held_out_400.jsonl").read_text().splitlines()[:60]
     test.write_text("\n".join(rows) + "\n")
-    cmd = [sys.executable, "launch/probe_wait.py", "--test", str(test), "--out", str(tmp_path),
+    cmd = [sys.executable, "-m", "projects.wait_probe.probe_wait", "--test", str(test),
+           "--out", str(tmp_path),
            "--cache", str(tmp_path / "cache"), "--fit_n", "60", "--layers", "3",
            "--resamples", "50", "--models",
            "random:mapfjax/assets/tiny,shipped:mapfjax/assets/tiny"]  # fmt: skip
