@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import pathlib
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -26,10 +27,10 @@ from mapfjax.engineer import policy as policy_fns
 from mapfjax.engineer import records as rec
 from mapfjax.engineer import rundir
 from mapfjax.engineer import validation as val_lib
-from mapfjax.engineer.proposal import Decision
+from mapfjax.engineer.proposal import Decision, diff_dict
 from mapfjax.engineer.records import ROUND_FILES, finished_round, records_summary
 from mapfjax.engineer.rundir import RunDirError, check_run_dir, redacted
-from mapfjax.engineer.settings import EngineerSettings, ValidationSettings, check_config
+from mapfjax.engineer.settings import RunSettings, check_config
 from mapfjax.engineer.validation import validation_summary, validation_table
 from mapfjax.env import io
 from mapfjax.models import hf
@@ -43,6 +44,7 @@ __all__ = [
     "ROUND_FILES",
     "EngineerError",
     "RunDirError",
+    "RunSettings",
     "check_config",
     "check_run_dir",
     "finished_round",
@@ -65,147 +67,193 @@ def run(
 ) -> list:
     """Run (or continue) the loop; returns the finished rounds' RoundRecords.
 
-    Before round 0 the starting model is validated (workdir/start/); each round trains with
-    `driver.run_phase` on its own training set and is validated on the same held-out set.
-    The workdir is locked meanwhile (`files.dir_lock`). An engineer that fails to run keeps the
-    config with a warning, or with strict_engineer raises EngineerError. A finished run given
-    more rounds continues, its engineer deciding first after what was its last round."""
-    c = config
+    The config is checked and typed once (`RunSettings`); everything below reads those
+    settings. Before round 0 the starting model is validated (workdir/start/); each round
+    trains with `driver.run_phase` on its own training set and is validated on the same
+    held-out set. The workdir is locked meanwhile (`files.dir_lock`). An engineer that fails
+    to run keeps the config with a warning, or with strict_engineer raises EngineerError. A
+    finished run given more rounds continues, its engineer deciding first after what was its
+    last round. progress: bars, and one console line per round's phase (what it trains on,
+    the held-out rate, what the engineer proposed)."""
     workdir = pathlib.Path(workdir)
-    check_config(c)
-    tokenizer = tok_lib.load_tokenizer(c.model.path)  # a bad model.path fails before the record
-    check_run_dir(workdir, c)
+    s = RunSettings.from_config(config)
+    tokenizer = tok_lib.load_tokenizer(s.model.path)  # a bad model.path fails before the record
+    check_run_dir(workdir, config)  # the config as given is the run's record
     # One run per workdir (only process 0 of a multi-process job holds the lock).
     lock = files.dir_lock(workdir, "--workdir") if jax.process_index() == 0 else None
     with lock or contextlib.nullcontext():
-        return _run(c, workdir, tokenizer, progress, strict_engineer)
+        return _run(s, workdir, tokenizer, _console(progress), strict_engineer)
 
 
-def _run(c, workdir: pathlib.Path, tokenizer, progress: bool, strict_engineer: bool) -> list:
-    dtype = jnp.dtype(c.model.dtype)
-    mesh = parallel.make_mesh(c.mesh.to_dict()) if jax.device_count() > 1 else None
-    opts = hf.ModelOptions.from_config(c.model).kwargs()  # how it computes: attention_impl
-    model = hf.from_pretrained(c.model.path, dtype=dtype, param_dtype=dtype, mesh=mesh, **opts)
+def _console(progress: bool):
+    """One line to the console (beside the progress bars), from process 0, when progress."""
+
+    def say(line: str) -> None:
+        if progress and jax.process_index() == 0:
+            from tqdm.auto import tqdm
+
+            tqdm.write(f"mapfjax: {line}", file=sys.stderr)
+        log.info(line)
+
+    say.progress = progress
+    return say
+
+
+def _greedy_rate(rows) -> str:
+    """ "71.2 % (285 of 400)": the held-out greedy valid rate of validation rows."""
+    k = sum(bool(r.get("valid")) for r in rows)
+    return f"{100 * k / max(1, len(rows)):.1f} % ({k} of {len(rows)})"
+
+
+def _proposal_line(n: int, decision: Decision) -> str:
+    """What round n's engineer proposed for round n + 1, in one line."""
+    edits = ", ".join(f"{k}={v}" for k, v in diff_dict(decision.diff).items())
+    if decision.kept_current or not edits:
+        why = f": {decision.reason}" if decision.reason else ""
+        return f"round {n}: the {decision.engineer} engineer keeps the config{why}"
+    return f"round {n}: the {decision.engineer} engineer proposes {edits} for round {n + 1}"
+
+
+def _run(s: RunSettings, workdir: pathlib.Path, tokenizer, say, strict_engineer: bool) -> list:
+    dtype = jnp.dtype(s.model.dtype)
+    mesh = parallel.make_mesh(dict(s.mesh)) if jax.device_count() > 1 else None
+    opts = s.model.options.kwargs()  # how it computes: attention_impl
+    model = hf.from_pretrained(s.model.path, dtype=dtype, param_dtype=dtype, mesh=mesh, **opts)
     base_model = (
-        hf.from_pretrained(c.model.path, dtype=dtype, param_dtype=dtype, mesh=mesh, **opts)
-        if c.engineer.settings.name == "base"
+        hf.from_pretrained(s.model.path, dtype=dtype, param_dtype=dtype, mesh=mesh, **opts)
+        if s.engineer.name == "base"
         else None
     )
-    settings = driver.GRPOSettings.from_config(c)
+    settings = s.grpo
     steps = settings.steps
-    optim = driver.optim_config(c, steps, c.rounds)
     loss_name, loss_cfg = settings.trainer_loss()
-    trainer = Trainer(model, optim, loss_name, mesh, loss_cfg=loss_cfg, seed=c.seed)
+    trainer = Trainer(model, s.optim, loss_name, mesh, loss_cfg=loss_cfg, seed=s.seed)
     ckpt_dir = (workdir / "checkpoints").absolute()
-    position = driver.restore(trainer, ckpt_dir) or {"round": 0, "step": 0}
-    if not all((workdir / f"round_{n}" / "DONE").exists() for n in range(c.rounds)):
+    position = rundir.Position.of(driver.restore(trainer, ckpt_dir))
+    if not all((workdir / f"round_{n}" / "DONE").exists() for n in range(s.rounds)):
         rundir.check_position(position, workdir, ckpt_dir, steps)  # training continues from it
-    val = ValidationSettings.from_config(c)
+    val = s.validation
     val_set = val_lib.held_out_set(workdir, val)
     held = {io.puzzle_hash(p) for p in val_set}
+    say(
+        f"{workdir}: {s.rounds} rounds of {steps} GRPO updates ({settings.problems_per_step} "
+        f"puzzles x {settings.group_size} samples) from {s.model.path}, the {s.engineer.name} "
+        f"engineer, {len(val_set)} held-out puzzles"
+    )
 
     def validate(out_dir: pathlib.Path, key: jax.Array) -> list[dict]:
         thinking = settings.sampling.enable_thinking
         return val_lib.validate(trainer, tokenizer, val_set, val, thinking, out_dir, key)
 
-    _validate_start(workdir, position, ckpt_dir, c, validate)
+    start_rows = _validate_start(workdir, position, ckpt_dir, s, validate)
+    say(f"start: held-out greedy valid {_greedy_rate(start_rows)}")
     records: list[ctx_lib.RoundRecord] = []
-    current = start_config(c)
-    for n in range(c.rounds):
+    current = start_config(s)
+    for n in range(s.rounds):
         out = workdir / f"round_{n}"
         out.mkdir(exist_ok=True)
-        export = c.export_every_round or n + 1 == c.rounds
+        export = s.export_every_round or n + 1 == s.rounds
         if (out / "DONE").exists():
-            record, decision = finished_round(workdir, n, c, position)
+            record, decision = finished_round(workdir, n, s, position)
             records.append(record)
-            if decision is None and n + 1 < c.rounds and position == {"round": n, "step": steps}:
+            if decision is None and n + 1 < s.rounds and position == (n, steps):
                 # A finished run given more rounds: round n was its last, so its engineer never
                 # ran; it runs now, on round n's weights (still the checkpoint's).
                 decision = _engineer(
-                    n, records, current, c, trainer, tokenizer, base_model, out, strict_engineer
+                    n, records, current, s, trainer, tokenizer, base_model, out, strict_engineer
                 )
                 rundir.record_digests(workdir, out / "decision.json")
+                say(_proposal_line(n, decision))
             if decision is not None:
                 current = decision.config
             if export and not (out / "model").exists():
-                _export_again(trainer, out, c, position, n, steps)
+                _export_again(trainer, out, s, position, n, steps)
+            say(f"round {n}: finished earlier, read back from {out}")
             continue
         # 1. Generate round n's training set from the current config C_n.
         rundir.write_json(out / "config.json", current.to_dict())
-        done_steps = position["step"] if position["round"] == n else 0
-        if position["round"] > n:
-            raise RunDirError(f"{ckpt_dir} is at round {position['round']} but {out} is not DONE")
-        problems = _train_set(out, current, c, n, held)
+        done_steps = position.step if position.round == n else 0
+        if position.round > n:
+            raise RunDirError(f"{ckpt_dir} is at round {position.round} but {out} is not DONE")
+        problems = _train_set(out, current, s, n, held)
+        sizes = sorted({max(p.height, p.width) for p in problems})
+        say(
+            f"round {n}: GRPO on {len(problems)} puzzles of sizes {sizes[0]}x{sizes[0]}-"
+            f"{sizes[-1]}x{sizes[-1]} ({out / 'config.json'}), from update {done_steps}"
+        )
         # 2. GRPO on it.
         driver.run_phase(
-            trainer, tokenizer, problems, settings, seed=_phase_seed(c, n),
+            trainer, tokenizer, problems, settings, seed=_phase_seed(s, n),
             position={"round": n}, out_dir=out, ckpt_dir=ckpt_dir, start_step=done_steps,
-            progress=progress,
+            progress=say.progress, label=f"round {n} GRPO",
         )  # fmt: skip
-        position = {"round": n, "step": steps}
+        position = rundir.Position(n, steps)
         # 3. Validate on the held-out set; the round's record is what the context reads.
-        rows = validate(out, streams.key(c.seed, "validation", n))
+        rows = validate(out, streams.key(s.seed, "validation", n))
+        say(f"round {n}: held-out greedy valid {_greedy_rate(rows)}")
         counts = rec.validation_counts(rows)
-        record = rec.round_record(workdir, n, c, current.to_dict(), counts, position)
+        record = rec.round_record(workdir, n, s, current.to_dict(), counts, position)
         records.append(record)
         # 4. Context -> engineer -> projected config C_{n+1}.
-        if n + 1 < c.rounds:
+        if n + 1 < s.rounds:
             decision = _engineer(
-                n, records, current, c, trainer, tokenizer, base_model, out, strict_engineer
+                n, records, current, s, trainer, tokenizer, base_model, out, strict_engineer
             )
             current = decision.config
+            say(_proposal_line(n, decision))
         rundir.write_json(out / "record.json", record.to_dict())
         if export:
-            hf.save_pretrained(trainer.model(), out / "model", copy_from=c.model.path)
+            _export(trainer, out, s)
         rundir.record_digests(workdir, *(out / f for f in ROUND_FILES if (out / f).exists()))
         files.atomic_write(out / "DONE", b"")
     trainer.close()
     return records
 
 
-def start_config(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """Round 0's generator config: `c.env` itself, or with `env_start = "random"` a random
-    config over c.env's sizes drawn from c.seed (the random engineer's distribution, as the
+def start_config(s: RunSettings) -> ml_collections.ConfigDict:
+    """Round 0's generator config: `env` itself, or with `env_start = "random"` a random
+    config over env's sizes drawn from the seed (the random engineer's distribution, as the
     paper's round 0: data ~ Dirichlet(1), holes ~ U[0, 0.5], waits ~ U[0, 1], or U[0,
-    env_start_max_wait] where the config sets it); the same seed gives the same config, so a
-    resumed run starts from the config it started from."""
-    if c.get("env_start", "config") == "config":
-        return c.env.copy_and_resolve_references()
-    seed = streams.int_seed(streams.key(c.seed, "round-0 config"))
-    draw = eng_lib.RandomEngineer(max_wait=c.get("env_start_max_wait", 1.0))
-    return draw.propose(None, c.env, seed).config
+    env_start_max_wait]); the same seed gives the same config, so a resumed run starts from the
+    config it started from."""
+    if s.env_start == "config":
+        return s.env_config()
+    seed = streams.int_seed(streams.key(s.seed, "round-0 config"))
+    draw = eng_lib.RandomEngineer(max_wait=s.env_start_max_wait)
+    return draw.propose(None, s.env_config(), seed).config
 
 
-def _validate_start(workdir: pathlib.Path, position: dict, ckpt_dir: pathlib.Path, c, validate):
-    """The starting model's held-out rates in workdir/start/ (once, before round 0 trains)."""
+def _validate_start(workdir: pathlib.Path, position, ckpt_dir: pathlib.Path, s, validate):
+    """The starting model's held-out rows, validated in workdir/start/ once (before round 0
+    trains) and read back after."""
     start = workdir / "start"
     if (start / "DONE").exists():
         rundir.check_digest(workdir, start / "validation.json")
         advice = f"restore it from a copy, or {rundir.START_OVER}"
-        rundir.read_json(start / "validation.json", advice)
-        return
-    if position != {"round": 0, "step": 0}:
+        return rundir.read_json(start / "validation.json", advice).get("rows", [])
+    if position != (0, 0):
         raise RunDirError(f"{start} is not DONE but {ckpt_dir} has trained past it")
     start.mkdir(exist_ok=True)
-    validate(start, streams.key(c.seed, "start validation"))
+    rows = validate(start, streams.key(s.seed, "start validation"))
     rundir.record_digests(workdir, start / "validation.json")
     files.atomic_write(start / "DONE", b"")
+    return rows
 
 
-def _phase_seed(c, n: int) -> list[int]:
+def _phase_seed(s: RunSettings, n: int) -> list[int]:
     """Round n's GRPO phase seed: its problem order and sampling keys (`driver.run_phase`)."""
-    return [streams.int_seed(streams.key(c.seed, "training", n))]
+    return [streams.int_seed(streams.key(s.seed, "training", n))]
 
 
-def _train_set(out_dir: pathlib.Path, cfg_n, c, n: int, held: set[str]) -> list:
+def _train_set(out_dir: pathlib.Path, cfg_n, s: RunSettings, n: int, held: set[str]) -> list:
     """Round n's training set (generated once, then read back), without any puzzle of the
     held-out validation set."""
     path = out_dir / "train_set.jsonl"
     if path.exists():
         return rundir.read_instances(out_dir.parent, path)
     gen = cfg_n.copy_and_resolve_references()
-    seed = streams.int_seed(streams.key(c.seed, "train set", n))
-    drawn = generate_problems(gen, c.train.instances, seed=seed, processes=0)
+    seed = streams.int_seed(streams.key(s.seed, "train set", n))
+    drawn = generate_problems(gen, s.instances, seed=seed, processes=0)
     problems, dropped = io.held_out(drawn, held)
     if dropped:
         log.info("round %d: %d training puzzles are in the validation set; dropped", n, dropped)
@@ -213,21 +261,21 @@ def _train_set(out_dir: pathlib.Path, cfg_n, c, n: int, held: set[str]) -> list:
     return problems
 
 
-def _engineer(n, records, current, c, trainer, tokenizer, base_model, out_dir, strict) -> Decision:
+def _engineer(n, records, current, s, trainer, tokenizer, base_model, out_dir, strict) -> Decision:
     """Round n's engineer: context from the records -> a decision whose config is C_{n+1}
     (engineer_prompt.md and decision.json written to out_dir)."""
-    e = EngineerSettings.from_config(c.engineer)
+    e = s.engineer
     inject = {}
     if e.name in ("policy", "base"):
         model_fn = trainer.model if e.name == "policy" else (lambda: base_model)
-        key = streams.key(c.seed, "engineer sampling", n)
+        key = streams.key(s.seed, "engineer sampling", n)
         inject["generate_fn"] = policy_fns.make_generate_fn(
             model_fn, tokenizer, e.max_new_tokens, e.temperature, key=key
         )
         inject["score_fn"] = policy_fns.make_score_fn(model_fn, tokenizer)
     engineer = eng_lib.make_engineer(e.settings, **inject)
     context = ctx_lib.build_context(records, current, e.modules)
-    rng = np.random.default_rng(streams.int_seed(streams.key(c.seed, "engineer choice", n)))
+    rng = np.random.default_rng(streams.int_seed(streams.key(s.seed, "engineer choice", n)))
     decision = engineer.propose(context, current, rng, records=tuple(records))
     failed = eng_lib.failure(decision)
     if failed and strict:
@@ -246,14 +294,25 @@ def _engineer(n, records, current, c, trainer, tokenizer, base_model, out_dir, s
     return decision
 
 
-def _export_again(trainer, out: pathlib.Path, c, position: dict, n: int, steps: int) -> None:
+def _export(trainer, out: pathlib.Path, s: RunSettings) -> None:
+    """Round `out`'s model as a Hugging Face checkpoint that says how it is decoded (the run's
+    prompt mode and validation budget)."""
+    generation = hf.GenerationSettings(
+        enable_thinking=s.grpo.sampling.enable_thinking,
+        max_new_tokens=int(s.validation.max_new_tokens),
+    )
+    hf.save_pretrained(trainer.model(), out / "model", copy_from=s.model.path,
+                       generation=generation)  # fmt: skip
+
+
+def _export_again(trainer, out: pathlib.Path, s, position, n: int, steps: int) -> None:
     """A finished round's exported model that was deleted: written again from the checkpoint
     when it still holds that round's weights, else a warning."""
-    if position == {"round": n, "step": steps}:
+    if position == (n, steps):
         log.warning("%s: missing; exported again from the round's checkpoint", out / "model")
-        hf.save_pretrained(trainer.model(), out / "model", copy_from=c.model.path)
+        _export(trainer, out, s)
     else:
         log.warning(
             "%s: missing and cannot be exported again (the checkpoint is at round %s)",
-            out / "model", position["round"],
+            out / "model", position.round,
         )  # fmt: skip

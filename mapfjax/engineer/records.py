@@ -13,12 +13,14 @@ from mapfjax import stats
 from mapfjax.engineer import context as ctx_lib
 from mapfjax.engineer.proposal import Decision
 from mapfjax.engineer.rundir import (
+    Position,
     RunDirError,
     check_digest,
     read_json,
     redo_advice,
     write_json,
 )
+from mapfjax.engineer.settings import RunSettings
 from mapfjax.rl import driver
 
 log = logging.getLogger(__name__)
@@ -28,27 +30,18 @@ log = logging.getLogger(__name__)
 ROUND_FILES = ("config.json", "validation.json", "decision.json")
 
 
-def training_info(c, n: int) -> dict:
+def training_info(s: RunSettings, n: int) -> dict:
     """The T module's facts about round n's training (part of its record)."""
-    return {
-        "round": n,
-        "epoch": c.train.epochs,
-        "steps": driver.GRPOSettings.from_config(c).steps,
-        "lr": c.optim.lr,
-        "group_size": c.train.group_size,
-        "num_iterations": c.train.get("num_iterations", 1),
-        "temperature": c.train.temperature,
-        **c.grpo.to_dict(),
-    }
+    return s.training.as_dict(n)
 
 
-def rollouts(out_dir: pathlib.Path, c) -> dict:
+def rollouts(out_dir: pathlib.Path, s: RunSettings) -> dict:
     """The round's per-size training-rollout statistics (`RoundRecord.rollouts`)."""
-    per_size = driver.phase_size_stats(out_dir / "metrics.jsonl", c.train.group_size)
+    per_size = driver.phase_size_stats(out_dir / "metrics.jsonl", s.grpo.group_size)
     return driver.size_summary(per_size)
 
 
-def previous_summary(workdir: pathlib.Path, n: int, position: dict) -> str:
+def previous_summary(workdir: pathlib.Path, n: int, position: Position) -> str:
     """S: the engineer's rationale for choosing C_n, written at the end of round n - 1."""
     prev = workdir / f"round_{n - 1}" / "decision.json"
     if n == 0 or not prev.exists():
@@ -62,7 +55,9 @@ def validation_counts(rows) -> tuple[dict, dict]:
     return ctx_lib.failure_breakdown(rows), ctx_lib.wait_breakdown(rows)
 
 
-def round_record(workdir, n: int, c, config: dict, counts: tuple[dict, dict], position: dict):
+def round_record(
+    workdir, n: int, s: RunSettings, config: dict, counts: tuple[dict, dict], position: Position
+):
     """Round n's `RoundRecord` from its config (a dict), its validation counts
     (`validation_counts`), the previous decision and its metrics.jsonl."""
     validation, wait_split = counts
@@ -72,12 +67,12 @@ def round_record(workdir, n: int, c, config: dict, counts: tuple[dict, dict], po
         validation=validation,
         wait_split=wait_split,
         summary=previous_summary(workdir, n, position),
-        training=training_info(c, n),
-        rollouts=rollouts(workdir / f"round_{n}", c),
+        training=training_info(s, n),
+        rollouts=rollouts(workdir / f"round_{n}", s),
     )
 
 
-def finished_round(workdir: pathlib.Path, n: int, c, position: dict):
+def finished_round(workdir: pathlib.Path, n: int, s: RunSettings, position: Position):
     """(record, decision or None) of a round with a DONE file.
 
     A missing or unreadable record.json is recomputed from the round's config.json and
@@ -99,7 +94,7 @@ def finished_round(workdir: pathlib.Path, n: int, c, position: dict):
                 f"{out / 'validation.json'}: no usable 'rows' ({bad!r}); {path} cannot be "
                 f"recomputed: {advice}"
             ) from bad
-        record = round_record(workdir, n, c, config, counts, position)
+        record = round_record(workdir, n, s, config, counts, position)
         write_json(path, record.to_dict())
         log.warning("%s: unreadable (%s); recomputed from config.json and validation.json", path, e)
     decision = None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+from typing import NamedTuple
 
 import ml_collections
 
@@ -42,16 +43,16 @@ def read_json(path: pathlib.Path, advice: str):
         raise RunDirError(f"{path}: unreadable ({e}); {advice}") from e
 
 
-def redo_advice(workdir: pathlib.Path, n: int, position: dict) -> str:
+def redo_advice(workdir: pathlib.Path, n: int, position: Position) -> str:
     """What recomputes finished round n's validation, decision and record (which files to
     delete), or why nothing can."""
-    if position["round"] == n:
+    if position.round == n:
         return (
             f"delete {workdir / f'round_{n}' / 'DONE'} and rerun: round {n}'s validation, "
             "decision.json and record.json are recomputed from its checkpoint (no retraining)"
         )
     return (
-        f"round {n} cannot be recomputed (the checkpoint is at round {position['round']}); "
+        f"round {n} cannot be recomputed (the checkpoint is at round {position.round}); "
         "restore the file from a copy, or start another --workdir"
     )
 
@@ -152,7 +153,26 @@ def read_instances(workdir: pathlib.Path, path: pathlib.Path) -> list:
 # ------------------------------------------------------------------------ the data position
 
 
-def check_position(position: dict, workdir: pathlib.Path, ckpt_dir: pathlib.Path, steps: int):
+class Position(NamedTuple):
+    """Where training stands: `step` updates done in round `round` (a checkpoint saves it as
+    {"round": r, "step": s}; `check_position` checks one read back)."""
+
+    round: int
+    step: int
+
+    @classmethod
+    def of(cls, saved: dict) -> Position:
+        """From a checkpoint's saved position ({} when there is no checkpoint yet: round 0,
+        step 0); a missing field is None, which `check_position` refuses."""
+        return cls(0, 0) if not saved else cls(saved.get("round"), saved.get("step"))
+
+    def to_dict(self) -> dict:
+        return {"round": self.round, "step": self.step}
+
+
+def check_position(
+    position: Position, workdir: pathlib.Path, ckpt_dir: pathlib.Path, steps: int
+) -> None:
     """Refuse a checkpoint whose data position disagrees with the round records: training
     would skip updates (a step past the round's end) or redo finished rounds."""
     names = [p.name for p in ckpt_dir.iterdir()] if ckpt_dir.is_dir() else []
@@ -163,17 +183,17 @@ def check_position(position: dict, workdir: pathlib.Path, ckpt_dir: pathlib.Path
         if saved and len(saved) > 1
         else START_OVER
     )
-    r, st = position.get("round"), position.get("step")
+    r, st = position
     if not (is_int(r) and is_int(st) and r >= 0 and 0 <= st <= steps):
         raise RunDirError(
-            f"{where}: data position {position} is not a round >= 0 and a step in [0, {steps}] "
-            f"(train.* gives {steps} updates per round); {advice}"
+            f"{where}: data position {position.to_dict()} is not a round >= 0 and a step in "
+            f"[0, {steps}] (train.* gives {steps} updates per round); {advice}"
         )
     done = [p.parent.name[6:] for p in workdir.glob("round_*/DONE")]
     last = max((int(n) for n in done if n.isdigit()), default=-1)
     if r < last or (r == last and st != steps):
         raise RunDirError(
-            f"{where}: data position {position} disagrees with the round records "
+            f"{where}: data position {position.to_dict()} disagrees with the round records "
             f"({workdir / f'round_{last}' / 'DONE'} exists, so the checkpoint must be at round "
             f"{last} step {steps} or later); {advice}"
         )

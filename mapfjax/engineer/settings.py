@@ -149,29 +149,131 @@ class EngineerSettings:
 ENV_STARTS = ("config", "random")
 
 
-def check_config(c: ml_collections.ConfigDict) -> None:
-    """Check a whole run config before anything is loaded or written (a bad key found after
-    round 0's training would cost the round): raises ValueError naming the key, its value and
-    what is allowed."""
-    require_int("rounds", c.get("rounds"), 1)
-    require_int("seed", c.get("seed"), 0)
-    env_config.validate_at(c.env, "env")
-    start = c.get("env_start", "config")
-    require("env_start", start, start in ENV_STARTS, f"one of {list(ENV_STARTS)}")
-    w = c.get("env_start_max_wait", 1.0)
-    ok = is_real(w) and 0 < w <= 1
-    require("env_start_max_wait", w, ok, "a number in (0, 1]: round 0's waits ~ U[0, it]")
-    require_dtype("model.dtype", c.model.dtype)
-    hf.ModelOptions.from_config(c.model)
-    grpo = driver.GRPOSettings.from_config(c)
-    driver.optim_config(c, grpo.steps, c.rounds).validate()
-    ValidationSettings.from_config(c)
-    EngineerSettings.from_config(c.engineer)
-    try:  # a size that cannot take effect (mesh.tp=3 on one device) is refused, not ignored
-        parallel.make_mesh(c.mesh.to_dict())
-    except (ValueError, TypeError) as e:
-        n = jax.device_count()
-        raise ValueError(
-            f"mesh = {c.mesh.to_dict()}: {e}; allowed: --config.mesh.data/fsdp/tp sizes whose "
-            f"product is the {n} device(s) here (one of them may be -1)"
-        ) from None
+@dataclasses.dataclass(frozen=True)
+class ModelSettings:
+    """The starting checkpoint (config section `model`): its directory, the compute dtype and
+    how it computes (`hf.ModelOptions`: attention_impl)."""
+
+    path: str
+    dtype: str
+    options: hf.ModelOptions
+
+    @classmethod
+    def from_config(cls, m: ml_collections.ConfigDict) -> ModelSettings:
+        require_dtype("model.dtype", m.dtype)
+        return cls(path=str(m.path), dtype=str(m.dtype), options=hf.ModelOptions.from_config(m))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingFacts:
+    """What the T context module says of a round's training (`records.training_info`): the
+    epochs, updates, peak learning rate, group size, iterations per batch, temperature and the
+    loss options the config sets (its `grpo` section, in order)."""
+
+    epochs: int
+    steps: int
+    lr: float
+    group_size: int
+    num_iterations: int
+    temperature: float
+    loss_options: tuple[tuple[str, object], ...]
+
+    def as_dict(self, n: int) -> dict:
+        return {
+            "round": n,
+            "epoch": self.epochs,
+            "steps": self.steps,
+            "lr": self.lr,
+            "group_size": self.group_size,
+            "num_iterations": self.num_iterations,
+            "temperature": self.temperature,
+            **dict(self.loss_options),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+    """A closed-loop run's config, checked once and typed (`loop.run` builds it and passes it
+    down instead of the ConfigDict): the seed and rounds; round 0's generator config (`env`,
+    drawn at random over its sizes with env_start "random", waits ~ U[0, env_start_max_wait]);
+    the puzzles a round trains on (`instances`); the starting model; the mesh; the GRPO phase of
+    a round, its optimiser over all rounds, the held-out validation and the engineer."""
+
+    seed: int
+    rounds: int
+    export_every_round: bool
+    env: ml_collections.FrozenConfigDict
+    env_start: str
+    env_start_max_wait: float
+    instances: int
+    model: ModelSettings
+    mesh: tuple[tuple[str, int], ...]
+    grpo: driver.GRPOSettings
+    optim: driver.OptimConfig
+    validation: ValidationSettings
+    engineer: EngineerSettings
+    training: TrainingFacts
+
+    @classmethod
+    def from_config(cls, c: ml_collections.ConfigDict) -> RunSettings:
+        """Check a whole run config before anything is loaded or written (a bad key found
+        after round 0's training would cost the round): raises ValueError naming the key, its
+        value and what is allowed."""
+        require_int("rounds", c.get("rounds"), 1)
+        require_int("seed", c.get("seed"), 0)
+        env_config.validate_at(c.env, "env")
+        start = c.get("env_start", "config")
+        require("env_start", start, start in ENV_STARTS, f"one of {list(ENV_STARTS)}")
+        w = c.get("env_start_max_wait", 1.0)
+        ok = is_real(w) and 0 < w <= 1
+        require("env_start_max_wait", w, ok, "a number in (0, 1]: round 0's waits ~ U[0, it]")
+        model = ModelSettings.from_config(c.model)
+        grpo = driver.GRPOSettings.from_config(c)
+        optim = driver.optim_config(c, grpo.steps, c.rounds)
+        optim.validate()
+        validation = ValidationSettings.from_config(c)
+        engineer = EngineerSettings.from_config(c.engineer)
+        mesh = c.mesh.to_dict()
+        try:  # a size that cannot take effect (mesh.tp=3 on one device) is refused, not ignored
+            parallel.make_mesh(mesh)
+        except (ValueError, TypeError) as e:
+            n = jax.device_count()
+            raise ValueError(
+                f"mesh = {mesh}: {e}; allowed: --config.mesh.data/fsdp/tp sizes whose "
+                f"product is the {n} device(s) here (one of them may be -1)"
+            ) from None
+        t = c.train
+        training = TrainingFacts(
+            epochs=t.get("epochs", 1),
+            steps=grpo.steps,
+            lr=c.optim.lr,
+            group_size=t.group_size,
+            num_iterations=t.get("num_iterations", 1),
+            temperature=t.temperature,
+            loss_options=tuple(c.grpo.to_dict().items()),
+        )
+        return cls(
+            seed=int(c.seed),
+            rounds=int(c.rounds),
+            export_every_round=bool(c.get("export_every_round", False)),
+            env=ml_collections.FrozenConfigDict(c.env),
+            env_start=start,
+            env_start_max_wait=float(w),
+            instances=int(t.get("instances", grpo.steps * grpo.problems_per_step)),
+            model=model,
+            mesh=tuple(mesh.items()),
+            grpo=grpo,
+            optim=optim,
+            validation=validation,
+            engineer=engineer,
+            training=training,
+        )
+
+    def env_config(self) -> ml_collections.ConfigDict:
+        """A mutable copy of round 0's base generator config."""
+        return ml_collections.ConfigDict(self.env.as_configdict())
+
+
+def check_config(c: ml_collections.ConfigDict) -> RunSettings:
+    """`RunSettings.from_config`: the run config checked, as the typed settings."""
+    return RunSettings.from_config(c)

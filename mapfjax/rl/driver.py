@@ -388,8 +388,9 @@ def run_phase(
     ckpt_dir: pathlib.Path,
     start_step: int = 0,
     progress: bool = True,
+    label: str = "GRPO",
 ) -> None:
-    """GRPO steps [start_step, settings.steps) on `problems`.
+    """GRPO steps [start_step, settings.steps) on `problems` (`label`: the progress bar's).
 
     seed: ints that fix the phase's problem order and sampling keys. position: the data
     position saved with each checkpoint, e.g. {"round": 3}; "step" (updates done in the
@@ -401,7 +402,7 @@ def run_phase(
     s = settings
     elapsed = phase_seconds(out_dir / "metrics.jsonl", start_step) if s.max_minutes else 0.0
     logger = metrics.MetricsLogger(
-        out_dir, total_steps=s.steps, initial_step=start_step, progress=progress
+        out_dir, total_steps=s.steps, initial_step=start_step, progress=progress, desc=label
     )
     for step in range(start_step, s.steps):
         key = jax.random.key(seed[0])

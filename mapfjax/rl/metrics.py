@@ -50,7 +50,7 @@ class MetricsLogger:
     False. wandb: None/False, or a dict of `wandb.init` keyword arguments (project, name,
     config, ...); ignored with a warning when wandb is not installed. warn_truncation: warn
     when a truncation-rate metric exceeds this fraction (a too-short generation budget
-    silently zeroes rewards).
+    silently zeroes rewards). desc: the bar's label (e.g. "round 1 GRPO").
     """
 
     def __init__(
@@ -63,6 +63,7 @@ class MetricsLogger:
         progress: bool = True,
         warn_truncation: float = 0.5,
         initial_step: int = 0,
+        desc: str | None = None,
     ):
         self.logdir = pathlib.Path(logdir).expanduser()
         self.logdir.mkdir(parents=True, exist_ok=True)
@@ -92,7 +93,8 @@ class MetricsLogger:
         if progress:
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=total_steps, initial=initial_step, dynamic_ncols=True)
+            self.bar = tqdm(total=total_steps, initial=initial_step, dynamic_ncols=True,
+                            desc=desc, unit="update")  # fmt: skip
         self._last_step = initial_step
 
     def log(self, step: int, metrics: Mapping, **extra) -> dict:

@@ -10,6 +10,9 @@ import time
 
 import pytest
 
+from mapfjax.engineer.rundir import Position
+from mapfjax.engineer.settings import RunSettings
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "configs"))
 import tiny_cpu  # noqa: E402
@@ -180,8 +183,8 @@ def _finished_rounds(work, c):
             current.to_dict(),
             context.failure_breakdown(rows),
             summary,
-            rec.training_info(c, n),
-            rollouts=rec.rollouts(out, c),
+            rec.training_info(RunSettings.from_config(c), n),
+            rollouts=rec.rollouts(out, RunSettings.from_config(c)),
         )
         if n == 0:
             d = proposal.apply_proposal(
@@ -203,9 +206,9 @@ def test_a_deleted_or_corrupt_record_is_recomputed(tmp_path, caplog):
     records = _finished_rounds(work, c)
     (work / "round_0" / "record.json").unlink()  # what the old advice said to do
     (work / "round_1" / "record.json").write_text("{ torn")
-    position = {"round": 1, "step": 4}
+    position = Position(1, 4)
     with caplog.at_level("WARNING"):
-        got = [loop.finished_round(work, n, c, position) for n in (0, 1)]
+        got = [loop.finished_round(work, n, RunSettings.from_config(c), position) for n in (0, 1)]
     assert [r.to_dict() for r, _ in got] == [r.to_dict() for r in records]
     g = c.train.group_size  # 4 in the smoke config
     assert got[0][0].rollouts["sizes"]["3"] == {
@@ -226,24 +229,24 @@ def test_unrecoverable_files_say_exactly_what_to_delete(tmp_path):
     _finished_rounds(work, c)
     (work / "round_0" / "decision.json").write_text("not json")
     with pytest.raises(loop.RunDirError) as e:
-        loop.finished_round(work, 0, c, {"round": 0, "step": 4})
+        loop.finished_round(work, 0, RunSettings.from_config(c), Position(0, 4))
     msg = str(e.value)
     assert msg.startswith(f"{work / 'round_0' / 'decision.json'}: unreadable")
     assert f"delete {work / 'round_0' / 'DONE'} and rerun" in msg and "run_config" not in msg
     with pytest.raises(loop.RunDirError, match="round 0 cannot be recomputed .* round 1"):
-        loop.finished_round(work, 0, c, {"round": 1, "step": 4})
+        loop.finished_round(work, 0, RunSettings.from_config(c), Position(1, 4))
     # Recomputing round 1's record reads round 0's decision (its summary): the error names it,
     # not round 1's validation rows.
     (work / "round_1" / "record.json").unlink()
     with pytest.raises(loop.RunDirError) as e:
-        loop.finished_round(work, 1, c, {"round": 1, "step": 4})
+        loop.finished_round(work, 1, RunSettings.from_config(c), Position(1, 4))
     assert str(e.value).startswith(f"{work / 'round_0' / 'decision.json'}: unreadable")
     assert "no usable 'rows'" not in str(e.value)
     (work / "round_1" / "validation.json").write_text("")
     with pytest.raises(
         loop.RunDirError, match=r"validation\.json: unreadable .*record\.json cannot"
     ):
-        loop.finished_round(work, 1, c, {"round": 1, "step": 4})
+        loop.finished_round(work, 1, RunSettings.from_config(c), Position(1, 4))
     # run_config.json: never advise deleting it (a new one would skip the config check).
     loop.check_run_dir(work, c)
     (work / "run_config.json").write_text("{")
@@ -272,7 +275,9 @@ def test_recomputed_records_match_the_real_run(reference_run, tmp_path):
     for n in (0, 1):
         (work / f"round_{n}" / "record.json").unlink()
     c = tiny_cpu.get_config("smoke")
-    got = [loop.finished_round(work, n, c, {"round": 1, "step": 4})[0] for n in (0, 1)]
+    got = [
+        loop.finished_round(work, n, RunSettings.from_config(c), Position(1, 4))[0] for n in (0, 1)
+    ]
     assert [r.to_dict() for r in got] == [r.to_dict() for r in records]
 
 
@@ -339,7 +344,7 @@ def test_a_random_start_is_drawn_from_the_seed_over_the_configs_sizes():
     draws = []
     for seed in (0, 0, 1):
         c.seed = seed
-        start = loop.start_config(c)
+        start = loop.start_config(RunSettings.from_config(c))
         env_config.validate_at(start, "start")  # legal: ratios in range, data summing to 1
         assert sorted(start.sizes) == sorted(c.env.sizes)
         draws.append(start.to_dict())
@@ -347,7 +352,7 @@ def test_a_random_start_is_drawn_from_the_seed_over_the_configs_sizes():
     waits = [s["wait_ratio"] for s in draws[0]["sizes"].values()]
     assert len(set(waits)) == len(waits)  # drawn per size, not c.env's 0.5 everywhere
     c.env_start = "config"
-    assert loop.start_config(c).to_dict() == c.env.to_dict()
+    assert loop.start_config(RunSettings.from_config(c)).to_dict() == c.env.to_dict()
 
 
 def test_a_random_start_with_few_waits_scales_only_the_wait_draws():
@@ -361,7 +366,10 @@ def test_a_random_start_with_few_waits_scales_only_the_wait_draws():
     assert few.env_start_max_wait == 0.3 and "env_start_max_wait" not in wide
     for seed in (0, 5, 9):
         wide.seed = few.seed = seed
-        a, b = loop.start_config(wide).sizes, loop.start_config(few).sizes
+        a, b = (
+            loop.start_config(RunSettings.from_config(wide)).sizes,
+            loop.start_config(RunSettings.from_config(few)).sizes,
+        )
         for s in a:
             assert b[s].data_ratio == a[s].data_ratio and b[s].hole_ratio == a[s].hole_ratio
             assert b[s].wait_ratio == pytest.approx(0.3 * a[s].wait_ratio, abs=1e-4)
@@ -448,19 +456,19 @@ def test_a_checkpoint_position_that_disagrees_with_the_rounds_is_refused(tmp_pat
     work, ckpt = tmp_path / "run", tmp_path / "run" / "checkpoints"
     for step in (2, 4):
         (ckpt / str(step)).mkdir(parents=True)
-    rundir.check_position({"round": 0, "step": 2}, work, ckpt, 4)
+    rundir.check_position(rundir.Position.of({"round": 0, "step": 2}), work, ckpt, 4)
     with pytest.raises(loop.RunDirError) as e:
-        rundir.check_position({"round": 0, "step": 99}, work, ckpt, 4)
+        rundir.check_position(rundir.Position.of({"round": 0, "step": 99}), work, ckpt, 4)
     msg = str(e.value)
     assert msg.startswith(f"{ckpt / '4'}: data position {{'round': 0, 'step': 99}} is not")
     assert f"delete {ckpt / '4'} to resume from the checkpoint before it" in msg
     (work / "round_0").mkdir()
     (work / "round_0" / "DONE").write_bytes(b"")
-    rundir.check_position({"round": 0, "step": 4}, work, ckpt, 4)
-    rundir.check_position({"round": 1, "step": 1}, work, ckpt, 4)
+    rundir.check_position(rundir.Position.of({"round": 0, "step": 4}), work, ckpt, 4)
+    rundir.check_position(rundir.Position.of({"round": 1, "step": 1}), work, ckpt, 4)
     for bad in ({"round": 0, "step": 2}, {"step": 4}, {"round": "1", "step": 0}):
         with pytest.raises(loop.RunDirError, match="data position"):
-            rundir.check_position(bad, work, ckpt, 4)
+            rundir.check_position(rundir.Position.of(bad), work, ckpt, 4)
 
 
 def test_extra_seeds_extend_the_held_out_set_after_its_first_draw(tmp_path):
@@ -538,15 +546,15 @@ def test_an_edited_run_file_is_refused_naming_it(tmp_path):
     assert "rerun the same command with a new --workdir" in str(e.value)
 
     _finished_rounds(work, c)  # written without digests: recorded as they are on first read
-    loop.finished_round(work, 1, c, {"round": 1, "step": 4})
+    loop.finished_round(work, 1, RunSettings.from_config(c), Position(1, 4))
     val = work / "round_1" / "validation.json"
     val.write_text(val.read_text().replace('"valid": false', '"valid": true'))
     with pytest.raises(loop.RunDirError, match=r"round_1/validation\.json: changed since"):
-        loop.finished_round(work, 1, c, {"round": 1, "step": 4})
+        loop.finished_round(work, 1, RunSettings.from_config(c), Position(1, 4))
     (work / "round_0" / "validation.json").write_text('{"rows": [')  # torn: named, no traceback
     (work / "digests.json").unlink()
     with pytest.raises(loop.RunDirError, match=r"round_0/validation\.json: unreadable"):
-        loop.finished_round(work, 0, c, {"round": 1, "step": 4})
+        loop.finished_round(work, 0, RunSettings.from_config(c), Position(1, 4))
 
 
 def test_a_second_run_on_a_workdir_is_refused_and_a_stale_lock_taken_over(
@@ -593,7 +601,7 @@ def test_an_engineer_that_cannot_run_warns_or_stops_the_run(tmp_path, caplog, mo
     c.engineer.settings.model = "some-model"
     records = _finished_rounds(tmp_path / "run", c)
     out = tmp_path / "run" / "round_1"
-    args = (1, records, c.env, c, None, None, None, out)
+    args = (1, records, c.env, RunSettings.from_config(c), None, None, None, out)
     with caplog.at_level("WARNING"):
         d = loop._engineer(*args, False)
     assert d.kept_current and d.config.to_dict() == c.env.to_dict()
