@@ -3,6 +3,7 @@ compose other config files and for the sweep driver."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import pathlib
 import sys
@@ -41,6 +42,27 @@ def load_module(path) -> types.ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_object(spec: str, key: str):
+    """The object a config names as "package.module:attribute" (an experiment's extension,
+    e.g. "projects.go_no_go.hooks:arm"), imported from the installed packages or from the
+    checkout root or the working directory; ValueError naming `key`, the value and what is
+    allowed when it is malformed or does not resolve."""
+    module_name, sep, attr = str(spec).partition(":")
+    allowed = "'package.module:attribute' importable from the checkout or the working directory"
+    if not sep or not module_name or not attr.isidentifier():
+        raise ValueError(f"{key} = {spec!r}; allowed: {allowed}")
+    for root in (str(ROOT), str(pathlib.Path.cwd())):
+        if root not in sys.path:
+            sys.path.append(root)  # after the installed packages: they win
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"{key} = {spec!r}: {e}; allowed: {allowed}") from None
+    if not hasattr(module, attr):
+        raise ValueError(f"{key} = {spec!r}: module {module_name!r} has no {attr!r}")
+    return getattr(module, attr)
 
 
 def get_config(path, *arg):

@@ -185,7 +185,7 @@ def _run(s: RunSettings, workdir: pathlib.Path, tokenizer, say, strict_engineer:
         driver.run_phase(
             trainer, tokenizer, problems, settings, seed=_phase_seed(s, n),
             position={"round": n}, out_dir=out, ckpt_dir=ckpt_dir, start_step=done_steps,
-            progress=say.progress, label=f"round {n} GRPO",
+            progress=say.progress, label=f"round {n} GRPO", hooks=s.hooks,
         )  # fmt: skip
         position = rundir.Position(n, steps)
         # 3. Validate on the held-out set; the round's record is what the context reads.

@@ -197,7 +197,8 @@ class RunSettings:
     down instead of the ConfigDict): the seed and rounds; round 0's generator config (`env`,
     drawn at random over its sizes with env_start "random", waits ~ U[0, env_start_max_wait]);
     the puzzles a round trains on (`instances`); the starting model; the mesh; the GRPO phase of
-    a round, its optimiser over all rounds, the held-out validation and the engineer."""
+    a round (and what an experiment's `phase_hooks` change in it), its optimiser over all
+    rounds, the held-out validation and the engineer."""
 
     seed: int
     rounds: int
@@ -213,6 +214,7 @@ class RunSettings:
     validation: ValidationSettings
     engineer: EngineerSettings
     training: TrainingFacts
+    hooks: driver.PhaseHooks = driver.PhaseHooks()
 
     @classmethod
     def from_config(cls, c: ml_collections.ConfigDict) -> RunSettings:
@@ -229,6 +231,7 @@ class RunSettings:
         require("env_start_max_wait", w, ok, "a number in (0, 1]: round 0's waits ~ U[0, it]")
         model = ModelSettings.from_config(c.model)
         grpo = driver.GRPOSettings.from_config(c)
+        hooks = driver.PhaseHooks.from_config(c)
         optim = driver.optim_config(c, grpo.steps, c.rounds)
         optim.validate()
         validation = ValidationSettings.from_config(c)
@@ -267,6 +270,7 @@ class RunSettings:
             validation=validation,
             engineer=engineer,
             training=training,
+            hooks=hooks,
         )
 
     def env_config(self) -> ml_collections.ConfigDict:

@@ -429,7 +429,7 @@ def compare_runs(workdirs: list[pathlib.Path], labels: list[str] | None = None) 
 EXPORTED = (
     "run_config.json", "report.md", "*.png", "start/validation.*", "round_*/validation.*",
     "round_*/record.json", "round_*/config.json", "round_*/decision.json", "round_*/DONE",
-    "round_*/time_budget.json",  # driver.BUDGET_FILE: where a time budget ended a round
+    "round_*/time_budget.json",  # driver.STOP_FILE: where a stop hook ended a round
 )  # fmt: skip
 
 

@@ -5,15 +5,12 @@ loop (`engineer/loop.py`, one phase per round) and the tiny-model recipe
 
     c.train:  steps (or instances x epochs / problems_per_step), problems_per_step, group_size,
               num_iterations, max_new_tokens, temperature, top_p, enable_thinking,
-              checkpoint_every, oversample (dynamic sampling; 1 = off), screen (0 = off;
-              s >= 1: groups drawn from the puzzles the current greedy answer fails first),
-              objective ("grpo"; "rft": rejection-sampling fine-tuning on the same rollouts;
-              "placebo": GRPO with each group's advantages shuffled, a control),
-              greedy_member (False; True: each group's first member is the greedy answer,
-              `rollout.SamplingConfig.greedy_member`)
+              checkpoint_every, oversample (dynamic sampling; 1 = off), objective ("grpo";
+              "rft": rejection-sampling fine-tuning on the same rollouts)
     c.grpo:   clip_low, clip_high, kl_coef, aggregation, scale_by_std
     c.optim:  `OptimConfig` fields (lr, warmup_steps, schedule, cycle_steps, ...)
     c.reward: `RewardConfig` fields
+    c.phase_hooks (optional): `PhaseHooks`, what an experiment changes in a phase
 """
 
 from __future__ import annotations
@@ -24,13 +21,13 @@ import logging
 import math
 import pathlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import ml_collections
 import numpy as np
 
-from mapfjax import files
+from mapfjax import configfile, files
 from mapfjax.checks import is_finite_real, is_int, is_real, require, require_int
 from mapfjax.env import reward
 from mapfjax.env.types import Problem
@@ -42,11 +39,9 @@ from mapfjax.rl.sft import SFTConfig
 
 log = logging.getLogger(__name__)
 
-# What a phase optimises on its rollouts: "grpo" (group-relative policy gradient), "rft"
-# (rejection-sampling fine-tuning: cross-entropy on the policy's own valid samples) or
-# "placebo" (GRPO with each group's advantages shuffled among its samples: updates of GRPO's
-# size and noise that carry no information on which sample was valid; a control arm).
-OBJECTIVES = ("grpo", "rft", "placebo")
+# What a phase optimises on its rollouts: "grpo" (group-relative policy gradient) or "rft"
+# (rejection-sampling fine-tuning: cross-entropy on the policy's own valid samples).
+OBJECTIVES = ("grpo", "rft")
 # Training puzzles per round at most: generating more takes hours before the first update
 # (the paper: 4,000).
 MAX_INSTANCES = 1_000_000
@@ -65,16 +60,9 @@ class GRPOSettings:
     so shapes stay fixed (an update in parts, OptimConfig.length_split, does not run those
     groups: `Trainer._runnable`). 1.0 trains on every sampled group. objective "rft" replaces the
     GRPO update by rejection-sampling fine-tuning on the same rollouts: cross-entropy on the
-    valid samples, groups with at least one valid sample kept first (logged as kept_mixed);
-    "placebo" is GRPO on advantages shuffled within each group (`shuffle_advantages`).
-    screen: 0 draws the sampled puzzles in the problem stream's order; s >= 1 takes
-    ceil(s x drawn_per_step) candidates from the stream each step, decodes each greedily
-    with the current weights and samples the groups on those whose greedy plan fails first
-    (`screen_problems`; the decode counts in the step's time). max_minutes: 0 runs every
-    step; m > 0 ends the phase after the step past which one more step as long as it would
-    take the phase beyond m minutes (its logged `seconds`, a resumed phase's earlier steps
-    included): a budget in time rather than updates, the same on a slow machine and a fast
-    one; the first step always runs."""
+    valid samples, groups with at least one valid sample kept first (logged as kept_mixed).
+    What an experiment changes beyond these (which puzzles a step samples, how, the batch an
+    update trains on, when a phase stops) comes as `PhaseHooks`."""
 
     steps: int
     problems_per_step: int
@@ -86,8 +74,6 @@ class GRPOSettings:
     checkpoint_every: int = 10
     oversample: float = 1.0
     objective: str = "grpo"
-    screen: float = 0.0
-    max_minutes: float = 0.0
 
     @classmethod
     def from_config(cls, c: ml_collections.ConfigDict, steps: int | None = None) -> GRPOSettings:
@@ -103,7 +89,6 @@ class GRPOSettings:
             trace_loss=t.get("trace_loss", "all"),
             bucket=t.get("bucket", rollout.SamplingConfig.bucket),
             completion_bucket=t.get("completion_bucket", rollout.SamplingConfig.completion_bucket),
-            greedy_member=t.get("greedy_member", False),
         )
         loss = grpo.GRPOConfig(
             group_size=t.group_size, temperature=t.temperature, **c.grpo.to_dict()
@@ -111,9 +96,6 @@ class GRPOSettings:
         oversample = float(t.get("oversample", 1.0))
         if not math.isfinite(oversample) or oversample < 1:
             raise ValueError(f"train.oversample = {oversample!r}; allowed: a number >= 1")
-        screen = float(t.get("screen", 0.0))
-        if not math.isfinite(screen) or (screen != 0 and screen < 1):
-            raise ValueError(f"train.screen = {screen!r}; allowed: 0 (off) or a number >= 1")
         objective = t.get("objective", "grpo")
         if objective not in OBJECTIVES:
             raise ValueError(f"train.objective = {objective!r}; allowed: {', '.join(OBJECTIVES)}")
@@ -128,8 +110,6 @@ class GRPOSettings:
             checkpoint_every=t.get("checkpoint_every", 10),
             oversample=oversample,
             objective=objective,
-            screen=screen,
-            max_minutes=float(t.get("max_minutes", 0.0)),
         )
 
     def trainer_loss(self) -> tuple[str, object]:
@@ -140,11 +120,6 @@ class GRPOSettings:
     @property
     def drawn_per_step(self) -> int:
         return drawn_per_step(self.oversample, self.problems_per_step)
-
-    @property
-    def screened_per_step(self) -> int:
-        """Candidates decoded greedily per step (0 without a screen)."""
-        return math.ceil(self.screen * self.drawn_per_step)
 
 
 FINE_BUCKET_BUDGET = 256  # the longest completion budget `train.completion_bucket = "x8"` takes
@@ -168,16 +143,6 @@ def check_train(t: ml_collections.ConfigDict) -> None:
     require_int("train.problems_per_step", t.get("problems_per_step"), 1)
     require_int("train.checkpoint_every", t.get("checkpoint_every", 10), 1)
     require_int("train.num_iterations", t.get("num_iterations", 1), 1)
-    cap = t.get("max_minutes", 0.0)
-    ok = is_finite_real(cap) and cap >= 0
-    require("train.max_minutes", cap, ok, "0 (no time budget) or a number of minutes > 0")
-    greedy = t.get("greedy_member", False)
-    require("train.greedy_member", greedy, isinstance(greedy, bool), "True or False")
-    g = t.get("group_size")
-    require(
-        "train.group_size", g, not greedy or not is_int(g) or g >= 2,
-        "an int >= 2 with train.greedy_member (the greedy answer and >= 1 sample per group)",
-    )  # fmt: skip
     require_int("train.max_new_tokens", t.get("max_new_tokens"), 1)
     loss_of = t.get("trace_loss", "all")
     allowed = ", ".join(map(repr, rollout.TRACE_LOSSES))
@@ -268,23 +233,6 @@ def step_problems(problems: Sequence[Problem], n: int, step: int, seed) -> list[
     return out
 
 
-def screen_problems(
-    policy, tokenizer, candidates: Sequence[Problem], n: int, sampling, reward_cfg
-) -> tuple[list[Problem], int]:
-    """(`n` problems, how many candidates failed): each candidate answered greedily by
-    `policy` (the sampling settings at temperature 0), those whose greedy plan is not valid
-    first, then the others, each in drawn order."""
-    if n > len(candidates):
-        raise ValueError(f"{n} problems wanted from {len(candidates)} candidates")
-    greedy = dataclasses.replace(sampling, temperature=0.0)
-    model = rollout.policy_model(policy)
-    samples = rollout.sample(model, tokenizer, candidates, 1, greedy, None)
-    verdict, _ = rollout.score(candidates, 1, samples.texts, reward_cfg)
-    valid = np.asarray(verdict.valid, bool)
-    order = np.concatenate([np.flatnonzero(~valid), np.flatnonzero(valid)])[:n]
-    return [candidates[i] for i in order], int((~valid).sum())
-
-
 def useful_groups(objective: str, valid: np.ndarray, rewards: np.ndarray, g: int) -> np.ndarray:
     """bool [groups]: the groups that carry a gradient. GRPO: rewards that differ within the
     group (equal rewards give zero advantages); RFT: at least one valid sample to imitate."""
@@ -303,27 +251,12 @@ def imitate_valid(batch, valid: np.ndarray, order: np.ndarray, g: int):
     return batch.replace(loss_mask=np.asarray(batch.loss_mask) & keep[..., None])
 
 
-def shuffle_advantages(batch, rng: np.random.Generator, g: int):
-    """`batch` with each group's advantages permuted among its `g` samples (one permutation per
-    group from `rng`): the placebo objective. Each group keeps its set of advantages (zero
-    mean, the same spread), so the update has GRPO's size and noise, but which sample gets
-    which advantage no longer depends on its reward."""
-    adv = np.asarray(batch.advantages, np.float32)
-    groups = adv.reshape(-1, g)
-    shuffled = np.stack([row[rng.permutation(g)] for row in groups])
-    return batch.replace(advantages=shuffled.reshape(adv.shape))
-
-
-def objective_batch(objective: str, batch, valid: np.ndarray, order: np.ndarray, g: int, seed):
+def objective_batch(objective: str, batch, valid: np.ndarray, order: np.ndarray, g: int):
     """The batch an update of `objective` trains on, from the groups `select_groups` kept
     (`order`): unchanged for "grpo", only the valid samples in the loss for "rft"
-    (`imitate_valid`), advantages shuffled within each group for "placebo"
-    (`shuffle_advantages`, drawn from `seed`: the same step shuffles the same way on a
-    resume)."""
+    (`imitate_valid`)."""
     if objective == "rft":
         return imitate_valid(batch, valid, order, g)
-    if objective == "placebo":
-        return shuffle_advantages(batch, np.random.default_rng([*seed, 2]), g)
     return batch
 
 
@@ -376,6 +309,52 @@ def size_summary(stats: dict[int, SizeStats]) -> dict:
     return {"sizes": {str(n): s.summary() for n, s in sorted(stats.items())}}
 
 
+def _plain_draw(trainer, tokenizer, problems, step: int, settings, seed) -> tuple[list, dict]:
+    return step_problems(problems, settings.drawn_per_step, step, [*seed, 1]), {}
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseHooks:
+    """What an experiment changes in a GRPO phase without the package knowing it; each default
+    is the plain phase. A run config names them in an optional `phase_hooks` section: its
+    `factory` ("package.module:function", `configfile.load_object`) is called with the
+    section's other keys and returns a PhaseHooks (`from_config`).
+
+    draw(trainer, tokenizer, problems, step, settings, seed) -> (puzzles, metrics): the
+        `settings.drawn_per_step` puzzles step `step` samples groups on, and metrics to log
+        with the step (default: the problem stream's order, `step_problems`; deterministic in
+        seed and step).
+    sampling(SamplingConfig) -> SamplingConfig: how the phase's rollouts sample.
+    batch(batch, settings, step_seed) -> batch: the batch an update trains on, after the
+        objective's (`step_seed`: [*seed, step]).
+    stop(elapsed, last) -> bool: True ends the phase after this step (`elapsed`: its logged
+        seconds so far, a resumed phase's earlier steps included; `last`: this step's); the
+        phase then counts as finished and STOP_FILE says where it ended.
+    name: what the hooks do, in a few words (logged in STOP_FILE)."""
+
+    draw: Callable = _plain_draw
+    sampling: Callable | None = None
+    batch: Callable | None = None
+    stop: Callable | None = None
+    name: str = ""
+
+    @classmethod
+    def from_config(cls, c: ml_collections.ConfigDict) -> PhaseHooks:
+        """The hooks of a run config's `phase_hooks` section (none: the plain phase)."""
+        section = c.get("phase_hooks")
+        if not section:
+            return cls()
+        options = section.to_dict()
+        factory = configfile.load_object(options.pop("factory", ""), "phase_hooks.factory")
+        try:
+            hooks = factory(**options)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"phase_hooks: {e}") from None
+        require("phase_hooks.factory", section.factory, isinstance(hooks, cls),
+                "a function that returns a driver.PhaseHooks")  # fmt: skip
+        return hooks
+
+
 def run_phase(
     trainer,
     tokenizer,
@@ -389,8 +368,10 @@ def run_phase(
     start_step: int = 0,
     progress: bool = True,
     label: str = "GRPO",
+    hooks: PhaseHooks = PhaseHooks(),
 ) -> None:
-    """GRPO steps [start_step, settings.steps) on `problems` (`label`: the progress bar's).
+    """GRPO steps [start_step, settings.steps) on `problems` (`label`: the progress bar's;
+    `hooks`: what an experiment changes, `PhaseHooks`).
 
     seed: ints that fix the phase's problem order and sampling keys. position: the data
     position saved with each checkpoint, e.g. {"round": 3}; "step" (updates done in the
@@ -400,7 +381,8 @@ def run_phase(
     (a resumed phase included).
     """
     s = settings
-    elapsed = phase_seconds(out_dir / "metrics.jsonl", start_step) if s.max_minutes else 0.0
+    sampling = hooks.sampling(s.sampling) if hooks.sampling else s.sampling
+    elapsed = phase_seconds(out_dir / "metrics.jsonl", start_step) if hooks.stop else 0.0
     logger = metrics.MetricsLogger(
         out_dir, total_steps=s.steps, initial_step=start_step, progress=progress, desc=label
     )
@@ -409,24 +391,17 @@ def run_phase(
         for x in (*seed[1:], step):
             key = jax.random.fold_in(key, x)
         t0 = time.perf_counter()
-        screened = {}
-        if s.screen:
-            candidates = step_problems(problems, s.screened_per_step, step, [*seed, 1])
-            drawn, failed = screen_problems(
-                trainer, tokenizer, candidates, s.drawn_per_step, s.sampling, s.reward
-            )
-            screened = {"screened": len(candidates), "screen_failed": failed}
-            screened["screen_seconds"] = time.perf_counter() - t0
-        else:
-            drawn = step_problems(problems, s.drawn_per_step, step, [*seed, 1])
+        drawn, drew = hooks.draw(trainer, tokenizer, problems, step, s, seed)
         batch, rs = rollout.rollout(
-            trainer, tokenizer, drawn, s.group_size, s.sampling, s.reward, key, grpo_cfg=s.loss
+            trainer, tokenizer, drawn, s.group_size, sampling, s.reward, key, grpo_cfg=s.loss
         )
         adv = _advantages(batch)
         g = s.group_size
         useful = useful_groups(s.objective, rs.valid, rs.rewards, g)
         batch, kept, n_useful = select_groups(batch, useful, s.problems_per_step, g)
-        batch = objective_batch(s.objective, batch, rs.valid, kept, g, [*seed, step])
+        batch = objective_batch(s.objective, batch, rs.valid, kept, g)
+        if hooks.batch:
+            batch = hooks.batch(batch, s, [*seed, step])
         groups = [
             metrics.GroupOutcome(
                 size=max(p.height, p.width),
@@ -447,36 +422,28 @@ def run_phase(
             **rs.as_dict(),
             "kept_mixed": n_useful / s.problems_per_step,
             "drawn": len(drawn),
-            **screened,
+            **drew,
             "groups": groups,
             **{f"train_{k}": v for k, v in updates[-1].items()},
         }
         logger.log(step + 1, row)
         elapsed += row["seconds"]
-        # the time budget's end: the phase counts as finished (its checkpoint says so)
-        stop = step + 1 < s.steps and over_budget(elapsed, row["seconds"], s.max_minutes)
+        # a stop hook's end: the phase counts as finished (its checkpoint says so)
+        stop = step + 1 < s.steps and bool(hooks.stop) and hooks.stop(elapsed, row["seconds"])
         last = stop or step + 1 == s.steps
         if (step + 1) % s.checkpoint_every == 0 or last:
             done = s.steps if last else step + 1
             trainer.save(ckpt_dir, {**position, "step": done}, wait=True)
         if stop:
-            budget = {"updates": step + 1, "of": s.steps, "seconds": elapsed}
-            files.atomic_write(
-                out_dir / BUDGET_FILE, json.dumps({**budget, "max_minutes": s.max_minutes})
-            )
-            log.info("time budget of %s minutes: the phase ends after %d of %d updates",
-                     s.max_minutes, step + 1, s.steps)  # fmt: skip
+            ended = {"updates": step + 1, "of": s.steps, "seconds": elapsed, "by": hooks.name}
+            files.atomic_write(out_dir / STOP_FILE, json.dumps(ended))
+            log.info("%s: the phase ends after %d of %d updates", hooks.name or "stop hook",
+                     step + 1, s.steps)  # fmt: skip
             break
     logger.close()
 
 
-BUDGET_FILE = "time_budget.json"  # where a phase that a time budget ended says so
-
-
-def over_budget(elapsed: float, last: float, max_minutes: float) -> bool:
-    """Whether one more step as long as the `last` one would take a phase that has run
-    `elapsed` seconds beyond `max_minutes` (0: no budget)."""
-    return max_minutes > 0 and elapsed + last > 60 * max_minutes
+STOP_FILE = "time_budget.json"  # where a phase that a stop hook ended says so
 
 
 def phase_rows(metrics_path: pathlib.Path) -> dict[int, dict]:

@@ -197,11 +197,14 @@ def _policy_name(path: str) -> str:
 
 def _settings(config: dict) -> str:
     grpo, train = config.get("grpo", {}), config.get("train", {})
+    # What an arm changed in its phases: `phase_hooks` (hooks.py), train keys in older records.
+    hooks = {**train, **config.get("phase_hooks", {})}
     sizes = config.get("env", {}).get("sizes", {})
     used = {k: v for k, v in sizes.items() if v.get("data_ratio", 1.0) > 0}
     waits = sorted({v.get("wait_ratio") for v in used.values()})
     lr = config.get("optim", {}).get("lr")
     parts = {"rft": ["RFT"], "placebo": ["placebo"]}.get(train.get("objective"), [])
+    parts += ["placebo"] if hooks.get("placebo") and not parts else []
     if not isinstance(lr, (int, float)):
         parts += ["lr ?"]
     else:  # Adam's 1e-4 as such; the momentum optimiser's 0.93 in two digits
@@ -215,8 +218,8 @@ def _settings(config: dict) -> str:
     parts += [f"temperature {temperature:g}"] if temperature != 1.0 else []
     top_p = train.get("top_p", 1.0)
     parts += [f"top_p {top_p:g}"] if top_p != 1.0 else []
-    parts += [f"screen {train['screen']:g}"] if train.get("screen") else []
-    parts += ["greedy member"] if train.get("greedy_member") else []
+    parts += [f"screen {hooks['screen']:g}"] if hooks.get("screen") else []
+    parts += ["greedy member"] if hooks.get("greedy_member") else []
     groups = train.get("problems_per_step", 8)
     parts += [f"{groups} groups per update"] if groups != 8 else []
     steps, drawn = train.get("steps"), drawn_per_step(train.get("oversample", 1.0), groups)

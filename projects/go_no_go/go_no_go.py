@@ -27,6 +27,7 @@ if __name__ == "__main__":
 from mapfjax.rl.driver import FINE_BUCKET_BUDGET, OBJECTIVES, drawn_per_step  # noqa: E402
 from mapfjax.rl.optim import OPTIMIZERS  # noqa: E402
 from mapfjax.rl.rollout import TRACE_LOSSES  # noqa: E402
+from projects.go_no_go import hooks as hooks_lib  # noqa: E402
 
 # Groups (of 8 samples) per micro-batch of a thinking update: parts of 4 groups of traces
 # (640-token budget) ran at 4.5-5.8 GB resident on the CPU, 16 peaked at 20 GB (32-group arms).
@@ -51,7 +52,7 @@ _MINUTES = flags.DEFINE_float(
     0.0,
     "a time budget per round (0: none): the round ends after the update past which one more "
     "as long would exceed it, at most --updates (train.max_minutes; <run>/round_N/"
-    "time_budget.json says where it ended)",
+    "time_budget.json says where it ended; phase_hooks.max_minutes, `hooks.py`)",
 )
 _GROUPS = flags.DEFINE_integer(
     "groups",
@@ -102,13 +103,13 @@ _SCREEN = flags.DEFINE_float(
     "screen",
     0.0,
     "0: off; s >= 1: each update decodes s x the sampled puzzles greedily with the current "
-    "weights and samples the groups on those whose greedy plan fails first (train.screen)",
+    "weights and samples the groups on those whose greedy plan fails first (phase_hooks.screen)",
 )
 _GREEDY = flags.DEFINE_bool(
     "greedy_member",
     False,
     "each group's first member is the policy's greedy answer, the other 7 sampled "
-    "(train.greedy_member): the group's advantages then also score the answer the held-out "
+    "(phase_hooks.greedy_member): the group's advantages then also score the answer the held-out "
     "validation reads",
 )
 _FRESH = flags.DEFINE_bool(
@@ -120,10 +121,10 @@ _FRESH = flags.DEFINE_bool(
 _OBJECTIVE = flags.DEFINE_enum(
     "objective",
     "grpo",
-    list(OBJECTIVES),
+    [*OBJECTIVES, "placebo"],
     "what the arms optimise on their rollouts: grpo; rft (cross-entropy on the policy's own "
     "valid samples); placebo (GRPO with each group's advantages shuffled: a control with "
-    "GRPO's update size and noise but no reward information)",
+    "GRPO's update size and noise but no reward information; phase_hooks.placebo)",
 )
 _BONUS = flags.DEFINE_float(
     "optimal_bonus",
@@ -271,6 +272,8 @@ def micro_batches(part_groups: int, most: int = MICRO_GROUPS) -> int:
 def arm_config(sizes, wait_ratio: float | None = None):
     """The GRPO run config of one arm: training puzzles of these map sizes, `wait_ratio` of
     them needing a wait (None: --wait_ratio)."""
+    import ml_collections
+
     from mapfjax import configfile
     from mapfjax.env.config import default_config
 
@@ -284,8 +287,6 @@ def arm_config(sizes, wait_ratio: float | None = None):
     if _FRESH.value:  # else the config as every earlier arm ran it
         c.train.steps = _UPDATES.value
         c.train.instances = _UPDATES.value * drawn_per_step(c.train.oversample, _GROUPS.value)
-    if _MINUTES.value:  # else the config as every earlier arm ran it
-        c.train.max_minutes = _MINUTES.value
     c.optim.lr = _LR.value
     if _OPTIMIZER.value != "adamw":  # else the config as every earlier arm ran it
         c.optim.optimizer = _OPTIMIZER.value
@@ -295,11 +296,12 @@ def arm_config(sizes, wait_ratio: float | None = None):
     c.train.temperature = _TEMPERATURE.value
     if _TOP_P.value != 1.0:  # else the config as every earlier arm ran it
         c.train.top_p = _TOP_P.value
-    if _SCREEN.value:  # else the config as every earlier arm ran it
-        c.train.screen = _SCREEN.value
-    if _GREEDY.value:  # else the config as every earlier arm ran it
-        c.train.greedy_member = True
-    c.train.objective = _OBJECTIVE.value
+    c.train.objective = "grpo" if _OBJECTIVE.value == "placebo" else _OBJECTIVE.value
+    # What the arm changes in the phase (hooks.py); none: the config as every earlier arm ran
+    hooks = {"screen": _SCREEN.value, "greedy_member": _GREEDY.value,
+             "placebo": _OBJECTIVE.value == "placebo", "max_minutes": _MINUTES.value}  # fmt: skip
+    if any(hooks.values()):
+        c.phase_hooks = ml_collections.ConfigDict({"factory": hooks_lib.FACTORY, **hooks})
     if _SEED.value is not None:
         c.seed = _SEED.value
     if _BONUS.value is not None:  # else the config's own reward

@@ -68,31 +68,47 @@ def test_rft_keeps_groups_with_a_valid_sample_and_imitates_only_valid_samples(la
 
 
 @pytest.mark.parametrize("layout", ["groups", "rows"])
-def test_placebo_shuffles_advantages_within_each_group_only(layout):
-    """The placebo objective's batch: every group keeps its own advantages (so its mean and
-    spread), in another order drawn from the rng; nothing else of the batch changes."""
+def test_an_update_trains_on_the_objectives_batch(layout):
     g, drawn = 4, 6
     batch = _batch(drawn, g, layout)
-    before = np.asarray(batch.advantages).reshape(drawn, g)
-    out = driver.shuffle_advantages(batch, np.random.default_rng(3), g)
-    after = np.asarray(out.advantages).reshape(drawn, g)
-    assert np.asarray(out.advantages).shape == np.asarray(batch.advantages).shape
-    np.testing.assert_array_equal(np.sort(after, axis=1), np.sort(before, axis=1))
-    assert not np.array_equal(after, before)  # 6 groups of 4 distinct normals: some moved
-    np.testing.assert_array_equal(out.tokens, batch.tokens)
-    np.testing.assert_array_equal(out.loss_mask, batch.loss_mask)
-    again = driver.shuffle_advantages(batch, np.random.default_rng(3), g)
-    np.testing.assert_array_equal(again.advantages, out.advantages)  # seeded: resumable
-    assert "placebo" in driver.OBJECTIVES
-    # what an update of each objective trains on, as run_phase builds it
     valid = np.ones(drawn * g, bool)
     order = np.arange(drawn)
-    placebo = driver.objective_batch("placebo", batch, valid, order, g, [5, 7])
-    want = driver.shuffle_advantages(batch, np.random.default_rng([5, 7, 2]), g)
-    np.testing.assert_array_equal(placebo.advantages, want.advantages)
-    assert driver.objective_batch("grpo", batch, valid, order, g, [5, 7]) is batch
-    rft = driver.objective_batch("rft", batch, ~valid, order, g, [5, 7])
+    assert driver.objective_batch("grpo", batch, valid, order, g) is batch
+    rft = driver.objective_batch("rft", batch, ~valid, order, g)
     assert not np.asarray(rft.loss_mask).any()  # no valid sample: nothing to imitate
+    assert driver.OBJECTIVES == ("grpo", "rft")
+
+
+def _hooks(name: str = "fake", fail: bool = False):
+    """A `phase_hooks.factory` for the tests below."""
+    if fail:
+        raise ValueError("phase_hooks.fail = True; allowed: False")
+    return driver.PhaseHooks(name=name)
+
+
+def _not_hooks():
+    return "not hooks"
+
+
+def test_phase_hooks_come_from_the_factory_a_config_names():
+    c = tiny_cpu.get_config("smoke")
+    plain = driver.PhaseHooks.from_config(c)  # no section: the plain phase
+    assert plain == driver.PhaseHooks() and plain.draw is driver._plain_draw
+    c.phase_hooks = ml_collections.ConfigDict({"factory": "tests.rl.test_driver:_hooks"})
+    c.phase_hooks.name = "mine"
+    assert driver.PhaseHooks.from_config(c).name == "mine"
+    c.phase_hooks.fail = True
+    with pytest.raises(ValueError, match=r"phase_hooks: phase_hooks.fail = True; allowed"):
+        driver.PhaseHooks.from_config(c)
+    for spec, message in [
+        ("tests.rl.test_driver", r"phase_hooks.factory = 'tests.rl.test_driver'; allowed: 'pack"),
+        ("tests.rl.nowhere:_hooks", r"phase_hooks.factory = 'tests.rl.nowhere:_hooks': No mod"),
+        ("tests.rl.test_driver:_none", r"module 'tests.rl.test_driver' has no '_none'"),
+        ("tests.rl.test_driver:_not_hooks", r"phase_hooks.factory = .*a function that returns"),
+    ]:
+        c.phase_hooks = ml_collections.ConfigDict({"factory": spec})
+        with pytest.raises(ValueError, match=message):
+            driver.PhaseHooks.from_config(c)
 
 
 def test_problem_stream_is_deterministic_and_covers_each_epoch():
@@ -139,8 +155,6 @@ def test_settings_and_schedule_from_the_shared_schema():
     rft = c.copy_and_resolve_references()
     rft.train.objective = "rft"
     assert driver.GRPOSettings.from_config(rft).trainer_loss()[0] == "sft"
-    rft.train.objective = "placebo"  # the GRPO loss, on shuffled advantages
-    assert driver.GRPOSettings.from_config(rft).trainer_loss() == ("grpo", s.loss)
     rft.train.objective = "ppo"
     with pytest.raises(ValueError, match="train.objective = 'ppo'; allowed: grpo, rft"):
         driver.GRPOSettings.from_config(rft)

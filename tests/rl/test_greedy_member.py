@@ -1,6 +1,6 @@
-"""train.greedy_member: each GRPO group's first member is the policy's greedy answer and the
-rest are sampled (`rollout.greedy_groups`), checked on a tiny random Qwen3 against separate
-greedy and sampled calls and a plain forward pass; the config check and the gate's flag."""
+"""A greedy member: each GRPO group's first member is the policy's greedy answer and the rest
+are sampled (`rollout.greedy_groups`, `SamplingConfig.greedy_member`), checked on a tiny random
+Qwen3 against separate greedy and sampled calls and a plain forward pass."""
 
 import sys
 
@@ -10,13 +10,11 @@ import numpy as np
 import pytest
 
 from mapfjax.env.reward import RewardConfig
-from mapfjax.rl import driver, grpo, rollout
-from projects.go_no_go.tests.test_go_no_go import _PROBE, _run_probe
+from mapfjax.rl import grpo, rollout
 from tests.models.test_bpe import random_problems
 from tests.rl.test_rollout import as_rows, model, tok  # noqa: F401 (fixtures)
 
 sys.path.insert(0, "configs")
-import tiny_cpu  # noqa: E402
 
 G = 4
 
@@ -88,33 +86,6 @@ def test_a_failing_greedy_answer_gets_a_negative_advantage(model, tok, problems,
     assert adv[0, 0] < 0 < adv[0, 1] and adv[1, 0] > 0 > adv[1, 1] and not adv[2].any()
 
 
-def test_settings_take_the_greedy_member_and_check_it():
-    c = tiny_cpu.get_config()
-    assert driver.GRPOSettings.from_config(c).sampling.greedy_member is False  # default: off
-    c.train.greedy_member = True
-    assert driver.GRPOSettings.from_config(c).sampling.greedy_member is True
-    typo = tiny_cpu.get_config()
-    typo.train.greedy_member = "yes"
-    with pytest.raises(ValueError, match=r"train.greedy_member.*'yes'.*True or False"):
-        driver.GRPOSettings.from_config(typo)
-    c.train.greedy_member, c.train.group_size = True, 1
-    with pytest.raises(ValueError, match=r"train.group_size.*1.*int >= 2 with train.greedy_member"):
-        driver.GRPOSettings.from_config(c)
-
-
 def test_a_group_of_one_cannot_hold_a_greedy_member(model, tok, problems):  # noqa: F811
     with pytest.raises(ValueError, match="group_size=1: a greedy member needs a sampled row"):
         rollout.greedy_groups(model, tok, problems, 1, _sampling(), None)
-
-
-@pytest.mark.parametrize(
-    "args, want", [([], [False, "unset"]), (["--greedy_member"], [True, True])]
-)
-@pytest.mark.slow
-def test_the_gate_flag_reaches_the_rollouts_and_leaves_the_config_alone_when_off(args, want):
-    probe = _PROBE.replace(
-        "c.train.objective, c.train.temperature]",
-        "driver.GRPOSettings.from_config(c).sampling.greedy_member, "
-        "c.train.get('greedy_member', 'unset')]",
-    ).replace("print(", "from mapfjax.rl import driver\nprint(")
-    assert _run_probe(probe, args)[-2:] == want

@@ -70,8 +70,8 @@ def _refused(args) -> str:
         ),
         (["--objective=rft"], [4, 64, 64, False, 1e-4, 0.0, "all", [0.3], 1, 1200, "rft", 1.0]),
         (
-            ["--objective=placebo", "--kl_coef=0.1"],
-            [4, 64, 64, False, 1e-4, 0.1, "all", [0.3], 1, 1200, "placebo", 1.0],
+            ["--objective=placebo", "--kl_coef=0.1"],  # GRPO, placebo in its phase hooks
+            [4, 64, 64, False, 1e-4, 0.1, "all", [0.3], 1, 1200, "grpo", 1.0],
         ),
         (
             ["--temperature=0.7"],
@@ -92,11 +92,11 @@ def test_top_p_reaches_the_rollouts(args, want):
     assert _run_probe(probe, args)[-2:] == [want, want]
 
 
-@pytest.mark.parametrize("args, want", [([], [0.0, "unset"]), (["--screen=2"], [2.0, 2.0])])
-def test_screen_reaches_the_driver_and_leaves_the_config_alone_when_off(args, want):
+@pytest.mark.parametrize("args, want", [([], ["", "unset"]), (["--screen=2"], ["screen 2", 2.0])])
+def test_screen_reaches_the_phase_hooks_and_leaves_the_config_alone_when_off(args, want):
     probe = _PROBE.replace(
         "c.train.objective, c.train.temperature]",
-        "driver.GRPOSettings.from_config(c).screen, c.train.get('screen', 'unset')]",
+        "driver.PhaseHooks.from_config(c).name, c.get('phase_hooks', {}).get('screen', 'unset')]",
     ).replace("print(", "from mapfjax.rl import driver\nprint(")
     assert _run_probe(probe, args)[-2:] == want
 
