@@ -28,6 +28,7 @@ from mapfjax.engineer.context import (
 )
 from mapfjax.engineer.prompt import build_prompt
 from mapfjax.engineer.proposal import (
+    MAX_CHARS,
     MAX_EDITS,
     Decision,
     Diff,
@@ -576,6 +577,8 @@ class ApiEngineer(api_chat.Endpoint):
             extra["errors"] = e.errors
             return engineer_failed(current, self.name, str(e), extra=extra, prompt=prompt)
         extra.update(errors=errors, attempts=len(errors) + 1)
+        if isinstance(text, str):
+            extra["reply_chars"] = len(text)  # the stored reply is cut to what the parser reads
         proposal = parse_proposal(text, self.max_edits)
         return apply_proposal(proposal, current, self.name, prompt=prompt, **extra)
 
@@ -632,9 +635,11 @@ class PolicyEngineer:
         samples = []
         for i, text in enumerate(texts):
             d = apply_proposal(parse_proposal(text, self.max_edits), current, self.name)
+            kept = text[:MAX_CHARS] if isinstance(text, str) else repr(text)[:MAX_CHARS]
             samples.append(
-                {"index": i, "changed": not d.kept_current, "reason": d.reason, "text": text}
-            )
+                {"index": i, "changed": not d.kept_current, "reason": d.reason, "text": kept,
+                 "chars": len(text) if isinstance(text, str) else len(kept)}
+            )  # fmt: skip
             if not d.kept_current:
                 return dataclasses.replace(
                     d, extra={"mode": "free", "chosen": i, "samples": samples}
@@ -644,7 +649,7 @@ class PolicyEngineer:
             current,
             self.name,
             f"no sample changed the config ({why})",
-            raw=texts[0] if texts else "",
+            raw=samples[0]["text"] if samples else "",
             extra={"mode": "free", "chosen": None, "samples": samples},
         )
 

@@ -284,18 +284,18 @@ def parse_proposal(text: Any, max_edits: int = MAX_EDITS) -> Proposal:
     try:
         return _parse(text, max_edits)
     except Exception as e:  # the contract is "never raises": record what happened instead
-        raw = text if isinstance(text, str) else repr(text)[:MAX_CHARS]
+        raw = (text if isinstance(text, str) else repr(text))[:MAX_CHARS]
         return Proposal(raw=raw, diff=(), error=f"unparseable answer ({type(e).__name__}: {e})")
 
 
 def _parse(text: Any, max_edits: int) -> Proposal:
     if not isinstance(text, str):
         return Proposal(raw=repr(text)[:MAX_CHARS], diff=(), error="the answer is not text")
-    raw = text
     rejected: list[tuple[str, str]] = []
-    if len(text) > MAX_CHARS:
+    if len(text) > MAX_CHARS:  # what is stored is what is read: a 10 MB reply is not kept
+        rejected.append(("<answer>", f"cut at {MAX_CHARS} of its {len(text)} characters"))
         text = text[:MAX_CHARS]
-        rejected.append(("<answer>", f"cut at {MAX_CHARS} characters"))
+    raw = text
     answer, error = _strip_thinking(text)
     summary = _summary(answer)
     if error:

@@ -18,7 +18,10 @@ _TOKEN_CODES = {name: code for code, name in enumerate(ACTION_NAMES)} | {"STAY":
 _THINK_TAG = re.compile(r"<(/?)think>", re.IGNORECASE)
 _ANSWER_TAG = re.compile(r"<(/?)answer>", re.IGNORECASE)
 # Optional markdown bullets / quote marks before "Agent <i>:"; '*' and '`' are removed first.
-_AGENT_LINE = re.compile(r"^[\s\-•>]*agent\s*(\d+)\s*:(.*)$", re.IGNORECASE)
+# The answer's syntax is ASCII, as the prompt writes it: agent numbers in the digits 0-9 (not
+# a fullwidth or Arabic-Indic digit) and action names in ASCII letters, any case (not `rıght`
+# with a dotless i, which str.upper() would turn into RIGHT).
+_AGENT_LINE = re.compile(r"^[\s\-•>]*agent\s*([0-9]+)\s*:(.*)$", re.IGNORECASE)
 _AGENT_START = re.compile(r"^[\s\-•>]*agent\b", re.IGNORECASE)
 _LIST_JUNK = re.compile(r"[\[\](){}'\"“”‘’]")
 _SEPARATORS = re.compile(r"[\s,]+")
@@ -94,7 +97,7 @@ def parse_answer(
         for tok in _SEPARATORS.split(rest):
             if not tok:
                 continue
-            code = _TOKEN_CODES.get(tok.upper())
+            code = _TOKEN_CODES.get(tok.upper()) if tok.isascii() else None
             if code is None:
                 return None, (
                     f"Agent {idx}: unknown action {tok[:20]!r}; allowed: UP, DOWN, LEFT, RIGHT, "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import pathlib
 from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
@@ -86,23 +87,49 @@ def _format(path: pathlib.Path) -> str:
     return fmt
 
 
-def write_rows(path, rows: list[dict]) -> Written:
-    """Write rows as Parquet (a .parquet path; needs pyarrow) or JSONL (.jsonl, .json). Without
-    pyarrow a .parquet request writes JSONL beside it (same name, .jsonl) and logs a warning."""
+# The most entries a dataset generates, as a round of training does (`driver.MAX_INSTANCES`):
+# more take hours of oracle time before the first row is written.
+MAX_SIZE = 1_000_000
+
+
+def output_path(path, overwrite: bool = False) -> tuple[pathlib.Path, str]:
+    """(the file `write_rows` writes for `path`, why it is not `path` or ''): a .parquet path
+    without pyarrow becomes the .jsonl of the same name. FileExistsError when that file exists
+    and `overwrite` is False; ValueError for a file type that is neither."""
     path, note = pathlib.Path(path), ""
     if _format(path) == "parquet":
         try:
-            import pyarrow as pa
-            import pyarrow.parquet as pq
+            import pyarrow  # noqa: F401
         except ImportError:
             note = f"pyarrow is not installed: JSONL instead of {path.name}"
             path = path.with_suffix(".jsonl")
-            log.warning("%s; writing %s", note, path)
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            pq.write_table(pa.Table.from_pylist(rows), path)
-            return Written(path, "parquet", len(rows))
+    if path.exists() and not overwrite:
+        raise FileExistsError(
+            f"{path} exists; refusing to overwrite it (choose another --out, or pass --overwrite)"
+        )
+    return path, note
+
+
+def write_rows(path, rows: list[dict], overwrite: bool = False) -> Written:
+    """Write rows as Parquet (a .parquet path; needs pyarrow) or JSONL (.jsonl, .json), to a
+    temporary name then renamed (a crash leaves no half file). Without pyarrow a .parquet
+    request writes JSONL beside it (same name, .jsonl) and logs a warning. An existing file is
+    kept (FileExistsError) unless `overwrite`."""
+    path, note = output_path(path, overwrite)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if note:
+        log.warning("%s; writing %s", note, path)
+    if _format(path) == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        try:
+            pq.write_table(pa.Table.from_pylist(rows), tmp)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return Written(path, "parquet", len(rows))
     io.save_jsonl(path, rows)
     return Written(path, "jsonl", len(rows), note)
 
@@ -164,8 +191,10 @@ class MapfDataset:
 
         from mapfjax.env import generator, oracle
 
-        if not is_int(size) or size < 1:
-            raise ValueError(f"size = {size!r}; allowed: an integer >= 1 (entries to generate)")
+        if not is_int(size) or not 1 <= size <= MAX_SIZE:
+            raise ValueError(
+                f"size = {size!r}; allowed: an integer in [1, {MAX_SIZE:,}] (entries to generate)"
+            )
         config = generator_config(config)
         seed = config.seed if seed is None else seed
         if not is_int(seed) or seed < 0:
@@ -199,9 +228,9 @@ class MapfDataset:
         """verl's RL rows (see `row`), one per entry."""
         return [row(item, split) for item in self._entries]
 
-    def write(self, path, split: str = "train") -> Written:
+    def write(self, path, split: str = "train", overwrite: bool = False) -> Written:
         """Write `rows(split)` as Parquet or JSONL (see `write_rows`)."""
-        return write_rows(path, self.rows(split))
+        return write_rows(path, self.rows(split), overwrite)
 
     def to_hf_dataset(self, split: str = "train"):
         """`rows(split)` as a Hugging Face `datasets.Dataset` (needs the `datasets` package)."""
@@ -225,6 +254,7 @@ __all__ = [
     "Written",
     "entry",
     "generator_config",
+    "output_path",
     "read_rows",
     "row",
     "write_rows",

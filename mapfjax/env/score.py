@@ -9,6 +9,7 @@ uses too). `compute_score` is verl's custom reward function, `reward` a TRL rewa
 # does not register the module in sys.modules leaves dataclasses unable to read string annotations.
 import dataclasses
 import json
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -17,6 +18,11 @@ from mapfjax.env import answer, simulate
 
 DATA_SOURCE = "mapf_frozenlake"  # verl's `data_source` column for this environment
 PARSE_ERROR = "parse_error"  # the failure label of an answer that does not parse
+
+
+MAX_AGENTS = 5  # the prompt's start symbols S s A B C
+# Rewards beyond this size say a typo (1e300) more often than a scale: GRPO normalises them.
+MAX_REWARD = 1e6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,8 +41,12 @@ class RewardConfig:
     def __post_init__(self):
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            if not isinstance(v, (int, float)) or v != v:
-                raise ValueError(f"reward.{f.name} = {v!r}; allowed: a finite number")
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            if not ok or abs(v) > MAX_REWARD:
+                raise ValueError(
+                    f"reward.{f.name} = {v!r}; allowed: a finite number in "
+                    f"[-{MAX_REWARD:g}, {MAX_REWARD:g}]"
+                )
 
 
 def combine(valid, optimal, parse_error, config: RewardConfig, agent_share=0.0):
@@ -97,8 +107,10 @@ def puzzle(ground_truth) -> Puzzle:
     if isinstance(ground_truth, (str, bytes)):
         try:
             ground_truth = json.loads(ground_truth)
-        except ValueError as e:
-            raise ValueError(f"ground truth is not JSON ({e}): {ground_truth!r:.80}") from None
+        except (ValueError, RecursionError) as e:
+            raise ValueError(
+                f"ground truth is not JSON ({e!s:.80}): {ground_truth!r:.80}"
+            ) from None
     if isinstance(ground_truth, Mapping) and "metadata" in ground_truth:
         ground_truth = ground_truth["metadata"]
     if not isinstance(ground_truth, Mapping):
@@ -120,6 +132,20 @@ def puzzle(ground_truth) -> Puzzle:
     starts, goals = _cells(ground_truth["starts"], "starts"), _cells(ground_truth["goals"], "goals")
     if len(starts) != len(goals):
         raise ValueError(f"ground truth: {len(starts)} starts but {len(goals)} goals")
+    if len(starts) > MAX_AGENTS:
+        raise ValueError(f"ground truth: {len(starts)} agents; allowed: 1 to {MAX_AGENTS}")
+    for field, cells in (("starts", starts), ("goals", goals)):
+        for r, c in cells:
+            if not (0 <= r < len(grid) and 0 <= c < len(grid[0])):
+                raise ValueError(
+                    f"ground truth: field {field!r} has {[r, c]}, off the {len(grid)}x"
+                    f"{len(grid[0])} grid; allowed: cells [row, col] on the grid"
+                )
+            if grid[r][c] == "H":
+                raise ValueError(f"ground truth: field {field!r} has {[r, c]} on a hole")
+        if len(set(cells)) != len(cells):
+            raise ValueError(f"ground truth: field {field!r} = {cells!r:.80}; allowed: "
+                             "distinct cells, one per agent")  # fmt: skip
     soc = ground_truth.get("optimal_soc")
     if soc is not None and (not isinstance(soc, int) or isinstance(soc, bool) or soc < 0):
         raise ValueError(f"ground truth: field 'optimal_soc' = {soc!r}; allowed: an int >= 0")
@@ -208,6 +234,22 @@ def completion_text(completion: Any) -> Any:
 _GROUND_TRUTH_COLUMNS = ("reward_model", "ground_truth", "metadata")
 
 
+def _ground_truth_of(reward_model) -> Any:
+    """verl's `reward_model` column entry ({"style": ..., "ground_truth": ...}, or its JSON)
+    -> its ground truth; ValueError naming the field otherwise."""
+    if isinstance(reward_model, (str, bytes)):
+        try:
+            reward_model = json.loads(reward_model)
+        except (ValueError, RecursionError):
+            pass
+    if not isinstance(reward_model, Mapping) or "ground_truth" not in reward_model:
+        raise ValueError(
+            f"column 'reward_model' = {reward_model!r:.80}; allowed: an object with a "
+            "'ground_truth' field (as MapfDataset.write exports it)"
+        )
+    return reward_model["ground_truth"]
+
+
 def reward_function(config: RewardConfig = DEFAULT_REWARD):
     """A TRL reward function (GRPOTrainer(reward_funcs=...)) with these reward settings."""
 
@@ -222,7 +264,7 @@ def reward_function(config: RewardConfig = DEFAULT_REWARD):
             )
         truths = columns[column]
         if column == "reward_model":
-            truths = [t["ground_truth"] for t in truths]
+            truths = [_ground_truth_of(t) for t in truths]
         return [
             score(completion_text(c), t, config).reward
             for c, t in zip(completions, truths, strict=True)

@@ -100,8 +100,9 @@ def arm(
     require("phase_hooks.greedy_member", greedy_member, isinstance(greedy_member, bool),
             "True or False")  # fmt: skip
     require("phase_hooks.placebo", placebo, isinstance(placebo, bool), "True or False")
-    ok = is_finite_real(max_minutes) and max_minutes >= 0
-    require("phase_hooks.max_minutes", max_minutes, ok, "0 (no time budget) or minutes > 0")
+    ok = is_finite_real(max_minutes) and (max_minutes == 0 or max_minutes >= 1 / 60)
+    require("phase_hooks.max_minutes", max_minutes, ok,
+            "0 (no time budget) or at least a second (1/60 minutes)")  # fmt: skip
     on = [
         *([f"screen {screen:g}"] if screen else []),
         *(["greedy member"] if greedy_member else []),

@@ -120,7 +120,7 @@ def test_not_text_and_endless_text():
     assert "not text" in P.parse_proposal(None).error
     p = P.parse_proposal("sizes.s3.hole_ratio: 0.1\n" + "x" * (P.MAX_CHARS + 10))
     assert p.diff == (P.Edit(3, "hole_ratio", 0.1),)
-    assert ("<answer>", f"cut at {P.MAX_CHARS} characters") in p.rejected
+    assert ("<answer>", f"cut at {P.MAX_CHARS} of its {P.MAX_CHARS + 35} characters") in p.rejected
     assert "unparseable" not in P.parse_proposal("```json\n" + "[" * 50_000 + "\n```").error
 
 
@@ -352,3 +352,15 @@ def test_apply_proposal_never_raises_on_extreme_values(diff):
     finite = tuple(e for e in edits if isinstance(e.value, float) and math.isfinite(e.value))
     p = P.parse_proposal(P.format_diff(finite), max_edits=len(finite))  # the same via text
     check_decision(p, P.apply_proposal(p, CUR, "t"))
+
+
+def test_a_huge_reply_is_stored_as_far_as_it_is_read_with_its_full_length():
+    from mapfjax.engineer import proposal as prop
+    from mapfjax.env.config import default_config
+
+    reply = "sizes.s3.hole_ratio: 0.3\n" + "x" * 10_000_000
+    p = prop.parse_proposal(reply)
+    assert len(p.raw) == prop.MAX_CHARS
+    assert ("<answer>", f"cut at {prop.MAX_CHARS} of its {len(reply)} characters") in p.rejected
+    d = prop.apply_proposal(p, default_config(2), "api")
+    assert len(d.to_dict()["raw"]) == prop.MAX_CHARS and not d.kept_current

@@ -234,6 +234,22 @@ def test_parquet_without_pyarrow_writes_jsonl_and_says_so(small, tmp_path, monke
         small.write(tmp_path / "train.csv")
 
 
+def test_the_export_never_overwrites_a_file_unless_asked(small, tmp_path, monkeypatch):
+    """An existing file is kept, and a .parquet request without pyarrow does not replace the
+    .jsonl of the same name the user never named; `overwrite` replaces either."""
+    keep = tmp_path / "keep.jsonl"
+    keep.write_text("mine\n")
+    with pytest.raises(FileExistsError, match=r"keep.jsonl exists; refusing to overwrite it"):
+        small.write(keep)
+    assert keep.read_text() == "mine\n"
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    with pytest.raises(FileExistsError, match=r"keep.jsonl exists"):
+        small.write(tmp_path / "keep.parquet")
+    assert keep.read_text() == "mine\n" and not (tmp_path / "keep.parquet").exists()
+    assert small.write(keep, overwrite=True).rows == len(small)
+    assert dataset.read_rows(keep) == small.rows()
+
+
 def test_parquet_round_trip(small, tmp_path):
     pytest.importorskip("pyarrow")
     written = small.write(tmp_path / "train.parquet")
@@ -352,7 +368,7 @@ def test_bad_ground_truth_names_the_field():
 
 def test_zero_entries_and_impossible_configs_name_the_key():
     cfg = default_config(num_agents=2, sizes=[3, 4])
-    for size in (0, -1, True, 2.0):
+    for size in (0, -1, True, 2.0, 2_000_000_000):
         with pytest.raises(ValueError, match=re.escape(f"size = {size!r}; allowed: an integer")):
             dataset.MapfDataset(cfg, size)
     with pytest.raises(ValueError, match="seed = -1"):
@@ -402,4 +418,8 @@ def test_export_command_writes_a_rounds_dataset(tmp_path, one_device_env):
     bad = subprocess.run(
         [*command[:5], "0", *command[6:]], capture_output=True, text=True, cwd=ROOT
     )
+    assert bad.returncode == 2 and "refusing to overwrite it" in bad.stderr  # before the size
+    again = [*command[:5], "0", *command[6:], "--overwrite"]
+    bad = subprocess.run(again, capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2 and "size = 0; allowed" in bad.stderr
+    assert dataset.read_rows(out) == rows  # untouched by the refused commands

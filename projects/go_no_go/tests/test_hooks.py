@@ -94,6 +94,7 @@ def test_screen_with_a_real_tiny_model_answers_every_candidate_greedily(model, t
     [
         ("screen", 0.5, r"phase_hooks.screen = 0.5; allowed: 0 \(off\) or a number >= 1"),
         ("max_minutes", -1.0, r"phase_hooks.max_minutes = -1.0; allowed: 0 \(no time budget\)"),
+        ("max_minutes", 1e-12, r"phase_hooks.max_minutes = 1e-12; allowed: .* at least a sec"),
         ("max_minutes", float("nan"), r"phase_hooks.max_minutes = nan"),
         ("greedy_member", "yes", r"phase_hooks.greedy_member = 'yes'; allowed: True or False"),
         ("placebo", 1, r"phase_hooks.placebo = 1; allowed: True or False"),
