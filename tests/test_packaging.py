@@ -19,6 +19,7 @@ from mapfjax import configfile
 from mapfjax.presets import engineers, variants
 
 package = pathlib.Path(mapfjax.__file__).parent
+MODELS = ("tiny", "tiny_think")
 v6 = variants.get_config("V6").modules
 print(json.dumps({
     "package": str(package),
@@ -29,6 +30,9 @@ print(json.dumps({
     "variants": sorted(variants.VARIANTS),
     "tiny_model": (package / "assets" / "tiny" / "config.json").is_file(),
     "tiny_think": (package / "assets" / "tiny_think" / "model.safetensors").is_file(),
+    # Each model's card and chat template (its default prompt mode) ship with it.
+    "cards": {n: (package / "assets" / n / "README.md").read_text() for n in MODELS},
+    "templates": {n: (package / "assets" / n / "chat_template.jinja").read_text() for n in MODELS},
     # A relative config path is found in the working directory when the package has none.
     "from_cwd": configfile.get_config("configs/here.py"),
 }))
@@ -75,6 +79,10 @@ def test_wheel_installs_and_loads_the_presets_outside_the_repository(tmp_path):
     assert not pathlib.Path(got["package"]).is_relative_to(ROOT)
     assert got["guideline"] == (ROOT / "configs" / "engineer" / "guideline.md").read_text()
     assert got["guideline_in_package"] and got["tiny_model"] and got["tiny_think"]
+    for name in ("tiny", "tiny_think"):
+        assets = ROOT / "mapfjax" / "assets" / name
+        assert got["cards"][name] == (assets / "README.md").read_text()
+        assert got["templates"][name] == (assets / "chat_template.jinja").read_text()
     assert got["engineers"] == sorted(engineers.ENGINEERS)
     assert got["policy"] == engineers.get_config("policy").to_dict()
     assert got["variants"] == sorted(variants.VARIANTS)

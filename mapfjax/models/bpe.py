@@ -62,9 +62,50 @@ def required_text(coordinates: bool = False) -> str:
     return REQUIRED_TEXT + ("".join(COORDINATES) if coordinates else "")
 
 
-# Qwen3-style template: same text as `tokenizer.builtin_chat_text`; `enable_thinking=False`
-# appends the empty think block to the generation prompt.
-CHAT_TEMPLATE = (
+# Qwen3-style chat template: the text of `tokenizer.builtin_chat_text`. A caller's
+# `enable_thinking=True/False` decides the prompt mode as in Qwen3's own template (False appends
+# the empty think block to the generation prompt); a caller that passes none (or None) gets the
+# template's default, which a shipped model sets to the mode it was trained on, so that
+# transformers, TRL, verl or vLLM prompt it right without an argument. This project's own
+# prompts always pass it (`tokenizer.chat_text`), so the default never changes them.
+_TEMPLATE_HEAD = (
+    "{#- The prompt mode where a caller passes no enable_thinking (or None): the one this model "
+    "was trained on. true: the generation prompt ends at the assistant's header; false: in an "
+    "empty think block. #}\n"
+    "{%- set thinking = DEFAULT %}\n"
+)
+_TEMPLATE_BODY = (
+    "{%- if enable_thinking is defined and enable_thinking is not none %}\n"
+    "    {%- set thinking = enable_thinking %}\n"
+    "{%- endif %}\n"
+    "{%- for message in messages %}\n"
+    "    {{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}\n"
+    "{%- endfor %}\n"
+    "{%- if add_generation_prompt %}\n"
+    "    {{- '<|im_start|>assistant\\n' }}\n"
+    "    {%- if thinking is false %}\n"
+    "        {{- '<think>\\n\\n</think>\\n\\n' }}\n"
+    "    {%- endif %}\n"
+    "{%- endif %}"
+)
+
+
+def chat_template(enable_thinking: bool = True) -> str:
+    """The chat template whose default prompt mode is `enable_thinking` (True: Qwen3's own
+    default, the generation prompt ends at `<|im_start|>assistant\\n`; False: it ends in the
+    empty think block). Explicit `enable_thinking=True/False` from a caller always wins."""
+    if not isinstance(enable_thinking, bool):
+        raise TypeError(f"enable_thinking = {enable_thinking!r}; allowed: True or False")
+    default = "true" if enable_thinking else "false"
+    return _TEMPLATE_HEAD.replace("DEFAULT", default) + _TEMPLATE_BODY
+
+
+# Qwen3's default: thinking on (what `save_tokenizer` writes unless told otherwise).
+CHAT_TEMPLATE = chat_template(True)
+# The template the tiny models shipped with before their templates carried a default: thinking
+# on unless a caller passed enable_thinking=False. `attach_tokenizer` recognises it as this
+# project's own and rewrites its default.
+PREVIOUS_CHAT_TEMPLATE = (
     "{%- for message in messages %}"
     "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
     "{%- endfor %}"
@@ -75,6 +116,11 @@ CHAT_TEMPLATE = (
     "{%- endif %}"
     "{%- endif %}"
 )
+
+
+def is_own_template(template) -> bool:
+    """Whether `template` is one this module writes (either default, or the previous one)."""
+    return template in (chat_template(True), chat_template(False), PREVIOUS_CHAT_TEMPLATE)
 
 
 def check_vocab_size(vocab_size, key: str = "vocab_size") -> None:
@@ -140,10 +186,14 @@ def _save_pretrained_atomically(tokenizer, out_dir) -> list[str]:
     return names
 
 
-def save_tokenizer(out_dir, tok, max_length: int = 4096) -> pathlib.Path:
-    """Write the `tokenizers.Tokenizer` `tok` as HF tokenizer files into `out_dir`."""
+def save_tokenizer(
+    out_dir, tok, max_length: int = 4096, enable_thinking: bool = True
+) -> pathlib.Path:
+    """Write the `tokenizers.Tokenizer` `tok` as HF tokenizer files into `out_dir`, with the
+    chat template whose default prompt mode is `enable_thinking` (`chat_template`)."""
     import transformers  # slow to import (seconds); only writing HF files needs it
 
+    template = chat_template(enable_thinking)
     fast = transformers.PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=IM_END,
@@ -152,7 +202,7 @@ def save_tokenizer(out_dir, tok, max_length: int = 4096) -> pathlib.Path:
         model_max_length=max_length,
         clean_up_tokenization_spaces=False,
     )
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = template
     _save_pretrained_atomically(fast, out_dir)
     return pathlib.Path(out_dir)
 
@@ -171,7 +221,7 @@ def corpus(prompts: Sequence[str], answers: Sequence[str], thinking: bool = Fals
     role names and the think block get merged too, plus the empty think block alone.
 
     prompts: `env.text.render_prompt` outputs; answers: `env.text.render_answer` outputs, or
-    with `thinking` the model's whole turn (`env.trace.render_thinking` + the answer).
+    with `thinking` the model's whole turn (`env.forms.TraceForm.response`: trace, answer).
     """
     return [
         builtin_chat_text([{"role": "user", "content": p}], thinking) + f"{a}{IM_END}\n"
@@ -179,12 +229,40 @@ def corpus(prompts: Sequence[str], answers: Sequence[str], thinking: bool = Fals
     ] + [EMPTY_THINK]
 
 
+def recorded_thinking(model_dir) -> bool | None:
+    """The prompt mode a checkpoint records in its generation_config.json (`enable_thinking`,
+    written by `hf.save_pretrained(generation=...)`), or None where it records none."""
+    path = pathlib.Path(model_dir) / "generation_config.json"
+    if not path.is_file():
+        return None
+    try:
+        value = json.loads(path.read_text()).get("enable_thinking")
+    except (ValueError, AttributeError) as e:
+        raise ValueError(f"{path}: not a JSON object ({e})") from e
+    if value is not None and not isinstance(value, bool):
+        raise ValueError(f"{path}: enable_thinking = {value!r}; allowed: true, false or absent")
+    return value
+
+
 def attach_tokenizer(model_dir, tokenizer) -> None:
     """Copy `tokenizer`'s files into an HF model directory and record its special token ids
     (bos/eos/pad) in config.json and generation_config.json, so transformers generation stops
-    on `<|im_end|>`."""
+    on `<|im_end|>`.
+
+    Where the directory's generation_config.json records the prompt mode the model was trained
+    on (`enable_thinking`) and the tokenizer's chat template is this module's (`is_own_template`),
+    the written template defaults to that mode (`chat_template`), so callers that pass no
+    `enable_thinking` prompt the model as it was trained. `tokenizer` itself is left as it was.
+    """
     model_dir = pathlib.Path(model_dir)
-    _save_pretrained_atomically(tokenizer, model_dir)
+    trained = recorded_thinking(model_dir)
+    own = tokenizer.chat_template
+    if trained is not None and is_own_template(own):
+        tokenizer.chat_template = chat_template(trained)
+    try:
+        _save_pretrained_atomically(tokenizer, model_dir)
+    finally:
+        tokenizer.chat_template = own
     ids = {
         "bos_token_id": tokenizer.convert_tokens_to_ids(IM_START),
         "eos_token_id": tokenizer.convert_tokens_to_ids(IM_END),

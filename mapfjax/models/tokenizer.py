@@ -94,8 +94,10 @@ def builtin_chat_text(messages: Sequence[dict[str, str]], enable_thinking: bool 
 def chat_text(tokenizer, prompt, *, enable_thinking: bool = True, system: str | None = None):
     """The model input text for one user prompt (str) or a list of chat messages.
 
-    Uses the tokenizer's chat template (passing `enable_thinking`) when it has one, else
-    `builtin_chat_text`.
+    Uses the tokenizer's chat template when it has one, else `builtin_chat_text`. The mode is
+    always passed to the template, never left to its default (a shipped model's template
+    defaults to the mode it was trained in, `bpe.chat_template`), so this project's prompts are
+    the same whatever a template's default.
     """
     messages = _as_messages(prompt, system)
     if getattr(tokenizer, "chat_template", None):
