@@ -68,15 +68,10 @@ def recipe() -> ml_collections.ConfigDict:
     # True: the completion is a reasoning trace (think block), then the answer; the tokenizer
     # makes every "(r, c)" one token. The reward still reads only the answer.
     c.thinking = False
-    # How the trace transcribes the map before the moves (`mapfjax.env.trace.STYLES`).
-    c.trace_style = "holes"
-    # With thinking: how the plan is found, written before the moves (`mapfjax.env.lookahead`:
-    # "search" or "priority"; "relay": each agent's plan in turn by the move lines' rule, no
-    # block, "relay_where" / "relay_next" the same with where earlier agents stand written on
-    # later agents' lines, "relay_retry" index order first and another order after a failed
-    # run, "relay_retry_end" the same ending on `no order left` where every order fails; the
-    # plan is the one found that way; "" = the oracle's, no block).
-    c.trace_lookahead = ""
+    # With thinking: the trace the completion writes before the answer (`mapfjax.env.forms`):
+    # a registered form ("grid_relay", the shipped policy's) or "module:attribute" naming an
+    # experiment's TraceForm (e.g. "projects.go_no_go.traces:steps"); "" without thinking.
+    c.trace_form = ""
     c.init = ""  # a checkpoint directory to continue from (its tokenizer too); "" = from scratch
     c.workdir = "/tmp/mapfjax_tiny"  # tokenizer, data cache, checkpoints, logs
     c.out_dir = "mapfjax/assets/tiny"  # exported model + tokenizer + VALIDATION.md
@@ -115,9 +110,9 @@ def recipe() -> ml_collections.ConfigDict:
     # completion; at weight 1 a 1,000-update grid-trace run wrote traces whose plans were
     # valid on half the puzzles and answers that copied them on 6 of 78 (results/trace_grid).
     c.sft.answer_weight = 1.0
-    # With trace_lookahead "relay_retry": the share of SFT puzzles that also give a loop lesson
-    # (`mapfjax.rl.data.loop_lesson_examples`: a wrong move back as prompt, then the loop line).
-    c.sft.loop_lessons = 0.0
+    # "module:attribute" naming a function (tokenizer, problems) -> SFT examples added beside
+    # the puzzles' own (an experiment's, e.g. projects/go_no_go's loop lessons); "" for none.
+    c.sft.extra_examples = ""
     # With thinking=True: the share of SFT puzzles (by puzzle hash) whose example is the answer
     # alone after an empty think block (`mapfjax.rl.data.sft_examples`): a policy that thinks
     # on some samples and answers at once on others, whatever the puzzle.
@@ -194,10 +189,13 @@ def recipe() -> ml_collections.ConfigDict:
 def trace(c: ml_collections.ConfigDict) -> None:
     """The reasoning-trace policy's settings (thinking on, 6 layers, 3x3-6x6, 640 tokens)."""
     c.thinking = True
-    # Each row written with every cell labelled: a 6-layer model learns this transcription
-    # (97.5 % of held-out maps exact after 750 header-only updates) where a list of the
-    # holes stays at 25 % after 1,000 (projects/trace_probe).
-    c.trace_style = "grid"
+    # The shipped trace (`mapfjax.env.forms.GRID_RELAY`): the map with every cell labelled (a
+    # 6-layer model learns this transcription, 97.5 % of held-out maps exact after 750
+    # header-only updates, where a list of the holes stays at 25 % after 1,000:
+    # projects/trace_probe), then each agent's run in turn (`mapfjax.env.relay`): a run that
+    # is cornered or loops ends the attempt, `retry` names the next order, and where every
+    # order fails the trace ends on `no order left`.
+    c.trace_form = "grid_relay"
     c.tokenizer.vocab_size = 1024
     # 6 layers: a trace's look-ups are short (match a cell token, copy what follows), and
     # completions are ~10x longer than an answer alone, so depth is traded for updates.
@@ -227,9 +225,6 @@ def trace_stage() -> ml_collections.ConfigDict:
     of the agents fails, answer tokens weighing 10, the held-out puzzles kept out, no GRPO."""
     c = recipe()
     trace(c)
-    # How the plan is written (`mapfjax.env.trace.FORMS`): each agent's run in turn, a run that
-    # is cornered or loops ends the attempt and `retry` names the next order.
-    c.trace_lookahead = "relay_retry_end"
     c.sft.answer_weight = 10.0
     c.sft.exclude = HELD_OUT
     c.rl.train.steps = 0
@@ -243,7 +238,6 @@ def mix_stage() -> ml_collections.ConfigDict:
     c = recipe()
     trace(c)
     continue_from(c, "stage:trace", 111, 0.5, 8192, 600)
-    c.trace_lookahead = "relay_retry_end"
     c.sft.answer_only = 0.6
     return c
 

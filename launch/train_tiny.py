@@ -142,11 +142,15 @@ def main(_):
     c = CONFIG.value
     try:  # every stage, before hours of data generation and SFT
         stages = recipe.stage_configs(c)
-        for stage in stages:
-            try:
-                recipe.check_recipe(stage.config, made_before=bool(stage.after))
-            except ValueError as e:
-                raise ValueError(f"stage.{stage.name}: {e}" if stage.name else str(e)) from None
+        for check in (
+            lambda st: recipe.check_recipe(st.config, made_before=bool(st.after)),
+            lambda st: recipe.check_resume(st.config, st.config.workdir),  # then the workdirs
+        ):
+            for stage in stages:
+                try:
+                    check(stage)
+                except ValueError as e:
+                    raise ValueError(f"stage.{stage.name}: {e}" if stage.name else str(e)) from None
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -51,7 +51,7 @@ def load_object(spec: str, key: str):
     allowed when it is malformed or does not resolve."""
     module_name, sep, attr = str(spec).partition(":")
     allowed = "'package.module:attribute' importable from the checkout or the working directory"
-    if not sep or not module_name or not attr.isidentifier():
+    if not sep or not module_name or not all(a.isidentifier() for a in attr.split(".")):
         raise ValueError(f"{key} = {spec!r}; allowed: {allowed}")
     for root in (str(ROOT), str(pathlib.Path.cwd())):
         if root not in sys.path:
@@ -60,9 +60,12 @@ def load_object(spec: str, key: str):
         module = importlib.import_module(module_name)
     except ImportError as e:
         raise ValueError(f"{key} = {spec!r}: {e}; allowed: {allowed}") from None
-    if not hasattr(module, attr):
-        raise ValueError(f"{key} = {spec!r}: module {module_name!r} has no {attr!r}")
-    return getattr(module, attr)
+    found = module
+    for part in attr.split("."):  # "module:Class.method" too
+        if not hasattr(found, part):
+            raise ValueError(f"{key} = {spec!r}: module {module_name!r} has no {attr!r}")
+        found = getattr(found, part)
+    return found
 
 
 def get_config(path, *arg):

@@ -221,7 +221,7 @@ EXPECTED = {
     "compare_evals": (2, "nope"),
     "sweep": (0, "launch/train.py"),
     "train": (2, "not divisible by 3"),
-    "compare_runs": (2, "no finished round"),
+    "compare_runs": (2, "no start/validation.json"),
     "train_tiny": (2, "sft.stages = (0,)"),
     "memory_plan": (0, "forward B=1"),
     "memory_plan_grpo": (0, "--response-len"),

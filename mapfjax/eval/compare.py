@@ -101,6 +101,44 @@ def run_record(workdir: pathlib.Path, name: str, engineer: str, seed: int) -> di
     return rec
 
 
+def _check_validation(v, where: str, n: int | None) -> int:
+    """A record's validation entry (`_validation`): its greedy bits, one per held-out puzzle
+    (`n` of them when known), and its sizes; returns the number of puzzles."""
+    if not isinstance(v, dict):
+        raise ValueError(f"{where}: a {type(v).__name__}; allowed: an object with 'greedy'")
+    bits, sizes = v.get("greedy"), v.get("sizes")
+    if not isinstance(bits, str) or not bits or set(bits) - {"0", "1"}:
+        raise ValueError(f"{where}.greedy = {bits!r:.40}; allowed: a string of 0 and 1, one "
+                         "per held-out puzzle")  # fmt: skip
+    if n is not None and len(bits) != n:
+        raise ValueError(f"{where}.greedy: {len(bits)} puzzles; allowed: the {n} of the "
+                         "run's other validations")  # fmt: skip
+    if not isinstance(sizes, list) or len(sizes) != len(bits):
+        raise ValueError(f"{where}.sizes: allowed one map size per puzzle of 'greedy'")
+    samples = v.get("samples")
+    if samples is not None and (not isinstance(samples, list) or len(samples) != len(bits)):
+        raise ValueError(f"{where}.samples: allowed null or one count per puzzle")
+    return len(bits)
+
+
+def check_record(r, where: str) -> dict:
+    """A run record (`run_record`) read back from a file: the fields the summaries read, of
+    the right types and lengths; ValueError naming `where` and the field otherwise."""
+    if not isinstance(r, dict):
+        raise ValueError(f"{where}: a {type(r).__name__}; allowed: a run record (an object)")
+    for field, kind in (("run", str), ("engineer", str), ("seed", int), ("same", dict),
+                        ("held_out", str), ("rounds", list)):  # fmt: skip
+        if not isinstance(r.get(field), kind) or isinstance(r.get(field), bool):
+            raise ValueError(f"{where}: field {field!r} = {r.get(field)!r:.40}; allowed: "
+                             f"a {kind.__name__}")  # fmt: skip
+    n = _check_validation(r["start"], f"{where}: start", None) if "start" in r else None
+    for k, entry in enumerate(r["rounds"]):
+        if not isinstance(entry, dict) or "validation" not in entry:
+            raise ValueError(f"{where}: rounds[{k}]: allowed an object with 'validation'")
+        n = _check_validation(entry["validation"], f"{where}: rounds[{k}].validation", n)
+    return r
+
+
 def check_comparable(records: Sequence[dict]) -> None:
     """MismatchError naming the runs and keys when records differ in held-out set or budget."""
     if not records:
@@ -417,12 +455,13 @@ def summary_rows(records: Sequence[dict]) -> list[dict]:
     return out
 
 
-def plot(records: Sequence[dict], out_dir: pathlib.Path) -> list[str]:
+def plot(records: Sequence[dict], images: dict[str, bytes]) -> list[str]:
     """held_out.png (greedy valid and, when sampled, mean@k per point, mean and 95 % interval
     over seeds), final_sizes.png (last-round greedy valid per size), data_ratio.png (data_ratio
     chosen per round, seed mean), wait_and_holes.png (the training wait share and hole ratio
     per round, data-weighted, seed mean), gain_vs_wait.png (each run's final change against its
-    training wait share, `gain_vs_training`); returns the file names written."""
+    training wait share, `gain_vs_training`), each as PNG bytes into `images` by file name;
+    returns the names."""
     import io
 
     import matplotlib
@@ -434,7 +473,7 @@ def plot(records: Sequence[dict], out_dir: pathlib.Path) -> list[str]:
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=110)
         plt.close(fig)
-        files.atomic_write(out_dir / name, buf.getvalue())
+        images[name] = buf.getvalue()
         return name
 
     def finish(fig, ax, title, axes_text, name, legend_size):
@@ -560,17 +599,21 @@ def write_results(
 
     check_comparable(records)
     out_dir = pathlib.Path(out_dir)
-    for r in records:
-        files.atomic_write(out_dir / "runs" / f"{r['run']}.json", json.dumps(r, indent=1) + "\n")
+    # Every file is made in memory first: a record that breaks a table or a plot fails here,
+    # with nothing written, never after a part of the directory was rewritten.
+    written = {f"runs/{r['run']}.json": json.dumps(r, indent=1) + "\n" for r in records}
     rows = summary_rows(records)
     buf = io.StringIO()
     if rows:
         w = csv.DictWriter(buf, list(rows[0]), lineterminator="\n")
         w.writeheader()
         w.writerows(rows)
-    files.atomic_write(out_dir / "summary.csv", buf.getvalue())
-    plots = plot(records, out_dir) if records else []
+    written["summary.csv"] = buf.getvalue()
+    images: dict[str, bytes] = {}
+    plots = plot(records, images) if records else []
     md = ["# Curriculum comparison", "", note, "", summary_markdown(records, reference), ""]
     md += [f"![{p}]({p})" for p in plots]
-    files.atomic_write(out_dir / "summary.md", "\n".join(md) + "\n")
+    written["summary.md"] = "\n".join(md) + "\n"
+    for name, data in {**images, **written}.items():  # summary.md last
+        files.atomic_write(out_dir / name, data)
     return out_dir / "summary.md"

@@ -22,11 +22,11 @@ from tqdm.auto import tqdm
 
 from mapfjax import api_chat, files, stats
 from mapfjax.checks import is_finite_real
-from mapfjax.env import benchmark, dynamics, io, text, trace, types
+from mapfjax.env import benchmark, dynamics, forms, io, text, types
 from mapfjax.env import config as env_config
 from mapfjax.env.cli import label_problems
 from mapfjax.env.types import Problem
-from mapfjax.eval import paper, report
+from mapfjax.eval import outcomes, paper
 from mapfjax.files import CheckpointError
 from mapfjax.models import hf
 from mapfjax.models import tokenizer as tok_lib
@@ -259,7 +259,8 @@ def generate_answers(
 
 
 def score_answers(problems: Sequence[Problem], answers: dict[str, str], chunk: int = 1024):
-    """Verdict rows (`dynamics.verdict_rows` plus "id") in problem order."""
+    """Verdict rows (`dynamics.verdict_rows` plus "id" and "puzzle", its content hash) in
+    problem order."""
     missing = [p.id for p in problems if p.id not in answers]
     if missing:
         raise ValueError(f"no answer for {len(missing)} instance(s), first {missing[0]!r}")
@@ -268,7 +269,11 @@ def score_answers(problems: Sequence[Problem], answers: dict[str, str], chunk: i
         ps = problems[i : i + chunk]
         parsed = text.parse_answers([answers[p.id] for p in ps], [p.num_agents for p in ps])
         verdict = dynamics.verify(types.to_instances(ps), parsed)
-        out += [{"id": p.id, **r} for p, r in zip(ps, dynamics.verdict_rows(verdict), strict=True)]
+        rows = dynamics.verdict_rows(verdict)
+        # each row names the puzzle it answered by content, for comparisons to hold it to theirs
+        out += [
+            {"id": p.id, "puzzle": io.puzzle_hash(p), **r} for p, r in zip(ps, rows, strict=True)
+        ]
     return out
 
 
@@ -524,23 +529,14 @@ def evaluate(
 
 
 def read_verdicts(out_dir) -> dict[str, dict]:
-    """An evaluation's verdict rows (`out_dir/verdicts.jsonl`) by puzzle id."""
-    path = pathlib.Path(out_dir) / "verdicts.jsonl"
-    try:
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{path}: not readable as an evaluation's verdicts ({e})") from None
-    return {r["id"]: r for r in rows}
+    """An evaluation's verdict rows by puzzle id, checked (`outcomes.read_verdicts`)."""
+    return outcomes.read_verdicts(out_dir)
 
 
 def read_outcomes(path) -> dict[str, dict]:
-    """Per-puzzle rows by id, each with its "valid" flag and "failure" label, from an
-    evaluation's --out_dir (`read_verdicts`) or a run's validation.json
-    (`report.read_validation`)."""
-    path = pathlib.Path(path)
-    if path.is_dir():
-        return read_verdicts(path)
-    return {r["id"]: r for r in report.read_validation(path)}
+    """Per-puzzle rows by id from an evaluation's --out_dir or a run's validation.json, each
+    with its "valid" flag and "failure" label, checked (`outcomes.read_outcomes`)."""
+    return outcomes.read_outcomes(path)
 
 
 # How a joined evaluation (seeds "+"-joined) scores a puzzle: its share of valid samples
@@ -604,6 +600,7 @@ def compare_evaluations(
         sums = dict.fromkeys(ids, 0.0)
         for d in parts:
             rows = read_outcomes(d)
+            outcomes.check_puzzles(d, problems)  # the same ids on other puzzles: refused
             if subset and ids <= set(rows):
                 rows = {i: rows[i] for i in ids}
             if set(rows) != ids:
@@ -660,13 +657,16 @@ def compare_evaluations(
 
 
 def trace_comparison(
-    answer_files: Sequence, labels: Sequence[str], problems: Sequence[Problem]
+    answer_files: Sequence,
+    labels: Sequence[str],
+    problems: Sequence[Problem],
+    form: forms.TraceForm = forms.GRID_RELAY,
 ) -> str:
     """Markdown: for each answers file (launch/evaluate.py --answers_out) of a policy that
-    writes a reasoning trace, how its answers relate to the plans its traces choose
-    (`trace.trace_plan_outcome`): readable traces, answers that copy them, and the valid rate
-    of the trace plans against that of the answers (95 % intervals). Puzzles without an
-    answer count as no trace."""
+    writes a reasoning trace, how its answers relate to the plans its traces choose, read as
+    `form` writes them (`TraceForm.plan_outcome`): readable traces, answers that copy them,
+    and the valid rate of the trace plans against that of the answers (95 % intervals).
+    Puzzles without an answer count as no trace."""
     if len(labels) != len(answer_files):
         raise ValueError(f"{len(answer_files)} answer files but {len(labels)} labels")
     header = ["model", "n", "readable trace", "answer = trace plan", "trace plan valid %",
@@ -677,7 +677,7 @@ def trace_comparison(
         if not found:
             raise ValueError(f"{path}: no answers (an --answers_out file of launch/evaluate.py)")
         texts = {p.id: found[p.id].text if p.id in found else "" for p in problems}
-        out = [trace.trace_plan_outcome(p, texts[p.id]) for p in problems]
+        out = [form.plan_outcome(p, texts[p.id]) for p in problems]
         valid = [bool(r["valid"]) for r in score_answers(problems, texts)]
         table.append([
             label, len(problems), sum(o != "no_plan" for o, _ in out),
@@ -714,34 +714,3 @@ def wait_usage(answer_files: Sequence, labels: Sequence[str], problems: Sequence
         ]
         table.append([label, *(stats.interval_text(x) for x in shares)])
     return stats.markdown_table(header, table)
-
-
-def response_length_table(
-    problems: Sequence[Problem], lengths: Sequence[int], budget: int, failures=None
-) -> str:
-    """Markdown: per map size and whether the puzzle needs a wait, how many puzzles and the
-    tokens of the response the policy is trained to write for the oracle's plan (`lengths`, in
-    `problems`' order: median, 90th percentile, max) and how many exceed `budget` new tokens.
-    With `failures` (puzzle id -> an evaluation's failure label), also its parse errors and how
-    many of them are puzzles whose oracle response does not fit the budget either."""
-    if len(lengths) != len(problems):
-        raise ValueError(f"{len(lengths)} lengths for {len(problems)} puzzles")
-    groups: dict[tuple, list[tuple[Problem, int]]] = {}
-    for p, n in zip(problems, lengths, strict=True):
-        wait = {True: "yes", False: "no", None: "?"}[p.needs_wait]
-        groups.setdefault((p.width, wait), []).append((p, n))
-    header = ["size", "needs a wait", "puzzles", "median", "p90", "max", f"> {budget}"]
-    if failures is not None:
-        header += ["parse errors", f"of them > {budget}"]
-    rows = []
-    for key in [*sorted(groups), None]:
-        items = [x for g in sorted(groups) for x in groups[g]] if key is None else groups[key]
-        ns = sorted(n for _, n in items)
-        median, p90 = (ns[min(len(ns) - 1, int(f * len(ns)))] for f in (0.5, 0.9))
-        row = ["all", ""] if key is None else [f"{key[0]}x{key[0]}", key[1]]
-        row += [len(ns), median, p90, ns[-1], sum(n > budget for n in ns)]
-        if failures is not None:
-            parse = [n for p, n in items if failures.get(p.id) == "parse_error"]
-            row += [len(parse), sum(n > budget for n in parse)]
-        rows.append(row)
-    return stats.markdown_table(header, rows)

@@ -13,6 +13,7 @@ import numpy as np
 
 from mapfjax import files, stats
 from mapfjax.engineer.context import RoundRecord
+from mapfjax.eval import outcomes
 from mapfjax.rl import metrics
 
 
@@ -64,19 +65,19 @@ def config_table(records: list[RoundRecord]) -> str:
 
 
 def read_validation(path) -> list[dict]:
-    """The per-puzzle rows of a validation.json (each a dict with an "id" and "valid"); a
-    ValueError naming the file and what is wrong otherwise."""
-    try:
-        rows = json.loads(pathlib.Path(path).read_text())["rows"]
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read it ({e.strerror or e})") from None
-    except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{path}: not a validation.json with a 'rows' list ({e!r})") from None
-    if not isinstance(rows, list) or not all(
-        isinstance(r, dict) and "id" in r and "valid" in r for r in rows
-    ):
-        raise ValueError(f"{path}: 'rows' must be a list of objects with an 'id' and 'valid'")
-    return rows
+    """The per-puzzle rows of a validation.json, checked (`outcomes.read_validation`)."""
+    return outcomes.read_validation(path)
+
+
+def start_rows(found: list[tuple[str, list[dict]]], workdir) -> list[dict]:
+    """The starting model's rows among `validation_rows(workdir)`; ValueError when the run has
+    none (round 0 read as the start would give every change against the wrong base)."""
+    if not found or found[0][0] != "start":
+        raise ValueError(
+            f"{workdir}: no start/validation.json (the starting model's held-out rows), so no "
+            "change against the start can be read; restore start/ from a copy of the run"
+        )
+    return found[0][1]
 
 
 def validation_rows(workdir: pathlib.Path) -> list[tuple[str, list[dict]]]:
@@ -381,6 +382,7 @@ def compare_runs(workdirs: list[pathlib.Path], labels: list[str] | None = None) 
         if not w.is_dir():
             raise ValueError(f"{w}: no such run directory")
         found.append(validation_rows(w))
+        start_rows(found[-1], w)  # a run without its start is not read from round 0
         if len(found[-1]) < 2:
             raise ValueError(f"{w}: no finished round with a validation.json to compare")
     start, finals = found[0][0][1], [rows[-1][1] for rows in found]

@@ -372,8 +372,8 @@ def write_results(runs: Sequence[Run], sweep, command: str = "") -> pathlib.Path
     committed = {}
     for path in sorted((out / "runs").glob("*.json")):
         try:
-            committed[path.stem] = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
+            committed[path.stem] = compare.check_record(json.loads(path.read_text()), str(path))
+        except (OSError, ValueError, RecursionError) as e:
             raise ValueError(f"{path}: not a run record ({e}); delete it or restore it") from None
     records = []
     for r in runs:

@@ -1,6 +1,6 @@
-"""SFT data: generated instances -> chat prompts + canonical oracle answers (with thinking on,
-the reasoning trace of `env.trace` before each) -> shuffled `SequenceBatch`es, deterministic
-given a seed."""
+"""SFT data: generated instances -> chat prompts + canonical oracle answers (with a trace form,
+the think block of `env.forms` before each) -> shuffled `SequenceBatch`es, deterministic given
+a seed."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ import jax
 import numpy as np
 
 from mapfjax import files
-from mapfjax.env import generator, io, oracle, relay, text, trace
-from mapfjax.env import lookahead as look
+from mapfjax.env import forms, generator, io, oracle, text, trace
 from mapfjax.env.types import Problem
 from mapfjax.models import tokenizer as tok_lib
 from mapfjax.rl.batch import SequenceBatch, make_batch
@@ -31,8 +30,8 @@ class Example:
     prompt: tuple[int, ...]
     completion: tuple[int, ...]
     puzzle: str = ""  # io.puzzle_hash of the problem (held-out sets are deduplicated on it)
-    # The completion positions before this one are not in the loss (the context of a lesson,
-    # `loop_lesson_examples`); 0: all trained.
+    # The completion positions before this one are not in the loss (context an example shows
+    # but does not teach, e.g. a wrong line before the line that catches it); 0: all trained.
     loss_from: int = 0
 
 
@@ -56,61 +55,43 @@ def encode_prompts(tokenizer, problems: Sequence[Problem], enable_thinking: bool
     return tok_lib.encode_chat(tokenizer, prompts, enable_thinking=enable_thinking)
 
 
-def response(
-    problem: Problem, actions, thinking: bool = False, style: str = "holes", lookahead: str = ""
-) -> str:
-    """The text a policy is trained to write for `actions`: the answer block, after the
-    reasoning trace's think block when `thinking` (`env.trace`, its map written in `style`).
-    lookahead (with thinking): a form of `env.lookahead.LOOKAHEADS`; the trace also writes how
-    the plan is found, and the plan is the one found that way, not `actions` (None is accepted
-    then); a ValueError names the problem when it finds none."""
-    turn = responses([problem], [actions], thinking, style, lookahead)[0]
-    if turn is None:  # the form again, to say how far it got
-        opened = look.LOOKAHEADS[lookahead](problem).opened
-        raise ValueError(
-            f"problem {problem.id!r}: the {lookahead} look-ahead found no plan ({opened} opened "
-            "nodes or orders)"
-        )
+def response(problem: Problem, actions, form=None) -> str:
+    """The text a policy is trained to write for `actions` (None: the oracle's): the answer
+    block, after the think block of `form` (`env.forms`: a TraceForm or the name of one; None
+    writes the answer alone). A form that finds its own plan writes that one, not `actions`;
+    a ValueError names the problem when it has no trace for it."""
+    turn = responses([problem], None if actions is None else [actions], form)[0]
+    if turn is None:
+        name = forms.get(form, "form").name
+        raise ValueError(f"problem {problem.id!r}: the {name} trace form finds no plan")
     return turn
 
 
-def responses(
-    problems: Sequence[Problem],
-    answers=None,
-    thinking: bool = False,
-    style: str = "holes",
-    lookahead: str = "",
-) -> list[str | None]:
+def responses(problems: Sequence[Problem], answers=None, form=None) -> list[str | None]:
     """Each problem's `response`; `answers` (per-problem action lists) default to the oracle's,
-    which is not called with a look-ahead: the form runs once per puzzle, and a puzzle it finds
-    no plan for gets None (callers leave it out and count it). A form's trace that ends where
-    every order fails (`Lookahead.ended`, `relay_retry_end`) is followed by `answers`' plan
-    (the oracle's by default): the trace decides nothing there, and the answer stays valid."""
-    ahead = lookahead if thinking else ""
-    if ahead and ahead not in look.LOOKAHEADS:
-        raise ValueError(f"lookahead {ahead!r}: allowed {sorted(look.LOOKAHEADS)}")
-    if ahead:
-        found = [look.LOOKAHEADS[ahead](p) for p in problems]
-        ended = [j for j, f in enumerate(found) if f.plans is None and f.ended]
-        if answers is None:
-            others = dict(zip(ended, oracle_answers([problems[j] for j in ended]), strict=True))
-        else:
-            others = {j: answers[j] for j in ended}
-        out: list[str | None] = []
-        for j, (p, f) in enumerate(zip(problems, found, strict=True)):
-            if f.plans is None and not f.ended:
-                out.append(None)
-                continue
-            plans = f.plans if f.plans is not None else others[j]
-            body = trace.render_thinking(
-                p, plans, style, f.lines, f.order, f.where, f.tries, f.ended
-            )
-            out.append(body + text.render_answer(plans))
-        return out
-    answers = oracle_answers(problems) if answers is None else answers
+    which a form calls only where it needs them (`TraceForm.response`): a puzzle the form has
+    no trace for gets None (callers leave it out and count it)."""
+    if form is None:
+        answers = oracle_answers(problems) if answers is None else answers
+        return [text.render_answer(a) for a in answers]
+    form = forms.get(form, "form")
+    given = [None] * len(problems) if answers is None else answers
+    return [form.response(p, a) for p, a in zip(problems, given, strict=True)]
+
+
+def sft_turns(
+    problems: Sequence[Problem], answers=None, form=None, answer_only: float = 0.0
+) -> list[str | None]:
+    """The completion text of each problem's SFT example (`sft_examples`; None: no example):
+    its `response`, or for about `answer_only` of the puzzles (with a form; chosen by puzzle
+    hash, `skips_trace`) the same answer after an empty think block (`bare_answer`)."""
+    if not (0 <= answer_only <= 1) or (answer_only and form is None):
+        raise ValueError(f"answer_only {answer_only!r}: a share in [0, 1], above 0 only with "
+                         "a trace form")  # fmt: skip
+    turns = responses(problems, answers, form)
     return [
-        (trace.render_thinking(p, a, style) if thinking else "") + text.render_answer(a)
-        for p, a in zip(problems, answers, strict=True)
+        bare_answer(t) if t is not None and skips_trace(p, answer_only) else t
+        for p, t in zip(problems, turns, strict=True)
     ]
 
 
@@ -118,31 +99,21 @@ def sft_examples(
     tokenizer,
     problems: Sequence[Problem],
     answers=None,
-    thinking: bool = False,
-    style: str = "holes",
-    lookahead: str = "",
+    form=None,
     answer_only: float = 0.0,
 ) -> list[Example]:
     """Examples for `problems`; `answers` (per-problem action lists) default to the oracle's.
-    thinking: the prompt opens the assistant turn without the empty think block and the
-    completion is the reasoning trace (its map in `style`, `env.trace.STYLES`), then the
-    answer (`response`); lookahead: a look-ahead form the trace writes first, whose plan it is
-    (`responses`; the oracle is not called): a puzzle it finds no plan for has no example.
-    answer_only (with thinking): about this share of the puzzles, chosen by puzzle hash, get
-    the same answer after an empty think block (`<think>\n\n</think>`, Qwen3's form without
-    thinking) instead of their trace, so that the policy thinks on some samples and answers
-    at once on others, whatever the puzzle."""
-    if not (0 <= answer_only <= 1) or (answer_only and not thinking):
-        raise ValueError(f"answer_only {answer_only!r}: a share in [0, 1], above 0 only with "
-                         "thinking")  # fmt: skip
-    turns = responses(problems, answers, thinking, style, lookahead)
-    turns = [
-        bare_answer(t) if t is not None and skips_trace(p, answer_only) else t
-        for p, t in zip(problems, turns, strict=True)
-    ]
+    form (`env.forms`, with thinking): the prompt opens the assistant turn without the empty
+    think block and the completion is the form's think block, then the answer (`response`);
+    a puzzle the form has no trace for has no example. answer_only (with a form): about this
+    share of the puzzles, chosen by puzzle hash, get the same answer after an empty think
+    block (`<think>\n\n</think>`, Qwen3's form without thinking) instead of their trace, so
+    that the policy thinks on some samples and answers at once on others, whatever the
+    puzzle (`sft_turns`)."""
+    turns = sft_turns(problems, answers, form, answer_only)
     im_end = tok_lib.special_ids(tokenizer).im_end
     kept = [(p, t) for p, t in zip(problems, turns, strict=True) if t is not None]
-    prompts = encode_prompts(tokenizer, [p for p, _ in kept], enable_thinking=thinking)
+    prompts = encode_prompts(tokenizer, [p for p, _ in kept], enable_thinking=form is not None)
     out = []
     for (p, turn), ids in zip(kept, prompts, strict=True):
         ans = tokenizer(turn, add_special_tokens=False)["input_ids"]
@@ -153,7 +124,7 @@ def sft_examples(
 def skips_trace(problem: Problem, share: float) -> bool:
     """Whether `sft_examples(answer_only=share)` gives `problem` the answer alone: a
     deterministic draw from the puzzle's hash (its second 12 hex digits, so that it does not
-    follow the loop lessons' draw from the first)."""
+    follow a draw an experiment makes from the first)."""
     return int(io.puzzle_hash(problem)[12:24], 16) % 10_000 < share * 10_000
 
 
@@ -161,34 +132,6 @@ def bare_answer(turn: str) -> str:
     """A thinking turn (`response`) with its trace left out: an empty think block, then the
     same answer block."""
     return f"{trace.THINK_OPEN}\n\n{turn[trace.answer_start(turn) :]}"
-
-
-def loop_lesson_examples(tokenizer, problems: Sequence[Problem], share: float, style: str = "grid"):
-    """SFT examples that teach the retrying relay trace (`lookahead.relay_retry_form`) to end
-    a run that comes back to a cell (`env.relay.loop_lesson`), for about `share` of `problems`
-    (chosen by puzzle hash, as is the wrong line: the same puzzles give the same examples).
-    The completion is the whole turn, but the loss starts at the line that names the loop
-    (`Example.loss_from`): the trace up to and including its wrong line is context, and no
-    loss teaches the wrong move. The rows keep the shapes of the puzzles' own examples (the
-    same prompt, a turn as long): on 2 CPU cores, lessons whose context was prompt made each
-    batch a new compiled shape. Puzzles without a lesson are skipped."""
-    if not 0 <= share <= 1:
-        raise ValueError(f"loop lessons: share {share!r}, allowed a number in [0, 1]")
-    im_end = tok_lib.special_ids(tokenizer).im_end
-    out = []
-    for p in problems:
-        h = int(io.puzzle_hash(p)[:12], 16)
-        if h % 10_000 >= share * 10_000 or (lesson := relay.loop_lesson(p, h // 10_000)) is None:
-            continue
-        body = trace.render_thinking(p, lesson.plans, style, (), lesson.order, "", lesson.tries)
-        turn = body + text.render_answer(lesson.plans)
-        split = trace.FAILED_LINE.search(turn).start()  # the first failure: the lesson's loop
-        enc = tokenizer(turn, add_special_tokens=False, return_offsets_mapping=True)
-        ids, offsets = enc["input_ids"], enc["offset_mapping"]
-        cut = next(j for j, (_, end) in enumerate(offsets) if end > split)
-        prompt = encode_prompts(tokenizer, [p], enable_thinking=True)[0]
-        out.append(Example(p.id, tuple(prompt), (*ids, im_end), io.puzzle_hash(p), cut))
-    return out
 
 
 def chunks_by_length(prompts: Sequence[Sequence[int]], size: int) -> list[list[int]]:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from mapfjax import configfile, files
 from mapfjax.checks import is_finite_real, is_int, require, require_dtype, require_int
 from mapfjax.env import config as env_config
-from mapfjax.env import io, lookahead, text, trace
+from mapfjax.env import forms, io, text
 from mapfjax.env.types import Problem
 from mapfjax.models import bpe, qwen3
 from mapfjax.models import tokenizer as tok_lib
@@ -25,7 +25,6 @@ from mapfjax.rl.data import (
     cached,
     generate_problems,
     load_examples,
-    loop_lesson_examples,
     responses,
     save_examples,
     sft_examples,
@@ -92,6 +91,7 @@ def stage_configs(cfg) -> list[Stage]:
     runs = []
     for k, name in enumerate(names):
         s = copy.deepcopy(cfg.stage[name])
+        s.unlock()  # a config read from flags is locked; a stage gets its own folders
         s.workdir = str(work / name)
         s.out_dir = str(out if k == len(names) - 1 else work / name / "export")
         init, after = str(s.get("init", "")), ""
@@ -103,6 +103,23 @@ def stage_configs(cfg) -> list[Stage]:
             s.init = str(work / after / "export")
         runs.append(Stage(name, s, after))
     return runs
+
+
+def trace_form(cfg):
+    """The recipe's trace form (`env.forms`) with thinking, from its key `trace_form`; None
+    without thinking."""
+    return forms.get(cfg.trace_form, "trace_form") if cfg.get("thinking", False) else None
+
+
+def check_trace_form(cfg) -> None:
+    """`trace_form`: with thinking=True a form `forms.get` resolves (a registered name or
+    "module:attribute" naming an experiment's TraceForm), '' without thinking. Raises
+    ValueError naming the key, value and what is allowed."""
+    spec = cfg.get("trace_form", "")
+    if cfg.get("thinking", False):
+        forms.get(spec, "trace_form")
+    else:
+        require("trace_form", spec, spec == "", "'' without thinking (a form with thinking=True)")
 
 
 def check_recipe(cfg, made_before: bool = False) -> None:
@@ -150,17 +167,16 @@ def check_recipe(cfg, made_before: bool = False) -> None:
         require("sft.coordinate_targets", cfg.sft.coordinate_targets, False, "True or False")
     if not isinstance(cfg.get("thinking", False), bool):
         require("thinking", cfg.thinking, False, "True or False")
-    style = cfg.get("trace_style", "holes")
-    require("trace_style", style, style in trace.STYLES, f"one of {trace.STYLES}")
-    ahead = cfg.get("trace_lookahead", "")
-    ok = ahead == "" or (ahead in lookahead.LOOKAHEADS and cfg.get("thinking", False))
-    allowed = " or ".join(repr(k) for k in lookahead.LOOKAHEADS)
-    require("trace_lookahead", ahead, ok, f"'' (none), or {allowed} with thinking=True")
-    share = cfg.sft.get("loop_lessons", 0.0)
-    retrying = ahead.startswith("relay_retry")
-    ok = is_finite_real(share) and 0 <= share <= 1 and (share == 0 or retrying)
-    require("sft.loop_lessons", share, ok, "a share in [0, 1]; above 0 only with the "
-            "trace_lookahead 'relay_retry' or 'relay_retry_end'")  # fmt: skip
+    check_trace_form(cfg)
+    spec = cfg.sft.get("extra_examples", "")
+    if spec:
+        try:
+            extra = configfile.load_object(spec, "sft.extra_examples")
+        except ValueError as e:
+            raise ValueError(f"{e} (a function (tokenizer, problems) -> SFT examples)") from None
+        require("sft.extra_examples", spec, callable(extra),
+                "'' or 'module:attribute' naming a function (tokenizer, problems) -> SFT "
+                "examples")  # fmt: skip
     share = cfg.sft.get("answer_only", 0.0)
     ok = is_finite_real(share) and 0 <= share <= 1 and (share == 0 or cfg.get("thinking", False))
     require("sft.answer_only", share, ok, "a share in [0, 1]; above 0 only with thinking=True")
@@ -190,6 +206,45 @@ def check_recipe(cfg, made_before: bool = False) -> None:
     driver.optim_config(rl, settings.steps, 1).validate()
 
 
+# What a resumed recipe may change: how long it trains (later SFT stages extend a run, GRPO
+# steps), how often it saves and logs, where it exports, its oracle processes, the batches'
+# padding (speed only) and the validation after the export. Anything else (seed, tokenizer,
+# architecture, data, trace form, optimiser) would restore checkpoints under a tokenizer, an
+# architecture or data they were not trained with.
+RESUMABLE = ("sft.stages", "rl.train.steps", "sft.checkpoint_every", "sft.log_every",
+             "rl.train.checkpoint_every", "out_dir", "workdir", "processes",
+             "sft.completion_multiple")  # fmt: skip
+RECORD = "recipe.json"  # the recipe a workdir trains, written on first use
+
+
+def check_resume(cfg, workdir) -> None:
+    """Record the recipe `workdir` trains on first use; later, refuse another one (a resume
+    would restore its checkpoints into a model they do not fit), naming the keys that differ
+    and what to do. Keys in RESUMABLE and under `validation.` may change."""
+    work = pathlib.Path(workdir)
+    now = env_config.flatten(json.loads(cfg.to_json_best_effort()))
+    path = work / RECORD
+    if not path.is_file():
+        work.mkdir(parents=True, exist_ok=True)
+        files.atomic_write(path, json.dumps(now, indent=1, sort_keys=True) + "\n")
+        return
+    try:
+        before = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: unreadable ({e}); restore it, or use another workdir") from None
+    differ = sorted(
+        k
+        for k in set(before) | set(now)
+        if before.get(k) != now.get(k) and k not in RESUMABLE and not k.startswith("validation.")
+    )
+    if differ:
+        shown = ", ".join(f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in differ[:6])
+        raise ValueError(
+            f"{work} holds a run of another recipe ({len(differ)} key(s) differ: {shown}); its "
+            "checkpoints would not fit: use another --config.workdir, or the same recipe"
+        )
+
+
 def prepare(cfg, workdir) -> RunData:
     """Build (first run) or load (later runs) a run's data under `workdir`, from the config
     fields tokenizer.{instances, vocab_size}, sft.{env, instances, hole_ratios, exclude (instance
@@ -209,20 +264,19 @@ def prepare(cfg, workdir) -> RunData:
         return generate_problems(env, n, cfg.seed + offset, cfg.processes, tuple(hole_ratios))
 
     thinking = bool(cfg.get("thinking", False))
-    style = cfg.get("trace_style", "holes")
-    ahead = cfg.get("trace_lookahead", "") if thinking else ""
-    # In the cache keys of what thinking changes ("holes", the first style, kept its old keys).
-    mode = (("thinking",) + ((style,) if style != "holes" else ())) if thinking else ()
-    mode += (f"lookahead-{ahead}",) if ahead else ()
+    form = trace_form(cfg)
+    # In the cache keys of what thinking changes (a form's `cache_key`: the shipped form kept
+    # the words of the settings it replaced).
+    mode = ("thinking", *form.cache_key) if thinking else ()
 
     def unplanned(what: str, asked: int, kept: int) -> None:
         if kept < asked:
-            log.warning("%s: the %s look-ahead finds no plan for %d puzzles; dropped", what,
-                        ahead, asked - kept)  # fmt: skip
+            log.warning("%s: the %s trace form has no trace for %d puzzles; dropped", what,
+                        form.name, asked - kept)  # fmt: skip
 
     def tokenizer():
         ps = problems(cfg.sft.env, cfg.tokenizer.instances, 100)
-        turns = responses(ps, thinking=thinking, style=style, lookahead=ahead)
+        turns = responses(ps, form=form)
         pairs = [(text.render_prompt(p), t) for p, t in zip(ps, turns, strict=True) if t]
         unplanned("tokenizer", len(ps), len(pairs))
         texts = bpe.corpus([q for q, _ in pairs], [t for _, t in pairs], thinking)
@@ -247,18 +301,17 @@ def prepare(cfg, workdir) -> RunData:
         if exclude:
             drawn, dropped = io.held_out(drawn, io.puzzle_hashes(exclude))
             log.warning("sft: %d of the drawn puzzles are in sft.exclude; dropped", dropped)
-        examples = sft_examples(tok, drawn, thinking=thinking, style=style, lookahead=ahead,
-                                answer_only=bare)  # fmt: skip
+        examples = sft_examples(tok, drawn, form=form, answer_only=bare)
         unplanned("sft", len(drawn), len(examples))
-        if lessons:  # beside the puzzles' own examples (`data.loop_lesson_examples`)
-            extra = loop_lesson_examples(tok, drawn, lessons, style)
-            log.warning("sft: %d loop lessons added (share %s)", len(extra), lessons)
+        if extra_spec:  # beside the puzzles' own examples, e.g. an experiment's lessons
+            extra = configfile.load_object(extra_spec, "sft.extra_examples")(tok, drawn)
+            log.warning("sft: %d extra examples added (%s)", len(extra), extra_spec)
             examples += extra
         return examples
 
-    lessons = cfg.sft.get("loop_lessons", 0.0) if ahead.startswith("relay_retry") else 0.0
+    extra_spec = cfg.sft.get("extra_examples", "")
     parts = (tok_dir.name, cfg.sft.env, cfg.sft.instances, sft_holes, *mode)
-    parts += (f"loop-lessons-{lessons}",) if lessons else ()
+    parts += (f"extra-{extra_spec}",) if extra_spec else ()
     bare = cfg.sft.get("answer_only", 0.0) if thinking else 0.0
     parts += (f"answer-only-{bare}",) if bare else ()
     sft_data = cached(

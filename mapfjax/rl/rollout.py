@@ -14,7 +14,7 @@ import numpy as np
 from flax import nnx
 
 from mapfjax import stats
-from mapfjax.env import dynamics, relay, reward, text, trace, types
+from mapfjax.env import dynamics, forms, reward, text, trace, types
 from mapfjax.env.types import Problem
 from mapfjax.models import sampler
 from mapfjax.models import tokenizer as tok_lib
@@ -419,7 +419,7 @@ def greedy_eval(
         for n, (j, p, t) in enumerate(zip(at, chunk, samples.texts, strict=True)):
             checked = None
             if enable_thinking:  # which look-up went wrong first; does the answer copy the trace
-                checked = (relay.check_trace(p, t)[1], *trace.trace_plan_outcome(p, t),
+                checked = (TRACE_FORM.check(p, t)[1], *TRACE_FORM.plan_outcome(p, t),
                            trace.thinking_text(t) == "")  # fmt: skip
             verdicts = (verdict.valid[n], verdict.optimal[n], verdict.failure[n])
             done[j] = (*verdicts, len(samples.completions[n]), finished[n], checked)
@@ -462,9 +462,11 @@ def greedy_eval(
     return Validation(cells, rows)
 
 
-# With thinking, what a validation row says of the response's trace: the first wrong line
-# (`relay.check_trace`), the answer against the trace's plan (`trace.trace_plan_outcome`), and
-# whether the think block is empty (the answer written without a trace).
+# With thinking, what a validation row says of the response's trace, read as the shipped form
+# writes it (TRACE_FORM): the first wrong line (`TraceForm.check`), the answer against the
+# trace's plan (`TraceForm.plan_outcome`), and whether the think block is empty (the answer
+# written without a trace).
+TRACE_FORM = forms.GRID_RELAY
 TRACE_FIELDS = ("trace_error", "trace_plan", "trace_plan_valid", "bare_answer")
 
 

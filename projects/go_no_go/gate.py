@@ -31,6 +31,7 @@ from mapfjax.eval.report import (
     validation_rows,
     window_shares,
 )
+from mapfjax.eval.report import start_rows as start_of
 from mapfjax.rl.driver import drawn_per_step
 
 PARSE_ERROR = "parse_error"
@@ -53,9 +54,10 @@ def start_and_end(workdir: pathlib.Path) -> tuple[list[dict], list[dict]]:
     """The validation rows of a run's start and of its last finished round; ValueError when it
     has no finished round."""
     found = validation_rows(workdir)
+    start = start_of(found, workdir)
     if len(found) < 2:
         raise ValueError(f"{workdir}: no finished round with a validation.json")
-    return found[0][1], found[-1][1]
+    return start, found[-1][1]
 
 
 def grpo_minutes(curve) -> float:
@@ -134,10 +136,7 @@ def evaluate(
     else:
         notes.append("The mismatched arm was not run: the matched arm misses the gate before it.")
     if reference is not None:
-        found = validation_rows(pathlib.Path(reference))
-        if not found or found[0][0] != "start":
-            raise ValueError(f"{reference}: no start/validation.json (the reference model)")
-        ref = valid_by_id(found[0][1])
+        ref = valid_by_id(start_of(validation_rows(pathlib.Path(reference)), reference))
         if set(ref) != set(base):
             raise ValueError(
                 f"{reference}/start was validated on other puzzles than {matched} (a run on a "
@@ -249,8 +248,8 @@ def arms(results) -> list[Arm]:
         found = validation_rows(workdir)
         if len(found) < 2:
             continue  # stopped before its first round finished
-        start_rows, end_rows = found[0][1], found[-1][1]
-        start, end = valid_by_id(start_rows), valid_by_id(end_rows)
+        start_rows = start_of(found, workdir)
+        start, end = valid_by_id(start_rows), valid_by_id(found[-1][1])
         try:
             config = json.loads(config_path.read_text())
         except ValueError as e:

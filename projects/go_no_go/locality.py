@@ -21,8 +21,9 @@ from mapfjax import stats
 from mapfjax.env.joint import INF, GridMap
 from mapfjax.env.relay import MOVE_CODES, WAIT
 from mapfjax.env.simulate import simulate
-from mapfjax.env.trace import step, taken_cells
+from mapfjax.env.trace import step
 from mapfjax.env.types import Problem
+from projects.go_no_go.layouts import taken_cells
 
 # Most agents `most_explained_optimal` searches jointly (5^n action combinations a state).
 MAX_AGENTS = 3
@@ -62,7 +63,7 @@ class _Board:
 
 def explained(problem: Problem, plans: Sequence[Sequence[int]]) -> list[list[bool]]:
     """Per agent, per action of `plans`: whether its move line decides it (see the module
-    docstring). Agents are written in index order within a step, as `trace.render_trace` does;
+    docstring). Agents are written in index order within a step, as `layouts.render_trace` does;
     moves are followed as written (an illegal plan is still judged line by line)."""
     b = _Board(problem)
     pos = list(b.starts)
@@ -119,7 +120,7 @@ def most_explained_optimal(
     unexplained), where an agent's cost is the length of its action list and an agent whose
     plan has ended stays on its goal (as `simulate` reads a shorter list). any_order: a step's
     lines may be written in any order of the agents (the order that decides most of them), not
-    only in index order as `trace.render_trace` writes them.
+    only in index order as `layouts.render_trace` writes them.
 
     Raises ValueError for more than MAX_AGENTS agents, when the search passes MAX_STATES joint
     states, or when no plan exists."""

@@ -1,12 +1,12 @@
 r"""How much of the look-ahead block a policy writes right: per half of the puzzles (needs a
 wait or not), of those the form finds a plan for, how many responses write the whole block
-right, and where the others first go wrong (`env.lookahead.first_wrong`: each agent's path
+right, and where the others first go wrong (`lookahead.first_wrong`: each agent's path
 alone, the first conflict, the re-planning), beside the valid rate. With --form relay (no
-block; `env.relay.check`): whether each line and each action is right, and where not (the map
+block; `relay_checks.check`): whether each line and each action is right, and where not (the map
 and agents' lines, the first agent's run, a later run, an action not the rule's), and how
 often the policy runs first the agent the rule's first valid order does, and how often it
 runs first an agent no order starting with which has a valid plan; then, over all the
-puzzles, which field of the first wrong line in a run is wrong (`env.relay.line_error`); and
+puzzles, which field of the first wrong line in a run is wrong (`relay_checks.line_error`); and
 on the puzzles where every order fails on a line, how many traces end on `no order left`, how
 many are right (`relay_retry_end`'s ending) and how many answers are valid.
 
@@ -17,7 +17,7 @@ many are right (`relay_retry_end`'s ending) and how many answers are valid.
 
 from absl import app, flags
 
-from mapfjax.env.lookahead import LOOKAHEADS
+from projects.go_no_go.lookahead import LOOKAHEADS
 
 _INSTANCES = flags.DEFINE_string("instances", None, "instance JSONL")
 _EVAL = flags.DEFINE_string("eval", None, "a launch/evaluate.py --out_dir with answers.jsonl")
@@ -31,8 +31,9 @@ def main(argv):
     import pathlib
 
     from mapfjax import files, stats
-    from mapfjax.env import io, lookahead, relay, trace
+    from mapfjax.env import io, relay, trace
     from mapfjax.eval import evaluate as ev
+    from projects.go_no_go import layouts, lookahead, relay_checks
 
     def build():
         problems = {p.id: p for p in io.require_instances(_INSTANCES.value)}
@@ -60,29 +61,30 @@ def main(argv):
 
     def relay_table(problems, answers, verdicts):
         rows = []
-        orders = {i: relay.relay(p)[0] for i, p in problems.items()}
+        orders = {i: relay_checks.relay(p)[0] for i, p in problems.items()}
         for name, wait in (("no", False), ("yes", True)):
             found = [(p, orders[i]) for i, p in problems.items()
                      if p.needs_wait is wait and orders[i] is not None]  # fmt: skip
-            where = [relay.check(p, answers[p.id]) for p, _ in found]
-            firsts = [relay.first_agent(answers[p.id]) for p, _ in found]
+            where = [relay_checks.check(p, answers[p.id]) for p, _ in found]
+            firsts = [relay_checks.first_agent(answers[p.id]) for p, _ in found]
             same = sum(f == o[0] for f, (_, o) in zip(firsts, found, strict=True))
             # a first agent that no order starting with it gives a valid plan: a lost puzzle
             # (the rule's own first agent has one: its order is the plan found above)
-            dead = sum(f not in (None, o[0]) and relay.plan_from(p, f) is None
+            dead = sum(f not in (None, o[0]) and relay_checks.plan_from(p, f) is None
                        for f, (p, o) in zip(firsts, found, strict=True))  # fmt: skip
             valid = stats.proportion([bool(verdicts[p.id]["valid"]) for p, _ in found])
-            line = [name, len(found), same, dead, *(where.count(k) for k in relay.CHECKS)]
+            line = [name, len(found), same, dead, *(where.count(k) for k in relay_checks.CHECKS)]
             rows.append(line + [stats.interval_text(valid)])
         header = ["needs a wait", "puzzles with a plan", "first agent as the rule's order",
                   "first agent with no plan",
-                  *(f"trace {k}" if k == "right" else f"first wrong: {k}" for k in relay.CHECKS),
+                  *(f"trace {k}" if k == "right" else f"first wrong: {k}"
+                    for k in relay_checks.CHECKS),
                   "valid %"]  # fmt: skip
         # the field of the first wrong line, over every puzzle whose trace has one in a run
-        fields = [relay.line_error(p, answers[p.id]) for p in problems.values()]
-        by_run = [[run, *(fields.count((run, f)) for f in relay.LINE_FIELDS)]
+        fields = [relay_checks.line_error(p, answers[p.id]) for p in problems.values()]
+        by_run = [[run, *(fields.count((run, f)) for f in relay_checks.LINE_FIELDS)]
                   for run in ("first run", "later run")]  # fmt: skip
-        wrong = ["first wrong line in", *relay.LINE_FIELDS]
+        wrong = ["first wrong line in", *relay_checks.LINE_FIELDS]
         tables = [stats.markdown_table(header, rows), stats.markdown_table(wrong, by_run)]
         # the puzzles where every order fails on a line: a trace that ends there is right
         # when it writes the rule's attempts and then `no order left`
@@ -90,9 +92,9 @@ def main(argv):
                 if orders[i] is None and relay.every_order_fails(p) is not None]  # fmt: skip
         if ends:
             bodies = [trace.thinking_text(answers[p.id]) for p in ends]
-            said = sum(b is not None and trace.parse_trace(b, p.num_agents)[1] == trace.NO_ORDER
+            said = sum(b is not None and layouts.parse_trace(b, p.num_agents)[1] == trace.NO_ORDER
                        for b, p in zip(bodies, ends, strict=True))  # fmt: skip
-            right = sum(relay.check(p, answers[p.id]) == "right" for p in ends)
+            right = sum(relay_checks.check(p, answers[p.id]) == "right" for p in ends)
             valid = stats.proportion([bool(verdicts[p.id]["valid"]) for p in ends])
             head = ["puzzles where every order fails", "trace ends on `no order left`",
                     "trace right", "valid %"]  # fmt: skip

@@ -2,7 +2,7 @@ r"""How often a retrying relay policy's traces never close, and why: per evaluat
 `launch/evaluate.py --answers_out` file), the answers, those whose trace never closes within
 the token budget, those of them with an agent on one cell on 3 or more lines of one attempt
 (going back and forth), and the answers that write a loop line or a retry
-(`env.relay.loop_counts`); then the share of traces that close against the first file's,
+(`relay_checks.loop_counts`); then the share of traces that close against the first file's,
 paired on the same puzzles.
 
     python -m projects.go_no_go.loop_count --answers runs/a/answers.jsonl,runs/b/answers.jsonl \
@@ -20,7 +20,8 @@ flags.mark_flags_as_required(["answers"])
 def main(argv):
     del argv
     from mapfjax import files, stats
-    from mapfjax.env import io, relay
+    from mapfjax.env import io, trace
+    from projects.go_no_go import relay_checks
 
     labels = _LABELS.value or _ANSWERS.value
     if len(labels) != len(_ANSWERS.value):
@@ -28,7 +29,7 @@ def main(argv):
     rows, first = [], None
     for label, path in zip(labels, _ANSWERS.value, strict=True):
         answers = dict(io.load_answers(path))
-        closes = {i: relay.THINK_CLOSE in text for i, text in answers.items()}
+        closes = {i: trace.THINK_CLOSE in text for i, text in answers.items()}
         if first is None:
             first, paired = closes, "-"
         elif set(closes) != set(first):
@@ -39,8 +40,9 @@ def main(argv):
                 [closes[i] for i in ids], [first[i] for i in ids]
             )
             paired = stats.interval_text(est, signed=True)
-        rows.append([label, *relay.loop_counts(list(answers.values())), paired])
-    head = ["policy", *relay.LOOP_COLUMNS, f"traces that close vs {labels[0]} (paired, points)"]
+        rows.append([label, *relay_checks.loop_counts(list(answers.values())), paired])
+    paired_head = f"traces that close vs {labels[0]} (paired, points)"
+    head = ["policy", *relay_checks.LOOP_COLUMNS, paired_head]
     table = stats.markdown_table(head, rows)
     print(table)
     if _OUT.value:

@@ -1,7 +1,7 @@
 r"""What a relay trace that retries would reach: per puzzle, how the relay plan
-(`mapfjax.env.relay`) ends with the agents in index order (valid, a run cornered, looping or
+(`mapfjax.env.relay`'s rule) ends with the agents in index order (valid, a run cornered, looping or
 at its horizon, or a plan the simulator rejects) and whether another order has a valid plan,
-split by whether the puzzle needs a wait (`relay.orders_table`).
+split by whether the puzzle needs a wait (`relay_checks.orders_table`).
 
     python -m projects.go_no_go.relay_orders \
         --instances projects/go_no_go/results/held_out_400.jsonl \
@@ -20,10 +20,11 @@ def main(argv):
     del argv
     absl_logging.set_verbosity(absl_logging.WARNING)
     from mapfjax import files
-    from mapfjax.env import io, relay
+    from mapfjax.env import io
+    from projects.go_no_go import relay_checks
 
     return files.report_command(
-        lambda: relay.orders_table(io.load_instances(_INSTANCES.value)), _OUT.value
+        lambda: relay_checks.orders_table(io.load_instances(_INSTANCES.value)), _OUT.value
     )
 
 

@@ -2,8 +2,8 @@ r"""How long is the response a policy is trained to write for the oracle's plan,
 generation budget? Per map size and whether the puzzle needs a wait: tokens of the oracle's
 reasoning trace + answer (`rl.data.sft_examples`, end of turn included; median, 90th
 percentile, max) and how many exceed the budget; with --lookahead=search|priority|relay the
-trace also writes how its plan is found (`env.lookahead`; relay: the plan of `env.relay`,
-each agent's in turn). With --verdicts (a launch/evaluate.py
+trace also writes how its plan is found (`lookahead`; relay: the plan of `mapfjax.env.relay`,
+each agent's in turn; the trace form `traces.form`). With --verdicts (a launch/evaluate.py
 --out_dir, or a run's validation.json) also the evaluation's parse errors, and how many of
 them the budget would have cut even on the oracle's trace.
 
@@ -16,8 +16,8 @@ them the budget would have cut even on the oracle's trace.
 from absl import app, flags
 from absl import logging as absl_logging
 
-from mapfjax.env.lookahead import LOOKAHEADS
-from mapfjax.env.trace import STYLES
+from projects.go_no_go.lookahead import LOOKAHEADS
+from projects.go_no_go.styles import STYLES
 
 _INSTANCES = flags.DEFINE_string("instances", None, "instance JSONL")
 _TOKENIZER = flags.DEFINE_string("tokenizer", None, "model directory whose tokenizer counts")
@@ -27,7 +27,7 @@ _LOOKAHEAD = flags.DEFINE_enum(
     "lookahead",
     None,
     list(LOOKAHEADS),
-    "the trace first writes how its plan is found (env.lookahead; that plan, not the oracle's)",
+    "the trace first writes how its plan is found (lookahead.py; that plan, not the oracle's)",
 )
 _BUDGET = flags.DEFINE_integer("budget", 640, "max_new_tokens to compare with", lower_bound=1)
 _VERDICTS = flags.DEFINE_string(
@@ -41,10 +41,11 @@ def main(argv):
     del argv
     absl_logging.set_verbosity(absl_logging.WARNING)
     from mapfjax import files
-    from mapfjax.env import io, lookahead
+    from mapfjax.env import io
     from mapfjax.eval import evaluate as ev
     from mapfjax.models import tokenizer as tok_lib
     from mapfjax.rl import data
+    from projects.go_no_go import lengths, lookahead, traces
 
     def build():
         problems = io.load_instances(_INSTANCES.value)
@@ -57,10 +58,8 @@ def main(argv):
                 f"{_VERDICTS.value}: no verdict for {len(missing)} puzzle(s), e.g. "
                 f"{missing[0]!r}, of {_INSTANCES.value}"
             )
-        thinking = not _NO_TRACE.value
-        examples = data.sft_examples(
-            tok, problems, thinking=thinking, style=_STYLE.value, lookahead=_LOOKAHEAD.value or ""
-        )
+        form = None if _NO_TRACE.value else traces.form(_LOOKAHEAD.value or "", _STYLE.value)
+        examples = data.sft_examples(tok, problems, form=form)
         note = ""
         if _LOOKAHEAD.value:
             note = (
@@ -75,8 +74,8 @@ def main(argv):
             )
             kept = {e.problem_id for e in examples}
             problems = [p for p in problems if p.id in kept]
-        lengths = [len(e.completion) for e in examples]
-        return ev.response_length_table(problems, lengths, _BUDGET.value, fails) + note
+        counts = [len(e.completion) for e in examples]
+        return lengths.response_length_table(problems, counts, _BUDGET.value, fails) + note
 
     return files.report_command(build, _OUT.value)
 

@@ -1,7 +1,7 @@
 r"""Which map transcription can a small model learn? SFT on the trace's header alone (the map in
-each style of `mapfjax.env.trace.STYLES`, then the agent lines), same model, data and budget per
-style, greedy-checked on held-out puzzles as it trains. Appends one JSON line per check to
-<out>/<style>.jsonl (a finished style is skipped on a rerun).
+each style of `projects.go_no_go.styles.STYLES`, then the agent lines), same model, data and
+budget per style, greedy-checked on held-out puzzles as it trains. Appends one JSON line per
+check to <out>/<style>.jsonl (a finished style is skipped on a rerun).
 
     python -m projects.trace_probe.trace_probe --styles holes,rows,grid --updates 600 \
         --out projects/trace_probe/results/probe
@@ -26,10 +26,11 @@ from mapfjax.models import bpe, qwen3  # noqa: E402
 from mapfjax.models import tokenizer as tok_lib  # noqa: E402
 from mapfjax.rl import data, rollout  # noqa: E402
 from mapfjax.rl.trainer import OptimConfig, Trainer  # noqa: E402
+from projects.go_no_go import styles  # noqa: E402
 
 
 def header(p, style):
-    return f"{trace.THINK_OPEN}\n" + "\n".join(trace.render_header(p, style)) + "\n"
+    return f"{trace.THINK_OPEN}\n" + "\n".join(styles.render_header(p, style)) + "\n"
 
 
 def examples(tok, problems, style):
@@ -52,10 +53,10 @@ def check(model, tok, held, style):
     for p, t in zip(held, texts, strict=True):
         want = set(trace.hole_cells(p))
         lines = (trace.thinking_text(t + trace.THINK_CLOSE) or "").splitlines()
-        got = trace.read_holes("\n".join(lines)) or set()
+        got = styles.read_holes("\n".join(lines)) or set()
         hit, miss, extra = hit + len(got & want), miss + len(want - got), extra + len(got - want)
         exact_map += got == want
-        exact_header += lines == trace.render_header(p, style)
+        exact_header += lines == styles.render_header(p, style)
     n = len(held)
     found = hit / max(1, hit + miss)
     return dict(map_exact=exact_map / n, header_exact=exact_header / n, holes_found=found,
@@ -80,7 +81,7 @@ def summary(out: pathlib.Path) -> None:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--styles", default=",".join(trace.STYLES))
+    ap.add_argument("--styles", default=",".join(styles.STYLES))
     ap.add_argument("--updates", type=int, default=600)
     ap.add_argument("--every", type=int, default=200)
     ap.add_argument("--instances", type=int, default=12000)
@@ -99,7 +100,7 @@ def main():
         data.generate_problems(c.sft.env, a.instances, c.seed + 1, 2, c.sft.hole_ratios),
         {io.puzzle_hash(p) for p in held},
     )
-    texts = [text.render_prompt(p) + header(p, s) for p in problems[:2000] for s in trace.STYLES]
+    texts = [text.render_prompt(p) + header(p, s) for p in problems[:2000] for s in styles.STYLES]
     built = bpe.build_tokenizer(texts, c.tokenizer.vocab_size, coordinates=True)
     tok = tok_lib.load_tokenizer(bpe.save_tokenizer(pathlib.Path(a.workdir) / "tokenizer", built))
     pad = tok_lib.special_ids(tok).pad

@@ -281,3 +281,38 @@ def test_sweep_results_keep_records_of_runs_finished_elsewhere(tmp_path):
     (tmp_path / "results" / "runs" / "fixed_s0.json").write_text("{not json")
     with pytest.raises(ValueError, match=r"fixed_s0\.json: not a run record"):
         sw.write_results(runs, sweep)
+
+
+@pytest.mark.slow
+def test_a_malformed_record_writes_nothing_and_names_its_field(tmp_path):
+    """A committed record whose greedy string was cut, or that is {} or [], is refused in one
+    line naming the file and field, before any file of the results is rewritten."""
+    import ml_collections
+
+    from mapfjax.eval import sweep as sw
+
+    rng = np.random.default_rng(2)
+    runs = []
+    for seed in (0, 1):
+        bits = (rng.random((3, 6)) < 0.5).tolist()
+        work = fake_run(tmp_path / "runs" / f"fixed_{seed}", seed, bits)
+        runs.append(sw.Run(f"fixed_s{seed}", "fixed", "V6", "bookkeeping", seed, "", (), work, 2))
+    sweep = ml_collections.ConfigDict({"results": str(tmp_path / "results"), "reference": "fixed"})
+    results = tmp_path / "results"
+    sw.write_results(runs, sweep)
+    before = {p: p.read_bytes() for p in results.rglob("*") if p.is_file()}
+    for r in runs:  # the records alone from now on
+        (r.workdir / "round_1" / "DONE").unlink()
+    path = results / "runs" / "fixed_s1.json"
+    record = json.loads(path.read_text())
+    record["rounds"][-1]["validation"]["greedy"] = record["rounds"][-1]["validation"]["greedy"][:3]
+    for bad, message in [
+        (record, r"fixed_s1.json: not a run record \(.*rounds\[1\].validation.greedy: 3 puzzles"),
+        ({}, r"fixed_s1.json: not a run record \(.*field 'run' = None; allowed: a str"),
+        ([], r"fixed_s1.json: not a run record \(.*a list; allowed: a run record"),
+    ]:
+        path.write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match=message):
+            sw.write_results(runs, sweep)
+        untouched = {p: p.read_bytes() for p in results.rglob("*") if p.is_file() and p != path}
+        assert untouched == {p: b for p, b in before.items() if p != path}

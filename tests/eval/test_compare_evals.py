@@ -61,7 +61,7 @@ def test_mismatched_answers_or_an_empty_group_are_clear_errors(case, tmp_path):
         ev.compare_evaluations(dirs, ["A (x", " y)", "B"], problems, [(3,)])
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "verdicts.jsonl").write_text("{")
-    with pytest.raises(ValueError, match="broken/verdicts.jsonl: not readable"):
+    with pytest.raises(ValueError, match=r"broken/verdicts.jsonl:1: not JSON"):
         ev.compare_evaluations([dirs[0], tmp_path / "broken"], ["A", "B"], problems, [(3,)])
 
 
@@ -103,7 +103,7 @@ def test_trace_comparison_counts_copies_and_valid_trace_plans(tmp_path):
     p = [_problem(i, 3) for i in range(3)]  # agent 0 (0,0)->(2,0); agent 1 (2,2)->(0,2)
     good, bad = [[DOWN, DOWN], [UP, UP]], [[RIGHT], [UP, UP]]
     assert simulate.simulate(p[0], good)["valid"] and not simulate.simulate(p[0], bad)["valid"]
-    think = lambda q, plans: trace.render_thinking(q, plans, "grid")
+    think = lambda q, plans: trace.think_block(trace.render_relay(q, plans, (0, 1)))
     rows = [  # copied and valid; trace valid but the answer another (invalid) plan; none for p2
         {"id": "p0", "text": think(p[0], good) + text.render_answer(good)},
         {"id": "p1", "text": think(p[1], good) + text.render_answer(bad)},

@@ -166,11 +166,14 @@ def test_shipped_tiny_model_loads_and_matches_transformers():
 def test_coordinate_tokenizer_makes_every_cell_one_token(tmp_path):
     """A tokenizer for reasoning traces: every " (r, c)" of a 10x10 map is one token, in the
     prompt's agent lines and in the trace, and trace turns decode back to their text."""
-    from mapfjax.env import trace
+    from mapfjax.env import forms
 
     problems, answers = corpus_and_answers(30, seed=4)
-    prompts = [text.render_prompt(p) for p in problems]
-    turns = [trace.render_thinking(p, a) + text.render_answer(a) for p, a in zip(problems, answers)]
+    pairs = [
+        (text.render_prompt(p), forms.GRID_RELAY.response(p, a)) for p, a in zip(problems, answers)
+    ]
+    prompts, turns = [q for q, t in pairs if t], [t for _, t in pairs if t]
+    assert len(turns) >= 28
     out = bpe.save_tokenizer(
         tmp_path, bpe.build_tokenizer(bpe.corpus(prompts, turns, True), 1024, coordinates=True)
     )

@@ -2,8 +2,6 @@
 are deterministic, resumable and mask exactly the answer + end-of-turn tokens (+ the stated
 coordinates when asked)."""
 
-import re
-
 import numpy as np
 import pytest
 
@@ -168,24 +166,30 @@ def test_cached_builds_once(tmp_path):
     assert first == second == "payload" and len(calls) == 1
 
 
-@pytest.mark.parametrize("style", ["holes", "grid"])
-def test_thinking_examples_are_trace_then_answer(tok, problems, style):
-    """With thinking, the prompt opens the assistant turn (no empty think block) and the
-    completion is the oracle plan's reasoning trace (its map in `style`), then its answer,
-    then <|im_end|>."""
-    from mapfjax.env import trace
+def test_thinking_examples_are_trace_then_answer(tok, problems):
+    """With a trace form, the prompt opens the assistant turn (no empty think block) and the
+    completion is the form's trace of the plan it finds, then that plan's answer, then
+    <|im_end|>."""
+    from mapfjax.env import forms, relay, trace
 
-    examples = data.sft_examples(tok, problems[:6], thinking=True, style=style)
+    examples = data.sft_examples(tok, problems[:6], form="grid_relay")
     ids = tok_lib.special_ids(tok)
+    assert [e.problem_id for e in examples] == [p.id for p in problems[:6]]
     for e, p in zip(examples, problems[:6]):
         want = tok_lib.builtin_chat_text([{"role": "user", "content": text.render_prompt(p)}])
         assert tok.decode(list(e.prompt)) == want
         assert e.completion[-1] == ids.im_end
         turn = tok.decode(list(e.completion[:-1]))
         plans, reason = text.parse_answer(turn, p.num_agents)
-        assert reason is None and turn.startswith("<think>\n")
-        assert trace.check_trace(p, turn)[1] is None and trace.detect_style(turn[8:]) == style
-        assert turn == data.response(p, plans, thinking=True, style=style)
+        assert reason is None and turn.startswith("<think>\nr0: (0, 0) ")
+        assert forms.GRID_RELAY.check(p, turn)[1] is None
+        assert plans == relay.retry(p)[1] or relay.every_order_fails(p) is not None
+        assert (
+            turn
+            == data.response(p, None, forms.GRID_RELAY)
+            == data.response(p, plans, "grid_relay")
+        )
+        assert trace.thinking_text(turn)
 
 
 def test_answer_only_examples_keep_the_answer_after_an_empty_think_block(tok):
@@ -195,10 +199,11 @@ def test_answer_only_examples_keep_the_answer_after_an_empty_think_block(tok):
     from mapfjax.env import trace
 
     problems = random_problems(120, seed=23, sizes=(3, 4, 5))
-    full = data.sft_examples(tok, problems, thinking=True)
-    half = data.sft_examples(tok, problems, thinking=True, answer_only=0.5)
-    most = data.sft_examples(tok, problems, thinking=True, answer_only=0.8)
-    assert data.sft_examples(tok, problems, thinking=True, answer_only=0.0) == full
+    form = "grid_relay"
+    full = data.sft_examples(tok, problems, form=form)
+    half = data.sft_examples(tok, problems, form=form, answer_only=0.5)
+    most = data.sft_examples(tok, problems, form=form, answer_only=0.8)
+    assert data.sft_examples(tok, problems, form=form, answer_only=0.0) == full
     by_id = {p.id: p for p in problems}
 
     def bare(examples):
@@ -223,7 +228,7 @@ def test_answer_only_examples_keep_the_answer_after_an_empty_think_block(tok):
     with pytest.raises(ValueError, match=r"answer_only 0\.5: a share in \[0, 1\], above 0 only"):
         data.sft_examples(tok, problems[:2], answer_only=0.5)
     with pytest.raises(ValueError, match=r"answer_only -0\.1"):
-        data.sft_examples(tok, problems[:2], thinking=True, answer_only=-0.1)
+        data.sft_examples(tok, problems[:2], form=form, answer_only=-0.1)
 
 
 @pytest.mark.slow
@@ -235,7 +240,7 @@ def test_sft_on_traces_lowers_the_loss(tok, problems):
     from mapfjax.models.qwen3 import PRESETS, Qwen3
     from mapfjax.rl.trainer import OptimConfig, Trainer
 
-    examples = data.sft_examples(tok, problems[:8], thinking=True)
+    examples = data.sft_examples(tok, problems[:8], form="grid_relay")
     cfg = PRESETS["tiny"].__class__(
         **{**PRESETS["tiny"].__dict__, "vocab_size": len(tok), "max_position_embeddings": 1024}
     )
@@ -252,40 +257,3 @@ def test_chunks_by_length_cover_every_prompt_once_shortest_first():
     prompts = [[1] * n for n in (5, 2, 9, 2, 7)]
     assert chunks_by_length(prompts, 2) == [[1, 3], [0, 4], [2]]
     assert chunks_by_length([], 3) == []
-
-
-def test_loop_lessons_train_from_the_loop_line_after_the_wrong_move(tok, tmp_path):
-    """A loop lesson's prompt is the puzzle's chat prompt and its completion the whole
-    retrying trace with one wrong line, the retry and the answer; the loss starts on the loop
-    line (`loss_from`), so the wrong move is context only, and the batch masks it so. The
-    share chooses puzzles by hash, so a subset of puzzles keeps its lessons."""
-    from mapfjax.env import relay, trace
-
-    problems = random_problems(40, seed=21, sizes=(4, 5, 6))
-    lessons = data.loop_lesson_examples(tok, problems, 1.0)
-    by_id = {p.id: p for p in problems}
-    assert len(lessons) == sum(relay.loop_lesson(p, 0) is not None for p in problems) >= 15
-    ids = tok_lib.special_ids(tok)
-    for e in lessons:
-        p = by_id[e.problem_id]
-        chat = tok_lib.builtin_chat_text([{"role": "user", "content": text.render_prompt(p)}])
-        assert tok.decode(list(e.prompt)) == chat and e.completion[-1] == ids.im_end
-        head = tok.decode(list(e.completion[: e.loss_from]))
-        turn = tok.decode(list(e.completion[e.loss_from : -1]))
-        assert re.match(r"t\d+ A\d \(\d, \d\) = loop t\d+\nretry A1 A0\nt1 A1 ", turn), turn[:60]
-        assert head.startswith("<think>\n") and head.endswith("\n") and "loop" not in head
-        plans, reason = text.parse_answer(turn, 2)
-        assert reason is None and trace.parse_trace(trace.thinking_text(head + turn), 2)[0] == plans
-        assert e.puzzle == io.puzzle_hash(p)
-    batch = data.to_batch(lessons[:4] + data.sft_examples(tok, problems[:2]), ids.pad)
-    for row, e in enumerate(lessons[:4] + data.sft_examples(tok, problems[:2])):
-        mask = np.asarray(batch.loss_mask[row])
-        want = [j >= e.loss_from for j in range(len(e.completion))]
-        assert mask[: len(want)].tolist() == want and not mask[len(want) :].any()
-    data.save_examples(tmp_path / "lessons.jsonl", lessons)
-    assert data.load_examples(tmp_path / "lessons.jsonl") == lessons  # loss_from kept
-    half = data.loop_lesson_examples(tok, problems, 0.5)
-    assert set(half) <= set(lessons) and 0 < len(half) < len(lessons)
-    assert data.loop_lesson_examples(tok, problems, 0.0) == []
-    with pytest.raises(ValueError, match=r"share 1\.5, allowed a number in \[0, 1\]"):
-        data.loop_lesson_examples(tok, problems, 1.5)

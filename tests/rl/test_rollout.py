@@ -260,8 +260,12 @@ def test_validation_table_numbers():
 
 
 def _oracle_response(p):
+    """The oracle plan's relay trace with a step label `t1` alone after its header (where
+    `trace.header_end` cuts), then the answer and the end of turn."""
     plans = oracle.answer_actions(oracle.solve(p))
-    return trace.render_thinking(p, plans) + text.render_answer(plans) + "<|im_end|>"
+    header = "\n".join(trace.render_header(p))
+    runs = trace.render_relay(p, plans, range(p.num_agents))[len(header) + 1 :]
+    return trace.think_block(f"{header}\nt1\n{runs}") + text.render_answer(plans) + "<|im_end|>"
 
 
 def test_trace_loss_masks_leave_out_exactly_the_header_or_the_trace(tok, problems):

@@ -3,6 +3,7 @@ the coordinate targets) -> GRPO -> export -> validation, as the user runs it; a 
 
 import json
 import math
+import re
 import subprocess
 import sys
 
@@ -83,14 +84,19 @@ BAD_RECIPES = [
     ("sft.answer_weight", 0.0, r"sft\.answer_weight = 0\.0; allowed: a number > 0"),
     ("sft.answer_weight", 5.0, r"other than 1 only with thinking=True"),
     ("dtype", "float7", r"dtype = 'float7'"),
-    ("trace_style", "cells", r"trace_style = 'cells'; allowed: one of \('holes', 'rows', 'grid'\)"),
-    ("trace_lookahead", "cbs", r"trace_lookahead = 'cbs'; allowed: '' \(none\), or 'search' or"),
-    ("trace_lookahead", "search", r"'relay_retry_end' with thinking=True"),  # quick: no thinking
+    ("trace_form", "grid_relay", r"trace_form = 'grid_relay'; allowed: '' without thinking"),
     ("init", "/nonexistent", r"init = '/nonexistent'; allowed: a model directory or ''"),
     ("sft.exclude", ("/nonexistent.jsonl",), r"sft\.exclude = '/nonexistent\.jsonl'; allowed: "),
     ("sft.completion_multiple", 0, r"sft\.completion_multiple = 0; allowed: an integer >= 1"),
-    ("sft.loop_lessons", 0.25, r"sft\.loop_lessons = 0\.25; allowed: a share in \[0, 1\]; above"),
-    ("sft.loop_lessons", -1.0, r"sft\.loop_lessons = -1\.0; allowed: a share in \[0, 1\]"),
+    ("sft.extra_examples", "x", r"sft\.extra_examples = 'x'; allowed: 'package.module:attr"),
+    ("sft.extra_examples", "mapfjax.rl.data:Example.x", r"has no 'Example\.x'"),
+    ("sft.extra_examples", "mapfjax.rl.data:Example", None),  # a class is callable: accepted
+    (
+        "sft.extra_examples",
+        "mapfjax.env.trace:NO_ORDER",
+        r"'mapfjax\.env\.trace:NO_ORDER'; "
+        r"allowed: '' or 'module:attribute' naming a function",
+    ),  # fmt: skip
     ("sft.answer_only", 0.5, r"sft\.answer_only = 0\.5; allowed: a share in \[0, 1\]; above 0"),
     ("sft.answer_only", 1.5, r"sft\.answer_only = 1\.5; allowed: a share in \[0, 1\]"),
 ]
@@ -105,6 +111,31 @@ def test_a_bad_recipe_is_refused_before_any_work(key, value, message):
     recipe.check_recipe(c)
     node, last = configfile.key_path(c, key)
     node[last] = value
+    if message is None:
+        return recipe.check_recipe(c)
+    with pytest.raises(ValueError, match=message):
+        recipe.check_recipe(c)
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("cbs", r"trace_form = 'cbs'; allowed: one of \['grid_relay'\], or 'module:attribute'"),
+        ("", r"trace_form = ''; allowed: one of \['grid_relay'\]"),
+        ("mapfjax.env.trace:cell", r"trace_form = 'mapfjax\.env\.trace:cell': a function, not a"),
+        ("no_such_module_x:F", r"No module named 'no_such_module_x'"),
+    ],
+)
+def test_a_thinking_recipe_names_a_trace_form_that_resolves(value, message):
+    """With thinking, `trace_form` is a registered form or "module:attribute" naming one (an
+    experiment's, e.g. projects/go_no_go/traces.py); the check names the key and value."""
+    from mapfjax import configfile
+    from mapfjax.rl import recipe
+
+    c = configfile.get_config("configs/tiny_model.py", "think_quick").stage.trace
+    recipe.check_recipe(c)
+    assert recipe.trace_form(c).name == "grid_relay"
+    c.trace_form = value
     with pytest.raises(ValueError, match=message):
         recipe.check_recipe(c)
 
@@ -177,6 +208,7 @@ def test_a_staged_recipe_runs_in_order_each_from_the_export_before():
 
     c = configfile.get_config("configs/tiny_model.py", "think")
     c.workdir = "/w"
+    c.lock()  # as the launch script's flags give it
     stages = recipe.stage_configs(c)
     assert [s.name for s in stages] == ["trace", "mix"] and stages[1].after == "trace"
     assert stages[0].config.workdir == "/w/trace" and not stages[0].config.get("init")
@@ -223,3 +255,45 @@ def test_a_training_config_in_sft_exclude_is_its_held_out_set(tmp_path):
     assert validation.held_out_file("configs/tiny_cpu.py", tmp_path) == path  # read back
     other = validation.held_out_file("configs/tiny_cpu.py:answer_only", tmp_path)
     assert other != path and len(io.load_instances(other)) == 1200
+
+
+def test_a_workdir_refuses_another_recipe_before_any_work(tmp_path):
+    """A resume restores the workdir's checkpoints: under another seed (another tokenizer) or
+    architecture they would not fit; the run says so in one line and leaves the workdir as it
+    was. Longer stages, other checkpoint intervals and the validation may change."""
+    from mapfjax import configfile
+    from mapfjax.rl import recipe
+
+    c = configfile.get_config("configs/tiny_model.py", "quick")
+    work = tmp_path / "w"
+    recipe.check_resume(c, work)
+    record = (work / recipe.RECORD).read_text()
+    longer = c.copy_and_resolve_references()
+    longer.sft.stages, longer.sft.checkpoint_every, longer.validation.per_size = (8, 32), 4, 9
+    recipe.check_resume(longer, work)
+    for key, value in (("seed", 1), ("model.num_layers", 2), ("sft.instances", 512)):
+        other = c.copy_and_resolve_references()
+        node, last = configfile.key_path(other, key)
+        node[last] = value
+        with pytest.raises(ValueError, match=rf"holds a run of another recipe \(1 key\(s\) differ: "
+                                             rf"{re.escape(key)}: "):  # fmt: skip
+            recipe.check_resume(other, work)
+    assert (work / recipe.RECORD).read_text() == record
+
+
+def test_the_launch_script_refuses_a_changed_seed_on_resume(tmp_path):
+    work = tmp_path / "w"
+    base = [sys.executable, "launch/train_tiny.py", "--config=configs/tiny_model.py:quick",
+            f"--config.workdir={work}", "--config.sft.stages=0"]  # fmt: skip
+    first = subprocess.run(base, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 2  # the bad stages: refused before the workdir is made
+    assert not work.exists()
+    from mapfjax import configfile
+    from mapfjax.rl import recipe
+
+    recipe.check_resume(configfile.get_config("configs/tiny_model.py", "quick"), work)
+    again = [*base[:-1], "--config.seed=1"]
+    out = subprocess.run(again, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines()[-1].startswith(f"error: {work} holds a run of another")
+    assert sorted(p.name for p in work.iterdir()) == [recipe.RECORD]

@@ -31,7 +31,7 @@ vs_shipped $R/trace_loop_fstep runs/gng_loop "GRPO (T: F's flags; seed 13)" "loo
 C=runs/tiny_trace_retry_nolessons
 CEVAL=runs/trace_retry_nolessons_eval
 built $C/export || python launch/train_tiny.py --config projects/go_no_go/configs/tiny_model.py:trace_retry_lessons \
-  --config.sft.loop_lessons=0 --config.workdir=$C --config.out_dir=$C/export
+  --config.sft.extra_examples= --config.workdir=$C --config.out_dir=$C/export
 held_out_answers $C/export $CEVAL
 python launch/compare_evals.py --instances $H --sizes 3-6 --split_wait \
   --evals runs/trace_retry_scratch_eval,$EVAL,$CEVAL \

@@ -15,6 +15,8 @@ TINY = configfile.load_module("configs/tiny_model.py")
 env_config, TRACE_SIZES, BROAD_HOLES = TINY.env_config, TINY.TRACE_SIZES, TINY.BROAD_HOLES
 # The gate's 400 held-out puzzles (the main job's), kept out of every trace policy's SFT data.
 GATE = ("projects/go_no_go/results/held_out_400.jsonl",)
+# The trace forms the gate tried (projects/go_no_go/traces.py), by "module:attribute".
+TRACES = "projects.go_no_go.traces"
 # The whole legal space the engineer may choose from, sizes weighted toward small maps.
 BROAD_SIZES = {3: 0.2, 4: 0.2, 5: 0.2, 6: 0.1, 7: 0.1, 8: 0.07, 9: 0.07, 10: 0.06}
 VARIANTS = (
@@ -44,22 +46,22 @@ def get_config(arg: str = "trace") -> ml_collections.ConfigDict:
     continues the shipped model on SFT data from the whole legal generator space (every size,
     hole ratio 0..0.5, half the instances needing a wait), validated on a held-out set from the
     same space that shares no puzzle with the SFT data. "trace" trains a policy that thinks
-    before it answers (`mapfjax.env.trace`) from scratch on 3x3-6x6 ("trace_quick": its smoke
-    run); "trace_long" continues it on puzzles with longer plans; "trace_wait" continues that on
-    puzzles most of which need a wait; "trace_ahead" continues that with a look-ahead block
-    (prioritised planning) written before the moves; "trace_relay" continues trace_wait on
-    traces that plan the agents one after another (`mapfjax.env.relay`); "trace_relay_where"
-    continues trace_relay with each later agent's lines also writing where the earlier ones
-    stand; "trace_relay_scratch" trains the relay layout from scratch with the trace recipe,
-    "trace_relay_next_scratch" the same with the earlier agents' cells written after their key,
-    "trace_retry_scratch" the same with a relay that starts in index order and, when a run is
-    cornered or loops, writes so and starts again in the next order; "trace_retry_lessons"
-    continues trace_retry_scratch with loop lessons (a wrong move back, in the prompt, then the
-    loop line that ends it) beside its own examples; "trace_end_scratch" trains the retrying
-    relay from scratch, its trace also ending on `no order left` where every order fails;
-    "trace_mix" continues trace_end_scratch with 60 % of its puzzles answered without a trace
-    (`sft.answer_only`); "trace_mix_scratch" trains that mix from scratch, in the first stage
-    of trace_end_scratch's recipe."""
+    before it answers (the oracle's plan in step blocks, `traces.steps`) from scratch on 3x3-6x6
+    ("trace_quick": its smoke run); "trace_long" continues it on puzzles with longer plans;
+    "trace_wait" continues that on puzzles most of which need a wait; "trace_ahead" continues
+    that with a look-ahead block (prioritised planning) written before the moves; "trace_relay"
+    continues trace_wait on traces that plan the agents one after another (`traces.relay`);
+    "trace_relay_where" continues trace_relay with each later agent's lines also writing where
+    the earlier ones stand; "trace_relay_scratch" trains the relay layout from scratch with the
+    trace recipe, "trace_relay_next_scratch" the same with the earlier agents' cells written
+    after their key, "trace_retry_scratch" the same with a relay that starts in index order and,
+    when a run is cornered or loops, writes so and starts again in the next order;
+    "trace_retry_lessons" continues trace_retry_scratch with loop lessons (a wrong move back, in
+    the prompt, then the loop line that ends it) beside its own examples; "trace_end_scratch"
+    trains the retrying relay from scratch, its trace also ending on `no order left` where every
+    order fails; "trace_mix" continues trace_end_scratch with 60 % of its puzzles answered
+    without a trace (`sft.answer_only`); "trace_mix_scratch" trains that mix from scratch, in
+    the first stage of trace_end_scratch's recipe."""
     if arg not in VARIANTS:
         raise ValueError(
             f"projects/go_no_go/configs/tiny_model.py: unknown variant {arg!r}; known: {VARIANTS}"
@@ -81,6 +83,7 @@ def get_config(arg: str = "trace") -> ml_collections.ConfigDict:
         c.validation.spare = 0.25
     if arg.startswith("trace"):
         TINY.trace(c)
+        c.trace_form = f"{TRACES}:steps"
         c.workdir = "runs/tiny_trace_grid"
         c.out_dir = "runs/tiny_trace_grid/export"
     if arg == "trace_long":
@@ -103,7 +106,7 @@ def get_config(arg: str = "trace") -> ml_collections.ConfigDict:
         # lines.
         # About 80 more tokens on puzzles that need a wait (projects/go_no_go/results/lookahead).
         continue_from(c, "runs/tiny_trace_wait/export", "trace_ahead", 51, 0.7, 24576, 1500)
-        c.trace_lookahead = "priority"
+        c.trace_form = f"{TRACES}:priority"
     if arg == "trace_relay":
         # trace_wait continued on traces that write each agent's whole plan in turn, a later
         # agent's lines marking `taken` where an earlier one stands at that step: every action
@@ -113,19 +116,19 @@ def get_config(arg: str = "trace") -> ml_collections.ConfigDict:
         # are left out of the SFT data); traces as long as today's
         # (projects/go_no_go/results/relay).
         continue_from(c, "runs/tiny_trace_wait/export", "trace_relay", 61, 0.7, 24576, 2000)
-        c.trace_lookahead = "relay"
+        c.trace_form = f"{TRACES}:relay"
     if arg == "trace_relay_where":
         # trace_relay continued with a later agent's lines also writing each earlier agent's
         # cell at that step (copied from that agent's line for the step), so that its `taken`
         # marks compare cells on the same line instead of a line up to 15 lines above.
         continue_from(c, "runs/tiny_trace_relay/export", "trace_relay_where", 71, 0.7, 16384, 1000)
-        c.trace_lookahead = "relay_where"
+        c.trace_form = f"{TRACES}:relay_where"
     if arg in ("trace_relay_scratch", "trace_relay_next_scratch", "trace_retry_scratch",
                "trace_end_scratch", "trace_mix_scratch"):  # fmt: skip
         # The relay layout from scratch: the trace recipe (6 layers, 6,000 updates of 16 in three
         # resumable stages), answer tokens weighing 10, the gate's puzzles kept out; about 2.5
         # hours on 2 cores. Continuing a step-layout policy on it lost 9.5 points (trace_relay).
-        c.trace_lookahead = "relay"
+        c.trace_form = f"{TRACES}:relay"
         c.workdir = "runs/tiny_trace_relay_scratch"
         c.out_dir = "runs/tiny_trace_relay_scratch/export"
         c.sft.answer_weight = 10.0
@@ -136,7 +139,7 @@ def get_config(arg: str = "trace") -> ml_collections.ConfigDict:
         # where each earlier agent starts step K+1, the cell that follows the same key at the
         # start of that agent's own line. `relay_where` wrote that cell without the key and the
         # policy copied the cell before the step (184 of its 233 field errors).
-        c.trace_lookahead = "relay_next"
+        c.trace_form = f"{TRACES}:relay_next"
         c.workdir = "runs/tiny_trace_relay_next_scratch"
         c.out_dir = "runs/tiny_trace_relay_next_scratch/export"
     if arg == "trace_retry_scratch":
@@ -146,17 +149,17 @@ def get_config(arg: str = "trace") -> ml_collections.ConfigDict:
         # (`mapfjax.env.relay.retry`). The relay policy lost 31 of the gate's puzzles on its
         # first agent alone; the retry reaches a plan on 84 % of those that need a wait
         # (projects/go_no_go/results/relay/orders.md).
-        c.trace_lookahead = "relay_retry"
+        c.trace_form = f"{TRACES}:relay_retry"
         c.workdir = "runs/tiny_trace_retry_scratch"
         c.out_dir = "runs/tiny_trace_retry_scratch/export"
     if arg == "trace_end_scratch":
         # trace_retry_scratch's recipe, the trace also ending where every order fails on a
         # line: the last failed run, then `no order left`, then the oracle's answer
-        # (`lookahead.relay_retry_end_form`). The retry data left those puzzles out (6.5 % of
-        # the SFT draw, 31 of the gate's 400), and on them the retry policy often never closed
-        # its trace: 10 of the 18 traces the lesson policy left open
+        # (`mapfjax.env.forms.GRID_RELAY`, the shipped form). The retry data left those
+        # puzzles out (6.5 % of the SFT draw, 31 of the gate's 400), and on them the retry
+        # policy often never closed its trace: 10 of the 18 traces the lesson policy left open
         # (projects/go_no_go/results/PLAN_end.md).
-        c.trace_lookahead = "relay_retry_end"
+        c.trace_form = "grid_relay"
         c.workdir = "runs/tiny_trace_end_scratch"
         c.out_dir = "runs/tiny_trace_end_scratch/export"
     if arg == "trace_end_wide":
@@ -168,14 +171,14 @@ def get_config(arg: str = "trace") -> ml_collections.ConfigDict:
         # on
         # 2 cores (1.7 s at width 128).
         continue_from(c, "runs/tiny_trace_end_wide_init", "trace_end_wide", 101, 0.5, 24576, 1000)
-        c.trace_lookahead = "relay_retry_end"
+        c.trace_form = "grid_relay"
     if arg == "trace_mix":
         # trace_end_scratch continued for 600 updates with 60 % of its puzzles (by hash) giving
         # the answer alone after an empty think block: a start that thinks on about 40 % of its
         # samples, whatever the puzzle, so that what GRPO can reinforce is whether to think, a
         # choice the same on every puzzle (projects/go_no_go/results/PLAN_mix.md).
         continue_from(c, "runs/tiny_trace_end_scratch/export", "trace_mix", 111, 0.5, 8192, 600)
-        c.trace_lookahead = "relay_retry_end"
+        c.trace_form = "grid_relay"
         c.sft.answer_only = 0.6
     if arg == "trace_mix_scratch":
         # trace_mix's mix (60 % of the puzzles answered after an empty think block) from the
@@ -183,21 +186,22 @@ def get_config(arg: str = "trace") -> ml_collections.ConfigDict:
         # own cosine schedule): a start that thinks on some samples built in about an hour on 2
         # cores, where trace_end_scratch then trace_mix take 5-7
         # (projects/go_no_go/results/PLAN_reach.md).
-        c.trace_lookahead = "relay_retry_end"
+        c.trace_form = "grid_relay"
         c.workdir = "runs/tiny_trace_mix_scratch"
         c.out_dir = "runs/tiny_trace_mix_scratch/export"
         c.sft.answer_only = 0.6
         c.sft.stages = c.sft.stages[:1]
     if arg == "trace_retry_lessons":
-        # trace_retry_scratch continued for 1,000 updates, a quarter of the puzzles also giving
-        # a loop lesson (`mapfjax.rl.data.loop_lesson_examples`): its trace up to a wrong move
-        # back to the cell it came from is prompt, the loss starts at the line `= loop tJ` that
-        # ends the run. 18 of the 19 traces the retry start never closes on the gate's puzzles
-        # go back and forth between cells without that line; the rule's own loops (an agent
-        # that cannot reach its goal) look different (projects/go_no_go/results/PLAN_loop.md).
+        # trace_retry_scratch continued for 1,000 updates, a quarter of the puzzles also giving a
+        # loop lesson (`projects.go_no_go.lessons`, by `sft.extra_examples`): its trace up to a
+        # wrong move back to the cell it came from is prompt, the loss starts at the line `= loop
+        # tJ` that ends the run. 18 of the 19 traces the retry start never closes on the gate's
+        # puzzles go back and forth between cells without that line; the rule's own loops (an
+        # agent that cannot reach its goal) look different
+        # (projects/go_no_go/results/PLAN_loop.md).
         continue_from(c, "runs/tiny_trace_retry_scratch/export", "trace_retry_lessons", 91, 0.5)
-        c.trace_lookahead = "relay_retry"
-        c.sft.loop_lessons = 0.25
+        c.trace_form = f"{TRACES}:relay_retry"
+        c.sft.extra_examples = "projects.go_no_go.lessons:quarter"
     if arg == "trace_quick":
         c.workdir = "/tmp/mapfjax_tiny_trace_quick"
         c.out_dir = "/tmp/mapfjax_tiny_trace_quick/export"

@@ -101,8 +101,13 @@ def test_runs_must_share_start_and_puzzles(tmp_path):
     _write(b, "start", start[:300])
     with pytest.raises(ValueError, match="other puzzles"):
         gate.evaluate(a, b)
-    with pytest.raises(ValueError, match="no finished round"):
+    with pytest.raises(ValueError, match="missing: no start/validation.json"):
         gate.evaluate(a, tmp_path / "missing")
+    late = tmp_path / "late"  # a run whose start is lost: round 0 is not read as its start
+    _write(late, "round_0", start)
+    _write(late, "round_1", start)
+    with pytest.raises(ValueError, match="late: no start/validation.json"):
+        gate.evaluate(a, late)
     with pytest.raises(ValueError, match="no start/validation.json"):
         gate.evaluate(a, a, reference=tmp_path / "missing")
 

@@ -9,9 +9,10 @@ import sys
 
 import pytest
 
-from mapfjax.env import io, oracle, text, trace
+from mapfjax.env import io, oracle, text
 from mapfjax.env.types import Problem
-from mapfjax.eval import evaluate as ev
+from projects.go_no_go import layouts
+from projects.go_no_go.lengths import response_length_table
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 
@@ -28,7 +29,7 @@ def _problems():
 
 def test_the_table_counts_lengths_over_the_budget_and_parse_errors_among_them():
     probs = _problems()  # 3x3 no wait, 4x4 no wait, 3x3 wait
-    table = ev.response_length_table(
+    table = response_length_table(
         probs, [100, 300, 500], budget=250, failures={"p0": None, "p1": "parse_error",
                                                       "p2": "parse_error"}
     )  # fmt: skip
@@ -39,9 +40,9 @@ def test_the_table_counts_lengths_over_the_budget_and_parse_errors_among_them():
     assert cells(("3x3", "yes")) == ["1", "500", "500", "500", "1", "1", "1"]
     assert cells(("4x4", "no")) == ["1", "300", "300", "300", "1", "1", "1"]
     assert cells(("all", "")) == ["3", "300", "500", "500", "2", "2", "2"]
-    assert "parse errors" not in ev.response_length_table(probs, [1, 2, 3], budget=2)
+    assert "parse errors" not in response_length_table(probs, [1, 2, 3], budget=2)
     with pytest.raises(ValueError, match="2 lengths for 3 puzzles"):
-        ev.response_length_table(probs, [1, 2], budget=2)
+        response_length_table(probs, [1, 2], budget=2)
 
 
 def _run(*args):
@@ -75,7 +76,7 @@ def test_the_script_counts_the_oracle_trace_and_answer_with_the_end_of_turn(
     want = []
     for p in probs:
         a = oracle.answer_actions(oracle.solve(p))
-        want.append(_tokens(tiny_model_dir, trace.render_thinking(p, a, "grid"), a))
+        want.append(_tokens(tiny_model_dir, layouts.render_thinking(p, a, "grid"), a))
     out = _run(f"--instances={inst}", f"--tokenizer={tiny_model_dir}", "--budget=100000")
     assert out.returncode == 0, out.stderr
     last = [c.strip() for c in out.stdout.strip().splitlines()[-1].split("|")[1:-1]]
@@ -95,13 +96,13 @@ def test_the_script_counts_the_oracle_trace_and_answer_with_the_end_of_turn(
 def test_with_lookahead_the_trace_writes_the_search_and_the_script_counts_it(
     tiny_model_dir, tmp_path
 ):
-    from mapfjax.env import lookahead
+    from projects.go_no_go import lookahead
 
     probs, inst = _saved(tmp_path)
     want = []
     for p in probs:
         found = lookahead.search(p)  # --lookahead=search
-        think = trace.render_thinking(p, found.plans, "grid", found.lines)
+        think = layouts.render_thinking(p, found.plans, "grid", found.lines)
         want.append(_tokens(tiny_model_dir, think, found.plans))
     out = _run(
         f"--instances={inst}",

@@ -1,7 +1,7 @@
-"""env.lookahead: the search written as trace lines. Paths are the first shortest ones under
-their constraints (against a plain space-time breadth-first search), the plan is optimal
-(against the CBS oracle) and valid (against the plain-Python simulator), the block reads back
-through the trace's parser, and a search that gives up is a named error for SFT data."""
+"""projects/go_no_go/lookahead.py: the search written as trace lines. Paths are the first shortest
+ones under their constraints (against a plain space-time breadth-first search), the plan is
+optimal (against the CBS oracle) and valid (against the plain-Python simulator), the block reads
+back through the trace's parser, and a search that gives up is a named error for SFT data."""
 
 import collections
 import itertools
@@ -11,12 +11,12 @@ import re
 import numpy as np
 import pytest
 
-from mapfjax.env import lookahead, oracle, simulate, text, trace
+from mapfjax.env import oracle, simulate, text, trace
 from mapfjax.env.joint import GridMap
-from mapfjax.env.lookahead import Constraint
 from mapfjax.env.types import ACTION_DELTAS, Problem
 from mapfjax.rl import data
-from projects.go_no_go import locality
+from projects.go_no_go import layouts, locality, lookahead, traces
+from projects.go_no_go.lookahead import Constraint
 from tests.models.test_bpe import random_problems
 
 CROSS = Problem(id="cross", grid=("FFF", "HFH"), starts=((0, 0), (1, 1)), goals=((0, 2), (0, 1)))
@@ -113,10 +113,10 @@ def test_the_plan_is_optimal_valid_and_reads_back_through_the_trace(seed):
         outcomes["wait" if p.needs_wait else "none"] += 1
         r = simulate.simulate(p, found.plans)
         assert r["valid"] and r["soc"] == oracle.solve(p).soc, (p, found)
-        response = trace.render_thinking(p, found.plans, "grid", found.lines) + "x"
+        response = layouts.render_thinking(p, found.plans, "grid", found.lines) + "x"
         body = trace.thinking_text(response)
-        assert trace.parse_trace(body, 2) == (found.plans, None)
-        assert trace.check_trace(p, response)[1] is None
+        assert layouts.parse_trace(body, 2) == (found.plans, None)
+        assert layouts.check_trace(p, response)[1] is None
         assert lookahead.search(p) == found  # deterministic
         quick = lookahead.priority(p)
         if quick.plans is None:
@@ -124,9 +124,9 @@ def test_the_plan_is_optimal_valid_and_reads_back_through_the_trace(seed):
             continue
         r = simulate.simulate(p, quick.plans)
         assert r["valid"] and r["soc"] >= found_soc(found), (p, quick)  # valid, maybe not optimal
-        response = trace.render_thinking(p, quick.plans, "grid", quick.lines) + "x"
-        assert trace.parse_trace(trace.thinking_text(response), 2) == (quick.plans, None)
-        assert trace.check_trace(p, response)[1] is None
+        response = layouts.render_thinking(p, quick.plans, "grid", quick.lines) + "x"
+        assert layouts.parse_trace(trace.thinking_text(response), 2) == (quick.plans, None)
+        assert layouts.check_trace(p, response)[1] is None
         outcomes["priority: optimal"] += r["soc"] == found_soc(found)
     assert outcomes["wait"] and outcomes["none"] and outcomes["priority: optimal"], outcomes
 
@@ -144,25 +144,28 @@ def test_the_priority_form_takes_two_agents():
 def test_sft_data_with_a_lookahead_uses_the_search_s_plan_and_names_a_search_that_gives_up(
     monkeypatch,
 ):
-    turn = data.response(CROSS, None, thinking=True, style="grid", lookahead="search")
+    turn = data.response(CROSS, None, "projects.go_no_go.traces:search")
     found = lookahead.search(CROSS)
     assert "\nopen n2\n" in turn and turn.endswith(text.render_answer(found.plans))
     monkeypatch.setattr(lookahead, "MAX_OPEN", 1)
-    with pytest.raises(
-        ValueError, match=r"'cross': the search look-ahead found no plan \(1 opened"
-    ):
-        data.response(CROSS, None, thinking=True, lookahead="search")
+    assert lookahead.search(CROSS).plans is None and data.responses(
+        [CROSS], form=traces.search
+    ) == [None]
+    with pytest.raises(ValueError, match=r"'cross': the projects\.go_no_go\.traces:search trace"):
+        data.response(CROSS, None, traces.search)
     allowed = (
         r"allowed \['priority', 'relay', 'relay_next', 'relay_retry', 'relay_retry_end', "
         r"'relay_where', 'search'\]"
     )
     with pytest.raises(ValueError, match=r"lookahead 'cbs': " + allowed):
-        data.response(CROSS, None, thinking=True, lookahead="cbs")
+        traces.form("cbs")
+    with pytest.raises(ValueError, match=r"trace style 'cells'"):
+        traces.form("search", "cells")
 
 
 def _with_block(problem, lines) -> str:
     found = lookahead.priority(problem)
-    return trace.render_thinking(problem, found.plans, "grid", lines) + text.render_answer(
+    return layouts.render_thinking(problem, found.plans, "grid", lines) + text.render_answer(
         found.plans
     )
 
@@ -198,7 +201,7 @@ def test_the_check_script_counts_where_blocks_go_wrong(tmp_path):
         rows.append({"id": p.id, "valid": True})
     (ev / "answers.jsonl").write_text("".join(json.dumps(a) + "\n" for a in answers))
     (ev / "verdicts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    root = pathlib.Path(__file__).resolve().parents[2]
+    root = pathlib.Path(__file__).resolve().parents[3]
     out = subprocess.run(
         [sys.executable, "-m", "projects.go_no_go.lookahead_check", f"--instances={inst}",
          f"--eval={ev}"],

@@ -1,6 +1,6 @@
 """A look-ahead block for the reasoning trace: how the plan is found, written as text lines a
 policy can imitate step by step, so the waits and detours that no move line decides
-(`env.locality`) follow from lines the trace has already written. Two forms (`LOOKAHEADS`):
+(`locality`) follow from lines the trace has already written. Two forms (`LOOKAHEADS`):
 
 `search`, conflict-based search best first on the sum of costs (optimal):
 
@@ -48,8 +48,10 @@ from typing import NamedTuple
 from mapfjax.env import relay
 from mapfjax.env.joint import INF, GridMap
 from mapfjax.env.oracle import path_actions
-from mapfjax.env.trace import LOOKAHEAD_LINE, cell, thinking_text
+from mapfjax.env.trace import cell, thinking_text
 from mapfjax.env.types import ACTION_DELTAS, Problem
+from projects.go_no_go import relay_checks
+from projects.go_no_go.layouts import LOOKAHEAD_LINE
 
 ORDER = (1, 2, 3, 4, 0)  # UP, DOWN, LEFT, RIGHT, WAIT: moves first, in the move lines' order
 MAX_OPEN = 16  # nodes a look-ahead may open before it gives up (its text grows with each)
@@ -90,8 +92,9 @@ class Lookahead:
     """The block's `lines` and the plan its last opened node holds (`plans`: per-agent action
     codes, each list at its agent's cost), `opened` nodes (orders tried, for `relay`); plans
     is None when the search gave up after MAX_OPEN nodes or found no plan. order: the trace
-    writes the plan in the relay layout, the agents in this order (`env.relay`); where: what a
-    later agent's lines write of where the earlier ones stand (`trace.WHERE_FIELDS`)."""
+    writes the plan in the relay layout, the agents in this order (`relay_checks.relay`);
+    where: what a later agent's lines write of where the earlier ones stand
+    (`layouts.WHERE_FIELDS`)."""
 
     lines: tuple[str, ...]
     plans: list[list[int]] | None
@@ -100,7 +103,7 @@ class Lookahead:
     where: str = ""
     tries: tuple = ()  # failed relay attempts written before the plan (`relay_retry_form`)
     # plans is None because every order failed on a line: the trace writes `tries`, then
-    # `no order left` (`relay_retry_end_form`), and the answer is another's (`rl.data`)
+    # `no order left` (`relay_retry_end_form`), and the answer is another's (`traces`)
     ended: bool = False
 
 
@@ -276,10 +279,10 @@ def priority(problem: Problem) -> Lookahead:
 
 
 def relay_form(problem: Problem) -> Lookahead:
-    """The `relay` form (`env.relay`): no block; the trace writes each agent's plan in turn by
-    the move lines' rule, the first valid order of the agents. plans is None when no order
+    """The `relay` form (`relay_checks.relay`): no block; the trace writes each agent's plan in
+    turn by the move lines' rule, the first valid order of the agents. plans is None when no order
     gives a valid plan."""
-    order, plans, tried = relay.relay(problem)
+    order, plans, tried = relay_checks.relay(problem)
     return Lookahead((), plans, tried, order)
 
 
@@ -316,7 +319,7 @@ def relay_retry_end_form(problem: Problem) -> Lookahead:
     return Lookahead((), plans, tried, order, tries=tries, ended=ended)
 
 
-# The look-ahead forms a trace can write (`rl.data.response`, `projects/go_no_go/trace_lengths.py`).
+# The look-ahead forms a trace can write (`traces.FORMS`, `trace_lengths.py`, `lookahead_check.py`).
 LOOKAHEADS = {
     "search": search,
     "priority": priority,
@@ -337,9 +340,9 @@ def first_wrong(problem: Problem, response: str, form: str) -> str | None:
     from the true block: "paths" (the first P lines, each agent alone), "conflict" (the line
     after them), "re-plan" (anything later), "missing" (no block line written); None when the
     block is right. A ValueError when the form finds no plan for `problem` or writes no block
-    (`relay`: `trace.check_trace` says where its lines go wrong)."""
+    (`relay`: `layouts.check_any` says where its lines go wrong)."""
     if form.startswith("relay"):
-        raise ValueError("the relay form writes no look-ahead block; trace.check_trace reads it")
+        raise ValueError("the relay form writes no look-ahead block; layouts.check_any reads it")
     want = LOOKAHEADS[form](problem)
     if want.plans is None:
         raise ValueError(f"problem {problem.id!r}: the {form} look-ahead finds no plan")
