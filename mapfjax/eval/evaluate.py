@@ -418,8 +418,13 @@ def results_csv(sums: dict) -> str:
 
 
 def results_plot(sums: dict, path, family=None) -> None:
+    """`results_png` written to `path`, atomically."""
+    files.atomic_write(path, results_png(sums, family))
+
+
+def results_png(sums: dict, family=None) -> bytes:
     """valid % and optimal % per map size, one line per agent count (all instances); the
-    paper's 3-agent row dashed for Qwen3-4B."""
+    paper's 3-agent row dashed for Qwen3-4B; PNG bytes."""
     # Local: matplotlib takes seconds to import, and Agg must be chosen before pyplot loads.
     import matplotlib
 
@@ -445,7 +450,7 @@ def results_plot(sums: dict, path, family=None) -> None:
     buf = std_io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
-    files.atomic_write(path, buf.getvalue())
+    return buf.getvalue()
 
 
 def write_results(
@@ -462,10 +467,10 @@ def write_results(
     waits = {w for w in map(wait_subset, problems) if w is not None}
     full = paper.full_benchmark(cells, waits)
     paths = {ext: out / f"results.{ext}" for ext in ("md", "csv", "png", "json")}
-    md = results_markdown(sums, label, family, full, api_errors, unlabelled, wrong)
-    files.atomic_write(paths["md"], md)
-    files.atomic_write(paths["csv"], results_csv(sums))
-    results_plot(sums, paths["png"], family)
+    # Every file made first, then written: a failure leaves the directory as it was.
+    data = {"md": results_markdown(sums, label, family, full, api_errors, unlabelled, wrong)}
+    data["csv"] = results_csv(sums)
+    data["png"] = results_png(sums, family)
     summary = {
         "label": label,
         "family": family,
@@ -481,7 +486,9 @@ def write_results(
             for g, s in sums.items()
         },
     }
-    files.atomic_write(paths["json"], json.dumps(summary, indent=1) + "\n")
+    data["json"] = json.dumps(summary, indent=1) + "\n"
+    for ext, content in data.items():
+        files.atomic_write(paths[ext], content)
     paths["verdicts"] = out / "verdicts.jsonl"
     io.save_jsonl(paths["verdicts"], rows)
     return paths
