@@ -122,6 +122,19 @@ def check_trace_form(cfg) -> None:
         require("trace_form", spec, spec == "", "'' without thinking (a form with thinking=True)")
 
 
+def sft_mix(cfg) -> list[tuple[str, object]]:
+    """The recipe's `sft.mix` parts in name order: (name, {env, instances, hole_ratios}), each
+    more SFT puzzles drawn from its own generator config (e.g. other agent counts); [] when
+    the recipe has none. ValueError when the section is not a group of such parts."""
+    mix = cfg.sft.get("mix")
+    if not mix:
+        return []
+    if not hasattr(mix, "items") or not all(hasattr(v, "get") for v in mix.values()):
+        raise ValueError(f"sft.mix = {mix!r:.60}; allowed: named parts, each with env and "
+                         "instances (and hole_ratios)")  # fmt: skip
+    return sorted(mix.items())
+
+
 def check_recipe(cfg, made_before: bool = False) -> None:
     """Check a tiny-model recipe config (configs/tiny_model.py) before any data is generated or
     any model built: a bad value found after hours of SFT would cost them. Raises ValueError
@@ -188,6 +201,13 @@ def check_recipe(cfg, made_before: bool = False) -> None:
     for where in ("sft.hole_ratios", "validation.hole_ratios"):
         part, key = where.split(".")
         env_config.check_hole_ratios(cfg[part].get(key, ()), where)
+    for name, part in sft_mix(cfg):  # more puzzles in the SFT data, from other generator configs
+        where = f"sft.mix.{name}"
+        unknown = sorted(set(part.keys()) - {"env", "instances", "hole_ratios"})
+        require(f"{where}: unknown key(s)", unknown, not unknown, "env, instances, hole_ratios")
+        env_config.validate_at(part.env, f"{where}.env")
+        require_int(f"{where}.instances", part.get("instances"), 1)
+        env_config.check_hole_ratios(part.get("hole_ratios", ()), f"{where}.hole_ratios")
     for path in cfg.sft.get("exclude", ()):
         spec = str(path).partition(":")[0]
         ok = isinstance(path, str) and (
@@ -247,9 +267,10 @@ def check_resume(cfg, workdir) -> None:
 
 def prepare(cfg, workdir) -> RunData:
     """Build (first run) or load (later runs) a run's data under `workdir`, from the config
-    fields tokenizer.{instances, vocab_size}, sft.{env, instances, hole_ratios, exclude (instance
-    files whose puzzles are dropped from the SFT data: `resolve_excludes` turns a training
-    config named there into its held-out set's file)}, validation.{env,
+    fields tokenizer.{instances, vocab_size}, sft.{env, instances, hole_ratios, mix (more
+    puzzles from other generator configs, `sft_mix`), exclude (instance files whose puzzles are
+    dropped from the SFT data: `resolve_excludes` turns a training config named there into its
+    held-out set's file)}, validation.{env,
     per_size}, rl.env, rl.train.{steps, problems_per_step, oversample}, seed and processes
     (configs/tiny_model.py).
     Each part has its own seed offset, so changing one size does not change the others."""
@@ -298,6 +319,8 @@ def prepare(cfg, workdir) -> RunData:
 
     def sft():
         drawn = problems(cfg.sft.env, cfg.sft.instances, 1, sft_holes)
+        for k, (_, part) in enumerate(mix, 1):  # each part its own seed offset: 1000 k
+            drawn += problems(part.env, part.instances, 1000 * k, part.get("hole_ratios", ()))
         if exclude:
             drawn, dropped = io.held_out(drawn, io.puzzle_hashes(exclude))
             log.warning("sft: %d of the drawn puzzles are in sft.exclude; dropped", dropped)
@@ -310,7 +333,9 @@ def prepare(cfg, workdir) -> RunData:
         return examples
 
     extra_spec = cfg.sft.get("extra_examples", "")
+    mix = sft_mix(cfg)
     parts = (tok_dir.name, cfg.sft.env, cfg.sft.instances, sft_holes, *mode)
+    parts += tuple(p for name, part in mix for p in (f"mix-{name}", part))
     parts += (f"extra-{extra_spec}",) if extra_spec else ()
     bare = cfg.sft.get("answer_only", 0.0) if thinking else 0.0
     parts += (f"answer-only-{bare}",) if bare else ()

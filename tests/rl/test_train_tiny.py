@@ -297,3 +297,31 @@ def test_the_launch_script_refuses_a_changed_seed_on_resume(tmp_path):
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.strip().splitlines()[-1].startswith(f"error: {work} holds a run of another")
     assert sorted(p.name for p in work.iterdir()) == [recipe.RECORD]
+
+
+def test_sft_mix_adds_puzzles_of_other_generator_configs(tmp_path):
+    """`sft.mix`: each named part draws its own puzzles (here 3 agents, none needing a wait)
+    into the SFT data beside the recipe's own, in its own cache entry; a bad part names it."""
+    import ml_collections
+
+    from mapfjax import configfile
+    from mapfjax.env.config import default_config
+    from mapfjax.rl import recipe
+
+    c = configfile.get_config("configs/tiny_model.py", "quick")
+    c.sft.instances, c.tokenizer.instances, c.validation.per_size = 24, 24, 2
+    plain = recipe.prepare(c, tmp_path / "w").sft
+    three = default_config(3, sizes=(4, 5), wait_ratio=0.0)
+    c.sft.mix = ml_collections.ConfigDict({"three": {"env": three, "instances": 8}})
+    recipe.check_recipe(c)
+    got = recipe.prepare(c, tmp_path / "w")
+    assert len(got.sft) == len(plain) + 8
+    prompts = [got.tokenizer.decode(e.prompt) for e in got.sft]
+    assert sum("with 3 agents" in p for p in prompts) == 8
+    assert sum("with 2 agents" in p for p in prompts) == len(plain)
+    c.sft.mix.three.instances = 0
+    with pytest.raises(ValueError, match=r"sft\.mix\.three\.instances = 0; allowed: an integer"):
+        recipe.check_recipe(c)
+    c.sft.mix.three.instances, c.sft.mix.three.seeds = 8, 3
+    with pytest.raises(ValueError, match=r"sft\.mix\.three: unknown key\(s\) = \['seeds'\]"):
+        recipe.check_recipe(c)
