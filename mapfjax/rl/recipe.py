@@ -201,6 +201,9 @@ def check_recipe(cfg, made_before: bool = False) -> None:
     for where in ("sft.hole_ratios", "validation.hole_ratios"):
         part, key = where.split(".")
         env_config.check_hole_ratios(cfg[part].get(key, ()), where)
+    cap = cfg.sft.get("max_completion_tokens", 0)
+    require("sft.max_completion_tokens", cap, is_int(cap) and cap >= 0,
+            "0 (no cap) or the most tokens an SFT completion may have")  # fmt: skip
     for name, part in sft_mix(cfg):  # more puzzles in the SFT data, from other generator configs
         where = f"sft.mix.{name}"
         unknown = sorted(set(part.keys()) - {"env", "instances", "hole_ratios"})
@@ -345,6 +348,12 @@ def prepare(cfg, workdir) -> RunData:
         save_examples,
         load_examples,
     )
+    cap = cfg.sft.get("max_completion_tokens", 0)
+    if cap:  # a batch pads to its longest: one endless trace would make every update slow
+        kept = [e for e in sft_data if len(e.completion) <= cap]
+        log.warning("sft: %d of %d examples longer than sft.max_completion_tokens=%d; dropped",
+                    len(sft_data) - len(kept), len(sft_data), cap)  # fmt: skip
+        sft_data = kept
 
     def val():
         n = len(cfg.validation.env.sizes) * cfg.validation.per_size

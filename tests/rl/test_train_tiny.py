@@ -325,3 +325,20 @@ def test_sft_mix_adds_puzzles_of_other_generator_configs(tmp_path):
     c.sft.mix.three.instances, c.sft.mix.three.seeds = 8, 3
     with pytest.raises(ValueError, match=r"sft\.mix\.three: unknown key\(s\) = \['seeds'\]"):
         recipe.check_recipe(c)
+
+
+def test_sft_max_completion_tokens_leaves_out_longer_examples(tmp_path):
+    from mapfjax import configfile
+    from mapfjax.rl import recipe
+
+    c = configfile.get_config("configs/tiny_model.py", "quick")
+    c.sft.instances, c.tokenizer.instances, c.validation.per_size = 24, 24, 2
+    every = recipe.prepare(c, tmp_path / "w").sft
+    cap = sorted(len(e.completion) for e in every)[len(every) // 2]
+    c.sft.max_completion_tokens = cap
+    recipe.check_recipe(c)
+    kept = recipe.prepare(c, tmp_path / "w").sft
+    assert kept == [e for e in every if len(e.completion) <= cap] and len(kept) < len(every)
+    c.sft.max_completion_tokens = -1
+    with pytest.raises(ValueError, match=r"sft\.max_completion_tokens = -1; allowed: 0"):
+        recipe.check_recipe(c)

@@ -37,6 +37,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     )  # fmt: skip
     c.trace_form = "grid_relay"
     c.sft.answer_only = 0.6
+    # A 5-agent trace that retries many orders runs to thousands of tokens (up to 15,000 here):
+    # such examples are left out, as a rollout would cut them at its budget (800 on the slice).
+    c.sft.max_completion_tokens = 800
     c.sft.mix = ml_collections.ConfigDict()
     for k, (n, sizes) in MORE_AGENTS.items():
         env = default_config(k, sizes=sizes, hole_ratio=0.2, wait_ratio=0.0, seed=130 + k)
