@@ -84,6 +84,21 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.e2e)
 
 
+def pytest_runtest_teardown(item, nextitem):
+    """Between test modules, drop JAX's in-memory compiled programs and collect garbage: a
+    worker runs hundreds of modules, and what each compiled stays otherwise for the whole run
+    (the persistent cache on disk keeps the next compile cheap)."""
+    if nextitem is not None and getattr(nextitem, "module", None) is getattr(item, "module", 0):
+        return
+    import gc
+    import sys
+
+    jax = sys.modules.get("jax")
+    if jax is not None:
+        jax.clear_caches()
+    gc.collect()
+
+
 def pytest_sessionstart(session):
     """Stop at once, in one line, when the launch scripts the tests start would import another
     checkout's mapfjax (`tests/install.py`), instead of failing every end-to-end test."""
