@@ -26,19 +26,7 @@ import time
 
 SIZES = {"0.6b": "qwen3-0.6b", "1.7b": "qwen3-1.7b", "4b": "qwen3-4b", "tiny": "tiny"}
 
-# Peak HBM bandwidth (bytes/s) and dense bf16 matmul throughput (FLOP/s) by device kind (a
-# lower-case substring of jax's `device_kind`; the first match wins), from vendor datasheets.
-PEAKS = (
-    ("h200", 4.8e12, 989e12, "NVIDIA H200 SXM: 4.8 TB/s, 989 TFLOP/s bf16 dense"),
-    ("h100 pcie", 2.0e12, 756e12, "NVIDIA H100 PCIe: 2.0 TB/s, 756 TFLOP/s bf16 dense"),
-    ("h100", 3.35e12, 989e12, "NVIDIA H100 SXM: 3.35 TB/s, 989 TFLOP/s bf16 dense"),
-    ("a100-sxm4-80gb", 2.039e12, 312e12, "NVIDIA A100 80GB SXM: 2.04 TB/s, 312 TFLOP/s bf16"),
-    ("a100", 1.555e12, 312e12, "NVIDIA A100 40GB: 1.56 TB/s, 312 TFLOP/s bf16"),
-    ("tpu v6 lite", 1.64e12, 918e12, "TPU v6e: 1.64 TB/s, 918 TFLOP/s bf16"),
-    ("tpu v5 lite", 0.819e12, 197e12, "TPU v5e: 0.82 TB/s, 197 TFLOP/s bf16"),
-    ("tpu v5", 2.765e12, 459e12, "TPU v5p: 2.77 TB/s, 459 TFLOP/s bf16"),
-    ("tpu v4", 1.2e12, 275e12, "TPU v4: 1.2 TB/s, 275 TFLOP/s bf16"),
-)
+# Peak HBM bandwidth and dense bf16 FLOP/s by device kind: mapfjax.parallel.DEVICE_KINDS.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,8 +88,8 @@ def parse_args(argv=None):
         "elsewhere)",
     )
     ap.add_argument("--repeats", type=int, default=2, help="timed calls after the first")
-    ap.add_argument("--peak-bandwidth", type=float, help="bytes/s (default: from PEAKS)")
-    ap.add_argument("--peak-flops", type=float, help="bf16 FLOP/s (default: from PEAKS)")
+    ap.add_argument("--peak-bandwidth", type=float, help="bytes/s (default: parallel.DEVICE_KINDS)")
+    ap.add_argument("--peak-flops", type=float, help="bf16 FLOP/s (default: parallel.DEVICE_KINDS)")
     ap.add_argument("--part", help=argparse.SUPPRESS)  # one model's result, for the parent
     return ap.parse_args(argv)
 
@@ -123,13 +111,15 @@ def device_info(opts, report: Report) -> dict:
     """The device's name, jax's version, the date and the peaks used for the roofline/MFU."""
     import jax
 
+    from mapfjax import parallel
+
     dev = jax.devices()[0]
     kind = dev.device_kind
-    match = next((p for p in PEAKS if p[0] in kind.lower()), None)
+    match = parallel.device_kind(kind)
     bw, flops = opts.peak_bandwidth, opts.peak_flops
     source = "given on the command line" if bw and flops else None
     if match and not (bw and flops):
-        bw, flops, source = bw or match[1], flops or match[2], match[3]
+        bw, flops, source = bw or match.bandwidth, flops or match.flops, match.describe()
     if not bw:
         bw = report.lack("device.peak_bandwidth", f"no peak bandwidth known for {kind!r}; pass "
                          "--peak-bandwidth")  # fmt: skip
@@ -292,17 +282,6 @@ def sampling(
     return rows
 
 
-def _update_flops(cfg, params: int, prompts: int, group: int, p: int, t: int) -> float:
-    """Model FLOPs of one update: 6 x matmul parameters x tokens (the prompt run once per
-    group, completions per row) plus attention's score and value products (x 3 for the
-    backward), counting the causal half of each square."""
-    tokens = prompts * p + prompts * group * t
-    embed = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size
-    pairs = prompts * p * p / 2 + prompts * group * (t * p + t * t / 2)
-    attn = 3 * 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * pairs
-    return 6 * (params - embed) * tokens + attn
-
-
 def grpo_step(make_model, cfg, opts, shapes: Shapes, device: dict, report: Report, name: str):
     """One GRPO step (rollout of G samples per prompt, then the update), best of repeats; the
     XLA plan of both for the same shapes; the device's peak memory after the step.
@@ -313,6 +292,7 @@ def grpo_step(make_model, cfg, opts, shapes: Shapes, device: dict, report: Repor
 
     from mapfjax import parallel
     from mapfjax.models import sampler
+    from mapfjax.rl import metrics
     from mapfjax.rl.batch import GroupBatch
     from mapfjax.rl.grpo import GRPOConfig
     from mapfjax.rl.trainer import OptimConfig, Trainer, num_params
@@ -352,7 +332,7 @@ def grpo_step(make_model, cfg, opts, shapes: Shapes, device: dict, report: Repor
 
     first, best = _stage_times(step, opts.repeats)
     rollout, update = best["rollout_s"], best["update_s"]
-    flops = _update_flops(cfg, params, B, G, P, T)
+    flops = metrics.update_flops(cfg, params, B, G, P, T)
     out.update(
         params=params,
         rollout_s=rollout,

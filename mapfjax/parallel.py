@@ -1,9 +1,11 @@
-"""Device mesh ("data", "fsdp", "tp"), logical-axis sharding rules, model placement, and the
-project's single `jax.distributed.initialize` call.
+"""Device mesh ("data", "fsdp", "tp"), logical-axis sharding rules, model placement, the
+project's single `jax.distributed.initialize` call, and the accelerators a memory plan is
+checked against (their memory, bandwidth and FLOP/s).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -196,6 +198,31 @@ def memory_per_device(lowered) -> dict[str, int]:
     return out
 
 
+def device_memory_stats() -> list[dict]:
+    """`memory_stats()` of each device this process drives; [] where the backend keeps none
+    (CPU)."""
+    out = []
+    for dev in jax.local_devices():
+        stats = dev.memory_stats() if hasattr(dev, "memory_stats") else None
+        if stats:
+            out.append(stats)
+    return out
+
+
+def peak_bytes_in_use() -> int | None:
+    """The largest high-water mark of allocated bytes over this process's devices (since the
+    process started), or None where the backend keeps no memory statistics (CPU)."""
+    peaks = [s["peak_bytes_in_use"] for s in device_memory_stats() if "peak_bytes_in_use" in s]
+    return max(peaks) if peaks else None
+
+
+def device_bytes_limit() -> int | None:
+    """The smallest number of bytes a device of this process may allocate (`bytes_limit`:
+    on GPU the memory times XLA_PYTHON_CLIENT_MEM_FRACTION), or None where unknown (CPU)."""
+    limits = [s["bytes_limit"] for s in device_memory_stats() if s.get("bytes_limit")]
+    return min(limits) if limits else None
+
+
 def _env_int(name: str) -> int | None:
     value = os.environ.get(name)
     if value in (None, ""):
@@ -308,3 +335,71 @@ def describe_memory(mem: Mapping[str, int], caps_gb: Sequence[int] = (16, 80)) -
         f"aliased {gib['aliased']:.2f}, temp {gib['temporaries']:.2f}{grow})  "
         f"fits: {', '.join(fits) or '-'}"
     )
+
+
+# ------------------------------------------------------------------------ accelerators
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceKind:
+    """One accelerator: `match`, a lower-case substring of jax's `device_kind` (the first
+    match in DEVICE_KINDS wins); its memory per device in bytes; the share of it a program may
+    use (`usable`: on GPU the XLA_PYTHON_CLIENT_MEM_FRACTION the recipes set, 0.95, where
+    JAX's default is 0.75; on TPU what the runtime leaves); peak HBM bandwidth (bytes/s) and
+    dense bf16 FLOP/s from the vendors' datasheets."""
+
+    match: str
+    name: str
+    memory: int
+    usable: float
+    bandwidth: float
+    flops: float
+
+    @property
+    def usable_bytes(self) -> int:
+        return int(self.memory * self.usable)
+
+    def describe(self) -> str:
+        return (
+            f"{self.name}: {self.bandwidth / 1e12:.3g} TB/s, {self.flops / 1e12:.0f} TFLOP/s "
+            f"bf16 dense"
+        )
+
+
+MIB, GIB = 2**20, 2**30
+DEVICE_KINDS = (
+    DeviceKind("h200", "NVIDIA H200 SXM", 143_771 * MIB, 0.95, 4.8e12, 989e12),
+    DeviceKind("h100 pcie", "NVIDIA H100 PCIe", 81_559 * MIB, 0.95, 2.0e12, 756e12),
+    DeviceKind("h100", "NVIDIA H100 SXM", 81_559 * MIB, 0.95, 3.35e12, 989e12),
+    DeviceKind("a100-sxm4-80gb", "NVIDIA A100 80GB SXM", 81_920 * MIB, 0.95, 2.039e12, 312e12),
+    DeviceKind("a100", "NVIDIA A100 40GB", 40_960 * MIB, 0.95, 1.555e12, 312e12),
+    DeviceKind("tpu v6 lite", "TPU v6e", 32 * GIB, 0.96, 1.64e12, 918e12),
+    DeviceKind("tpu v5 lite", "TPU v5e", 16 * GIB, 0.96, 0.819e12, 197e12),
+    DeviceKind("tpu v5", "TPU v5p", 95 * GIB, 0.96, 2.765e12, 459e12),
+    DeviceKind("tpu v4", "TPU v4", 32 * GIB, 0.96, 1.2e12, 275e12),
+)
+
+# Machines one launches on: (device kind's `match`, number of jax devices). A TPU slice's
+# name counts TensorCores; jax sees one device per chip (v5p-8 and v4-8: 4 chips).
+TARGETS = {
+    "h100x8": ("h100", 8),
+    "h200x8": ("h200", 8),
+    "h100x1": ("h100", 1),
+    "h200x1": ("h200", 1),
+    "v5p-8": ("tpu v5", 4),
+    "v4-8": ("tpu v4", 4),
+}
+
+
+def device_kind(kind: str) -> DeviceKind | None:
+    """The DEVICE_KINDS entry of a jax `device_kind` string (or a `match`), None if unknown."""
+    low = kind.lower()
+    return next((d for d in DEVICE_KINDS if d.match in low), None)
+
+
+def target(name: str) -> tuple[DeviceKind, int]:
+    """(device kind, device count) of a TARGETS name; ValueError naming the known ones."""
+    if name not in TARGETS:
+        raise ValueError(f"target {name!r}; allowed: {', '.join(TARGETS)}")
+    match, count = TARGETS[name]
+    return device_kind(match), count

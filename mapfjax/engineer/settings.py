@@ -13,6 +13,7 @@ from mapfjax import parallel
 from mapfjax.checks import is_finite_real, is_int, is_real, require, require_dtype, require_int
 from mapfjax.engineer import context as ctx_lib
 from mapfjax.engineer import engineers as eng_lib
+from mapfjax.env import benchmark
 from mapfjax.env import config as env_config
 from mapfjax.models import hf
 from mapfjax.presets import variants
@@ -145,6 +146,63 @@ class EngineerSettings:
             )
 
 
+@dataclasses.dataclass(frozen=True)
+class BenchmarkSettings:
+    """The final benchmark of a run (optional config section `benchmark`): after the last
+    round the starting model and the final model answer the same benchmark greedily
+    (`mapfjax.env.benchmark`: `per_cell` puzzles for each agent count of `agents` on each
+    size of `sizes` at least as large, in each wait-ratio subset of `wait_ratios`, holes at
+    `hole_ratio`, drawn from `seed`), `max_new_tokens` each, `batch_size` prompts per sampler
+    call padded by the length rule `bucket`. Unset (None): no benchmark. The paper's:
+    3, 4 and 5 agents on 3x3-10x10, subsets 0.25 / 0.50 / 0.75, 50 per cell."""
+
+    agents: tuple[int, ...] = benchmark.PAPER_AGENTS
+    sizes: tuple[int, ...] = env_config.PAPER_SIZES
+    wait_ratios: tuple[float, ...] = benchmark.PAPER_WAIT_RATIOS
+    per_cell: int = benchmark.PER_CELL
+    hole_ratio: float = 0.1
+    seed: int = 0
+    max_new_tokens: int = 512
+    batch_size: int = 64
+    bucket: str = "pow2_mid"
+
+    @classmethod
+    def from_config(cls, c: ml_collections.ConfigDict) -> BenchmarkSettings | None:
+        """From a run config's optional `benchmark` section (None when it has none)."""
+        section = c.get("benchmark")
+        if not section:
+            return None
+        _refuse_unknown("benchmark", section, cls)
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in section.to_dict().items()}
+        return cls(**values)
+
+    def __post_init__(self):
+        lo, hi = env_config.MIN_SIZE, env_config.PAPER_SIZES[-1]
+        for key, ok, allowed in (
+            ("agents", lambda k: is_int(k) and 1 <= k <= 5, "agent counts in [1, 5]"),
+            ("sizes", lambda n: is_int(n) and lo <= n <= hi, f"map sizes in [{lo}, {hi}]"),
+            ("wait_ratios", lambda w: is_finite_real(w) and 0 <= w <= 1, "numbers in [0, 1]"),
+        ):
+            values = getattr(self, key)
+            good = isinstance(values, tuple) and len(values) > 0 and all(map(ok, values))
+            good = good and len(set(values)) == len(values)
+            require(f"benchmark.{key}", values, good, f"a non-empty tuple of distinct {allowed}")
+        require("benchmark.sizes", self.sizes, bool(self.spec().cells()),
+                "at least one size with room for the smallest agent count")  # fmt: skip
+        require_int("benchmark.per_cell", self.per_cell, 1)
+        env_config.check_hole_ratios((self.hole_ratio,), "benchmark.hole_ratio")
+        for key, least in (("seed", 0), ("max_new_tokens", 1), ("batch_size", 1)):
+            require_int(f"benchmark.{key}", getattr(self, key), least)
+        driver.require_bucket("benchmark.bucket", self.bucket)
+
+    def spec(self) -> benchmark.BenchmarkSpec:
+        """What `benchmark.build` builds (the oracle's budgets are the builder's own)."""
+        return benchmark.BenchmarkSpec(
+            agents=self.agents, sizes=self.sizes, wait_ratios=self.wait_ratios,
+            per_cell=self.per_cell, hole_ratio=self.hole_ratio, seed=self.seed,
+        )  # fmt: skip
+
+
 # Round 0's generator config (loop.start_config): c.env, or a random config drawn from c.seed.
 ENV_STARTS = ("config", "random")
 
@@ -198,7 +256,7 @@ class RunSettings:
     drawn at random over its sizes with env_start "random", waits ~ U[0, env_start_max_wait]);
     the puzzles a round trains on (`instances`); the starting model; the mesh; the GRPO phase of
     a round (and what an experiment's `phase_hooks` change in it), its optimiser over all
-    rounds, the held-out validation and the engineer."""
+    rounds, the held-out validation, the engineer and the optional final benchmark."""
 
     seed: int
     rounds: int
@@ -215,6 +273,7 @@ class RunSettings:
     engineer: EngineerSettings
     training: TrainingFacts
     hooks: driver.PhaseHooks = driver.PhaseHooks()
+    benchmark: BenchmarkSettings | None = None
 
     @classmethod
     def from_config(cls, c: ml_collections.ConfigDict) -> RunSettings:
@@ -236,6 +295,7 @@ class RunSettings:
         optim.validate()
         validation = ValidationSettings.from_config(c)
         engineer = EngineerSettings.from_config(c.engineer)
+        bench = BenchmarkSettings.from_config(c)
         mesh = c.mesh.to_dict()
         try:  # a size that cannot take effect (mesh.tp=3 on one device) is refused, not ignored
             parallel.make_mesh(mesh)
@@ -271,6 +331,7 @@ class RunSettings:
             engineer=engineer,
             training=training,
             hooks=hooks,
+            benchmark=bench,
         )
 
     def env_config(self) -> ml_collections.ConfigDict:

@@ -1,6 +1,8 @@
 """The closed loop's held-out validation: the fixed puzzle set (generated once, then read
 back), greedy and sampled answers on it, and its rates with 95 % intervals per size and pooled
-(validation.json, validation.md)."""
+(validation.json, validation.md); and the optional final benchmark (`benchmark/`): the
+starting and the final model on the same benchmark, paired per agent count, beside the
+paper's section-5 table."""
 
 from __future__ import annotations
 
@@ -13,9 +15,17 @@ import jax
 import numpy as np
 
 from mapfjax import configfile, files, stats
-from mapfjax.engineer.rundir import read_instances, save_instances, write_json
-from mapfjax.engineer.settings import ValidationSettings
-from mapfjax.env import io, reward
+from mapfjax.engineer.rundir import (
+    START_OVER,
+    RunDirError,
+    check_digest,
+    read_instances,
+    record_digests,
+    save_instances,
+    write_json,
+)
+from mapfjax.engineer.settings import BenchmarkSettings, ValidationSettings
+from mapfjax.env import benchmark, io, reward
 from mapfjax.rl import rollout
 from mapfjax.rl.data import generate_problems
 
@@ -133,3 +143,154 @@ def validation_table(rows) -> str:
         line = [name, len(rs), stats.interval_text(e["greedy_valid"])]
         table.append(line + ([stats.interval_text(e["mean_at_k"])] if sampled else []))
     return stats.markdown_table(header, table)
+
+
+# ------------------------------------------------------------------------ the final benchmark
+
+BENCHMARK_DIR = "benchmark"  # under the workdir: instances.jsonl, one folder per model, comparison
+COMPARISON = "comparison.md"  # the paired comparison and the paper's table (the report shows it)
+
+
+def benchmark_set(workdir: pathlib.Path, b: BenchmarkSettings, progress: bool = False) -> list:
+    """The run's benchmark (`benchmark.build` of `b.spec()`; built once, then read back checked
+    against its digest)."""
+    path = workdir / BENCHMARK_DIR / "instances.jsonl"
+    if path.exists():
+        return read_instances(workdir, path)
+    problems, _ = benchmark.build(b.spec(), progress=progress)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_instances(workdir, path, problems)
+    return problems
+
+
+def benchmark_done(workdir: pathlib.Path, name: str) -> bool:
+    """Whether the benchmark evaluation `name` (a folder under benchmark/) has finished."""
+    return (workdir / BENCHMARK_DIR / name / "DONE").exists()
+
+
+def benchmark_eval(workdir: pathlib.Path, name: str, model, tokenizer, problems,
+                   b: BenchmarkSettings, enable_thinking: bool, label: str, family=None,
+                   progress: bool = False) -> list[dict]:  # fmt: skip
+    """Greedy answers of `model` (an nnx model or a Trainer) on the benchmark, resumable:
+    answers are appended to benchmark/<name>/answers.jsonl after every batch (a rerun
+    continues there), then verified and written as `evaluate.write_results` writes them
+    (results.md beside the paper's numbers for the model's `family`); a finished evaluation
+    (its DONE file) is read back, not redone. Returns the verdict rows in problem order."""
+    from mapfjax.eval import evaluate  # the evaluation stack, only for runs with a benchmark
+
+    out = workdir / BENCHMARK_DIR / name
+    if (out / "DONE").exists():
+        return benchmark_rows(workdir, name, problems)
+    out.mkdir(parents=True, exist_ok=True)
+    sampling = rollout.SamplingConfig(
+        max_new_tokens=b.max_new_tokens, temperature=0.0, enable_thinking=enable_thinking,
+        bucket=b.bucket,
+    )  # fmt: skip
+    solver = evaluate.ModelSolver(model, tokenizer, sampling)
+    multi = jax.process_count() > 1
+    answers = evaluate.generate_answers(
+        solver, problems, out / "answers.jsonl", b.batch_size, progress,
+        append=jax.process_index() == 0, after_read=_barrier(f"{out} read") if multi else None,
+    )  # fmt: skip
+    rows = evaluate.score_answers(problems, answers)
+    evaluate.write_results(out, problems, rows, label, family)
+    record_digests(workdir, out / "verdicts.jsonl")
+    files.atomic_write(out / "DONE", b"")
+    return rows
+
+
+def benchmark_rows(workdir: pathlib.Path, name: str, problems) -> list[dict]:
+    """A finished benchmark evaluation's verdict rows in problem order, checked against their
+    digest and the puzzles (`outcomes.read_verdicts`)."""
+    from mapfjax.eval import evaluate
+
+    out = workdir / BENCHMARK_DIR / name
+    check_digest(workdir, out / "verdicts.jsonl")
+    by_id = evaluate.read_verdicts(out)
+    missing = [p.id for p in problems if p.id not in by_id]
+    if missing:
+        raise RunDirError(
+            f"{out / 'verdicts.jsonl'}: no verdict for {len(missing)} benchmark puzzle(s) "
+            f"(e.g. {missing[0]}); {START_OVER}"
+        )
+    return [by_id[p.id] for p in problems]
+
+
+def _barrier(name: str):
+    """A function that waits until every process of the job has called it with `name`."""
+
+    def wait() -> None:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+    return wait
+
+
+def benchmark_comparison(problems, runs: list[tuple[str, list[dict]]]) -> tuple[str, dict]:
+    """(markdown, JSON-ready dict) comparing benchmark evaluations of the same puzzles: per
+    agent count, each run's valid % and optimal % (95 % intervals) and its paired change
+    against the first run (`stats.paired_proportion_difference`, with the puzzles only one
+    side solves), then the paper's section-5 table with each run's means over map sizes."""
+    from mapfjax.eval import evaluate, paper
+
+    agents = sorted({p.num_agents for p in problems})
+    first = runs[0][1]
+    header = ["model"]
+    for k in agents:
+        n = sum(p.num_agents == k for p in problems)
+        header += [f"{k} agents (n={n}): valid %", "change (points)", "discordant",
+                   "optimal %", "change (points)"]  # fmt: skip
+    table, data = [], {"agents": agents, "runs": {}}
+    for label, rows in runs:
+        line, entry = [label], {}
+        for k in agents:
+            at = [i for i, p in enumerate(problems) if p.num_agents == k]
+            cell = {}
+            for field in ("valid", "optimal"):
+                mine = [bool(rows[i][field]) for i in at]
+                base = [bool(first[i][field]) for i in at]
+                rate = stats.proportion(mine)
+                cell[field] = rate.as_dict()
+                line.append(stats.interval_text(rate))
+                if rows is first:
+                    line += ["-", "-"] if field == "valid" else ["-"]
+                    continue
+                change = stats.paired_proportion_difference(mine, base)
+                cell[f"{field}_change"] = change.as_dict()
+                line.append(stats.interval_text(change, signed=True))
+                if field == "valid":
+                    line.append(sum(a != b for a, b in zip(mine, base, strict=True)))
+            entry[str(k)] = cell
+        table.append(line)
+        data["runs"][label] = entry
+    means = [(label, _size_means(problems, rows)) for label, rows in runs]
+    cells = {(p.num_agents, p.height) for p in problems}
+    waits = {w for w in map(evaluate.wait_subset, problems) if w is not None}
+    full = paper.full_benchmark(cells, waits)
+    data["means"] = {label: {str(k): v for k, v in m.items()} for label, m in means}
+    data["full_benchmark"] = full
+    note = (
+        "the paper's 21 cells x 3 wait-ratio subsets"
+        if full
+        else "**a smaller benchmark than the paper's 21 cells x 3 wait-ratio subsets: the "
+        "means are not comparable with the paper's**"
+    )
+    parts = [
+        "## Final benchmark: the starting model against the final model",
+        "",
+        f"{len(problems)} puzzles, greedy; the change against `{runs[0][0]}` is paired over the "
+        "same puzzles (95 % intervals; discordant: puzzles only one side solves).",
+        "",
+        stats.markdown_table(header, table),
+        "",
+        f"The paper's section-5 table (mean over map sizes, valid % / optimal %; {note}):",
+        "",
+        evaluate.section5_table(means),
+    ]
+    return "\n".join(parts), data
+
+
+def _size_means(problems, rows) -> dict[int, tuple[float, float | None]]:
+    """agents -> (mean valid %, mean optimal %) over map sizes: the paper's means."""
+    return {k: benchmark.size_means(c) for k, c in benchmark.summarize(problems, rows).items()}

@@ -44,10 +44,33 @@ Solver = Callable[[Sequence[Problem], int], list[str]]
 EVAL_SAMPLING = rollout.SamplingConfig(max_new_tokens=512, temperature=0.0, bucket="x64")
 
 
-class CheckpointSolver:
-    """A Hugging Face Qwen3 checkpoint through our sampler, with the trainer's exact prompt
-    (`rl.data.encode_prompts`: chat template, thinking on or off) and stop tokens, via
-    `rollout.sample`. seed: the sampling key's seed when `sampling.temperature` > 0."""
+class ModelSolver:
+    """A model in memory (an nnx model, or a `Trainer`, whose current weights answer) through
+    our sampler with the trainer's exact prompt (`rl.data.encode_prompts`: chat template,
+    thinking on or off) and stop tokens, via `rollout.sample`. seed: the sampling key's seed
+    when `sampling.temperature` > 0."""
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        sampling: rollout.SamplingConfig = EVAL_SAMPLING,
+        mesh=None,
+        seed: int = 0,
+    ):
+        self.model, self.tokenizer = model, tokenizer
+        self.sampling, self.mesh, self.seed = sampling, mesh, seed
+
+    def __call__(self, problems: Sequence[Problem], start: int) -> list[str]:
+        cfg = self.sampling
+        key = None if cfg.temperature == 0 else jax.random.fold_in(jax.random.key(self.seed), start)
+        model = rollout.policy_model(self.model)
+        samples = rollout.sample(model, self.tokenizer, problems, 1, cfg, key, mesh=self.mesh)
+        return samples.texts[: len(problems)]
+
+
+class CheckpointSolver(ModelSolver):
+    """A Hugging Face Qwen3 checkpoint directory (or hub id) as a `ModelSolver`."""
 
     def __init__(
         self,
@@ -57,19 +80,12 @@ class CheckpointSolver:
         mesh=None,
         seed: int = 0,
     ):
-        self.sampling, self.mesh, self.seed = sampling, mesh, seed
         check_checkpoint_dir(path)
         dt = jnp.dtype(dtype)
         kw = {"mesh": mesh, "rules": "sample"} if mesh is not None else {}
         # The model first: its loader says clearly what is wrong with a path or hub id.
-        self.model = hf.from_pretrained(path, dtype=dt, param_dtype=dt, **kw)
-        self.tokenizer = tok_lib.load_tokenizer(path)
-
-    def __call__(self, problems: Sequence[Problem], start: int) -> list[str]:
-        cfg = self.sampling
-        key = None if cfg.temperature == 0 else jax.random.fold_in(jax.random.key(self.seed), start)
-        samples = rollout.sample(self.model, self.tokenizer, problems, 1, cfg, key, mesh=self.mesh)
-        return samples.texts[: len(problems)]
+        model = hf.from_pretrained(path, dtype=dt, param_dtype=dt, **kw)
+        super().__init__(model, tok_lib.load_tokenizer(path), sampling, mesh, seed)
 
 
 def logit_bias_ids(tokenizer, specs: Sequence[str]) -> tuple[tuple[int, float], ...]:
@@ -205,6 +221,8 @@ def generate_answers(
     batch_size: int = 32,
     progress: bool = True,
     duplicates: str = "error",
+    append: bool = True,
+    after_read=None,
 ) -> dict[str, str]:
     """id -> response text for every problem. With `answers_out`, answers already there are
     reused and new ones are appended after each batch (rerunning continues where it stopped);
@@ -213,6 +231,11 @@ def generate_answers(
     Each written answer carries `io.puzzle_hash` of its puzzle; an answer already in the file is
     reused only when that hash matches its instance (same id, same grid, starts and goals), so
     a file written for another instance set with the same ids is refused, naming the ids.
+
+    For the processes of one multi-process job, which all sample together: `append` False
+    reads the file but leaves the appending to one process, and `after_read()`, called once the
+    file is read and before anything is appended, is where they wait for each other (so that
+    every process answers the same puzzles).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size}: allowed >= 1")
@@ -234,6 +257,8 @@ def generate_answers(
             "another --answers_out"
         )
     io.check_answers_match(answers_out, list(found.values()), by_id)
+    if after_read is not None:
+        after_read()
     answers = {aid: a.text for aid, a in found.items()}
     todo = [p for p in problems if p.id not in answers]
     bar = None
@@ -248,7 +273,7 @@ def generate_answers(
             {"id": p.id, "text": t, "puzzle_hash": io.puzzle_hash(p)}
             for p, t in zip(chunk, texts, strict=True)
         ]
-        if answers_out:
+        if answers_out and append:
             append_answers(answers_out, rows)
         answers.update((r["id"], r["text"]) for r in rows)
         if bar is not None:
@@ -336,6 +361,24 @@ def comparison_table(ours: dict[int, tuple[float, float]], label: str, family) -
         cells = [_fmt(rows[k].valid, rows[k].optimal) if k in rows else "-" for k in agents]
         lines.append([f"paper: {model}", *cells])
     return stats.markdown_table(["source", *(f"{k} agents" for k in agents)], lines)
+
+
+def section5_table(ours: Sequence[tuple[str, dict[int, tuple[float, float | None]]]]) -> str:
+    """The paper's main results (docs/paper.md section 5: mean over map sizes, valid % /
+    optimal % for 3, 4 and 5 agents, every model it reports) with our rows appended: `ours`
+    holds (label, {agents: (mean valid %, mean optimal %)}) pairs (`benchmark.size_means`)."""
+    agents = (3, 4, 5)
+    by_model: dict[str, dict[int, paper.PaperRow]] = {}
+    for r in paper.MAIN:
+        by_model.setdefault(r.model, {})[r.agents] = r
+    lines = [
+        [f"paper: {model}", *(_fmt(rows[k].valid, rows[k].optimal) if k in rows else "-"
+                              for k in agents)]
+        for model, rows in by_model.items()
+    ]  # fmt: skip
+    for label, means in ours:
+        lines.append([f"ours: {label}", *(_fmt(*means.get(k, (None, None))) for k in agents)])
+    return stats.markdown_table(["model", *(f"{k} agents" for k in agents)], lines)
 
 
 def _per_size_paper_row(summary: dict) -> str:

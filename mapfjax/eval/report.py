@@ -432,6 +432,7 @@ EXPORTED = (
     "run_config.json", "report.md", "*.png", "start/validation.*", "round_*/validation.*",
     "round_*/record.json", "round_*/config.json", "round_*/decision.json", "round_*/DONE",
     "round_*/time_budget.json",  # driver.STOP_FILE: where a stop hook ended a round
+    "phases.jsonl", "benchmark/comparison.*", "benchmark/*/results.*",
 )  # fmt: skip
 
 
@@ -461,6 +462,15 @@ def _group_size(workdir: pathlib.Path) -> int | None:
     return json.loads(path.read_text()).get("train", {}).get("group_size")
 
 
+def final_benchmark(workdir: pathlib.Path) -> list[str]:
+    """The report's lines for the run's final benchmark (benchmark/comparison.md, written by
+    the loop once the starting and the final model have answered it), or none."""
+    path = workdir / "benchmark" / "comparison.md"
+    if not path.exists():
+        return []
+    return [path.read_text().rstrip(), ""]
+
+
 def engineer_failures(workdir: pathlib.Path, found) -> list[str]:
     """'R<n>: why' for each finished round whose engineer could not run (`extra.failure` in
     its decision.json, written by `engineers.engineer_failed`)."""
@@ -474,12 +484,14 @@ def engineer_failures(workdir: pathlib.Path, found) -> list[str]:
     return out
 
 
-def write_report(workdir) -> pathlib.Path:
-    """Write `workdir/report.md` (+ validation.png, configs.png); returns the markdown path."""
+def write_report(workdir, title: str | None = None) -> pathlib.Path:
+    """Write `workdir/report.md` (+ validation.png, configs.png); returns the markdown path.
+    title: what the heading names the run by (default: the work directory; a remote run's
+    URL when `workdir` is its local copy)."""
     workdir = pathlib.Path(workdir)
     found = _rounds(workdir)
     records = [RoundRecord.from_dict(json.loads((d / "record.json").read_text())) for _, d in found]
-    parts = [f"# Run report: {workdir}", ""]
+    parts = [f"# Run report: {title or workdir}", ""]
     failed = engineer_failures(workdir, found)
     if failed:
         steps = sum((d / "decision.json").exists() for _, d in found)
@@ -515,6 +527,7 @@ def write_report(workdir) -> pathlib.Path:
                 split,
                 "",
             ]
+        parts += final_benchmark(workdir)
         if "training.png" in plots:
             parts += ["## Training curves", "", "![training](training.png)", ""]
         group_size = _group_size(workdir)

@@ -213,3 +213,18 @@ class GroupOutcome(NamedTuple):
 def group_outcomes(row: Mapping) -> list[GroupOutcome]:
     """The groups of one logged step (none for a row without them)."""
     return [GroupOutcome.from_record(x) for x in row.get("groups", [])]
+
+
+def update_flops(config, params: int, prompts: int, group: int, prompt_len: int,
+                 completion_len: int) -> float:  # fmt: skip
+    """Model FLOPs of one GRPO update (its utilisation's numerator): 6 x matmul parameters x
+    tokens (each prompt run once per group, each completion once) plus attention's score and
+    value products (x 3 for the backward) over the causal half of each square. config: the
+    model's Qwen3Config; params: its parameter count (the embedding table counts as a matmul
+    only when tied, as the output layer)."""
+    p, t = prompt_len, completion_len
+    tokens = prompts * p + prompts * group * t
+    embed = 0 if config.tie_word_embeddings else config.vocab_size * config.hidden_size
+    pairs = prompts * p * p / 2 + prompts * group * (t * p + t * t / 2)
+    attn = 3 * 4 * config.num_layers * config.num_heads * config.head_dim * pairs
+    return 6 * (params - embed) * tokens + attn
