@@ -6,6 +6,8 @@ Writes <device>.json and <device>.md under --out. Nothing is downloaded.
 
     python benchmarks/accelerator.py --models 0.6b,1.7b,4b --out projects/accelerator/results
     python benchmarks/accelerator.py --models tiny --out /tmp/accelerator   # CPU, ~30 s
+    python benchmarks/accelerator.py --models 0.6b --steps-per-loop 1,4,8   # K decode steps
+                                                                            # per loop vs 1
 """
 
 from __future__ import annotations
@@ -88,10 +90,30 @@ def parse_args(argv=None):
         "elsewhere)",
     )
     ap.add_argument("--repeats", type=int, default=2, help="timed calls after the first")
+    ap.add_argument(
+        "--steps-per-loop",
+        default="1",
+        help="comma list of decode steps per loop iteration (sampler.generate(steps_per_loop)) "
+        "to sample with, each measured against 1 in the same run (default 1)",
+    )
     ap.add_argument("--peak-bandwidth", type=float, help="bytes/s (default: parallel.DEVICE_KINDS)")
     ap.add_argument("--peak-flops", type=float, help="bf16 FLOP/s (default: parallel.DEVICE_KINDS)")
     ap.add_argument("--part", help=argparse.SUPPRESS)  # one model's result, for the parent
-    return ap.parse_args(argv)
+    opts = ap.parse_args(argv)
+    try:
+        opts.steps_per_loop = _steps_per_loop(opts.steps_per_loop)
+    except ValueError:
+        ap.error(f"--steps-per-loop {opts.steps_per_loop!r}: allowed: a comma list of ints >= 1")
+    return opts
+
+
+def _steps_per_loop(text: str) -> tuple[int, ...]:
+    """The sampling table's steps per loop: 1 first (the baseline of the ratios), then the
+    others asked for, each once."""
+    asked = _ints(text)
+    if any(k < 1 for k in asked):
+        raise ValueError(text)
+    return tuple(dict.fromkeys((1, *asked)))
 
 
 class Report:
@@ -247,38 +269,48 @@ def sampling(
     for b in shapes.batches:
         prompts = _prompts(rng, b, p, cfg.vocab_size)
         for n in shapes.new_tokens:
-            field = f"models.{name}.sampling.b{b}_n{n}"
+            base = None  # the K = 1 row of this shape
+            for k in opts.steps_per_loop:
+                field = f"models.{name}.sampling.b{b}_n{n}" + (f"_k{k}" if k > 1 else "")
 
-            def gen(times, n=n, prompts=prompts):
-                kw = dict(stop_tokens=(), pad_id=0, bucket="exact", timings=times)
-                sampler.generate(model, prompts, n, **kw)
+                def gen(times, n=n, prompts=prompts, k=k):
+                    kw = dict(stop_tokens=(), pad_id=0, bucket="exact", timings=times)
+                    sampler.generate(model, prompts, n, steps_per_loop=k, **kw)
 
-            try:
-                first, best = _stage_times(gen, opts.repeats)
-            except Exception as e:  # noqa: BLE001 - report it, write the rest
-                report.lack(field, f"batch {b} x {n} new tokens: {_failure(e)}")
-                continue
-            step_s = best["decode_s"] / max(n - 1, 1)  # column 0 comes from the prefill
-            # A step reads every weight once and, on average, the prompt plus half the budget.
-            read = weights + b * (p + n / 2) * _kv_bytes_per_token(cfg)
-            bw = device["peak_bandwidth"]
-            if bw:
-                roofline = read / bw / step_s
-            else:
-                roofline = report.lack(field + ".roofline_fraction", "no peak bandwidth")
-            rows.append({
-                "batch": b, "prompt_len": p, "new_tokens": n,
-                "prefill_tokens_per_s": b * p / best["prefill_s"],
-                "decode_tokens_per_s": b / step_s,
-                "decode_ms_per_step": 1e3 * step_s,
-                "bytes_per_step": read,
-                "roofline_fraction": roofline,
-                "compile_s": sum(first.values()) - sum(best.values()),
-            })  # fmt: skip
-            _say(name, f"batch {b} x {n} new tokens: {b / step_s:,.0f} decode tok/s, "
-                 f"{1e3 * step_s:.2f} ms/step, compile {rows[-1]['compile_s']:.1f} s")  # fmt: skip
-            if done is not None:
-                done(f"sampling at batch {b} x {n} new tokens")
+                try:
+                    first, best = _stage_times(gen, opts.repeats)
+                except Exception as e:  # noqa: BLE001 - report it, write the rest
+                    report.lack(field, f"batch {b} x {n} new tokens, {k} steps/loop: {_failure(e)}")
+                    continue
+                step_s = best["decode_s"] / max(n - 1, 1)  # column 0 comes from the prefill
+                # A step reads every weight once and, on average, the prompt plus half the budget.
+                read = weights + b * (p + n / 2) * _kv_bytes_per_token(cfg)
+                bw = device["peak_bandwidth"]
+                if bw:
+                    roofline = read / bw / step_s
+                else:
+                    roofline = report.lack(field + ".roofline_fraction", "no peak bandwidth")
+                rows.append({
+                    "batch": b, "prompt_len": p, "new_tokens": n, "steps_per_loop": k,
+                    "prefill_tokens_per_s": b * p / best["prefill_s"],
+                    "decode_tokens_per_s": b / step_s,
+                    "decode_ms_per_step": 1e3 * step_s,
+                    "bytes_per_step": read,
+                    "roofline_fraction": roofline,
+                    "compile_s": sum(first.values()) - sum(best.values()),
+                })  # fmt: skip
+                if k == 1:
+                    base = rows[-1]
+                vs = ""
+                if k > 1 and base is not None:
+                    ratio = step_s / (base["decode_ms_per_step"] / 1e3)
+                    rows[-1]["ms_per_step_vs_1"] = ratio
+                    vs = f" ({ratio:.2f}x the ms/step of 1 step/loop)"
+                _say(name, f"batch {b} x {n} new tokens, {k} steps/loop: {b / step_s:,.0f} "
+                     f"decode tok/s, {1e3 * step_s:.2f} ms/step{vs}, compile "
+                     f"{rows[-1]['compile_s']:.1f} s")  # fmt: skip
+                if done is not None:
+                    done(f"sampling at batch {b} x {n} new tokens, {k} steps/loop")
     return rows
 
 
@@ -478,6 +510,7 @@ def main(argv=None) -> dict:
                 "remat": opts.remat,
                 "attention": opts.attention,
                 "repeats": opts.repeats,
+                "steps_per_loop": list(opts.steps_per_loop),
             },  # fmt: skip
             "models": models,
             "missing": {**report.missing, **missing},
@@ -570,16 +603,18 @@ def markdown(result: dict) -> str:
         f"activations; update: remat {result['settings']['remat']}, attention "
         f"{result['settings']['attention']}, {result['shapes']['accum']} micro-batches.",
         "",
-        "| model | batch | prompt | new | prefill tok/s | decode tok/s | ms/step | roofline "
-        "| compile s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| model | batch | prompt | new | steps/loop | prefill tok/s | decode tok/s | ms/step "
+        "| ms/step vs 1 | roofline | compile s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, m in result["models"].items():
         for r in m.get("sampling", []):
             lines.append(
                 f"| {name} | {r['batch']} | {r['prompt_len']} | {r['new_tokens']} | "
+                f"{r.get('steps_per_loop', 1)} | "
                 f"{_fmt(r['prefill_tokens_per_s'])} | {_fmt(r['decode_tokens_per_s'])} | "
                 f"{_fmt(r['decode_ms_per_step'], '.2f')} | "
+                f"{_fmt(r.get('ms_per_step_vs_1'), '.2f')} | "
                 f"{_fmt(r['roofline_fraction'], '.1%')} | {_fmt(r['compile_s'], '.1f')} |"
             )
     lines += ["", "| model | GRPO step | rollout s | update s | tok/s | MFU | compile s "

@@ -241,7 +241,7 @@ def _record(out: Buffers, i, logits, key, temperature, top_p, *, greedy, top_k, 
 
 _DECODE_STATIC = (
     "graphdef", "max_new_tokens", "greedy", "top_k", "use_top_p", "stop_tokens", "pad_id",
-    "shardings", "row_keys",
+    "shardings", "row_keys", "steps_per_loop",
 )  # fmt: skip
 
 
@@ -254,7 +254,7 @@ def _first_token(logits, done, key, temperature, top_p, bias=None, *, group_size
 
 def _start(logits, done, key, temperature, top_p, bias=None, *, group_size, max_new_tokens, greedy,
            top_k, use_top_p, stop_tokens, pad_id, shardings, graphdef=None,
-           row_keys=False):  # fmt: skip
+           row_keys=False, steps_per_loop=1):  # fmt: skip
     sh = shardings
     b, n = done.shape[0], max_new_tokens
     out = Buffers(
@@ -281,12 +281,18 @@ def _start(logits, done, key, temperature, top_p, bias=None, *, group_size, max_
 def _decode(
     graphdef, state, layer_params, prefix, loop: DecodeState, key, temperature, top_p,
     bias=None, row_ids=None, *, max_new_tokens, greedy, top_k, use_top_p, stop_tokens, pad_id,
-    shardings, row_keys=False,
+    shardings, row_keys=False, steps_per_loop=1,
 ):  # fmt: skip
     """Decodes columns loop.column, loop.column + 1, ... until every row is done, column
     `max_new_tokens` or the end of the cache window W (column W, whose token is fed at slot
     W - 1). Returns the `DecodeState` where it stopped. row_ids: given (with `row_keys`, the
-    first token's draws), row r draws its tokens as the call's row row_ids[r] (`_pick`)."""
+    first token's draws), row r draws its tokens as the call's row row_ids[r] (`_pick`).
+
+    steps_per_loop K > 1: each iteration of the loop samples K columns (unrolled), so the
+    loop's predicate is evaluated (on a GPU: read back to the host) once per K tokens, while
+    K more columns fit before the stop; the last < K columns go one per iteration. Columns
+    sampled after every row is done record nothing (`_record`: pad_id, log-prob 0, lengths
+    unchanged), and the column returned is the one a single step per iteration stops at."""
     _TRACES["decode"] += 1
     model = nnx.merge(graphdef, state)
     window = loop.cache[0][0].shape[2]
@@ -316,8 +322,30 @@ def _decode(
         )  # fmt: skip
         return DecodeState(i + 1, cache, out)
 
-    # Returning the cache and buffers lets XLA alias them to the donated inputs.
-    return jax.lax.while_loop(cond, body, loop)
+    k = steps_per_loop
+    if k == 1:
+        # Returning the cache and buffers lets XLA alias them to the donated inputs.
+        return jax.lax.while_loop(cond, body, loop)
+    first = loop.column
+    s = loop
+    if k < stop:  # else K columns never fit: the loop starts at column 1 or later
+        # Columns i .. i + K - 1 < stop <= W + 1: the last slot fed, i + K - 2 <= W - 1,
+        # lies inside the window.
+        def cond_k(s: DecodeState):
+            return (s.column + k <= stop) & ~jnp.all(s.out.done)
+
+        def body_k(s: DecodeState) -> DecodeState:
+            for _ in range(k):
+                s = body(s)
+            return s
+
+        s = jax.lax.while_loop(cond_k, body_k, s)
+    s = jax.lax.while_loop(cond, body, s)
+    # A live row's length is the column; a row's last column sampled is its length - 1. When
+    # every row is done, one step per iteration stops after the last row's stop token (at
+    # the longest length), or where it started when no row was live.
+    last = jnp.maximum(first, jnp.minimum(s.column, jnp.max(s.out.lengths)))
+    return s._replace(column=jnp.where(jnp.all(s.out.done), last, s.column))
 
 
 @functools.partial(jax.jit, static_argnames=("window", "shardings"))
@@ -416,13 +444,19 @@ def _default_cache_dtype(model, state):
     return jnp.dtype(floats[0]) if floats else jnp.dtype(jnp.bfloat16)
 
 
-def _check_args(prompts, max_new_tokens, temperature, top_p, top_k, buckets, vocab, samples):
+def _check_count(where: str, name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{where}: {name}={value!r}; it must be an int >= 1")
+
+
+def _check_args(prompts, max_new_tokens, temperature, top_p, top_k, buckets, vocab, samples,
+                steps_per_loop=1):  # fmt: skip
     if len(prompts) == 0:
         raise ValueError("generate: `prompts` is empty; pass at least one token-id list")
     if max_new_tokens < 1:
         raise ValueError(f"generate: max_new_tokens={max_new_tokens}; it must be >= 1")
-    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-        raise ValueError(f"generate: num_samples={samples!r}; it must be an int >= 1")
+    _check_count("generate", "num_samples", samples)
+    _check_count("generate", "steps_per_loop", steps_per_loop)
     if temperature < 0:
         raise ValueError(f"generate: temperature={temperature}; it must be >= 0 (0 = greedy)")
     if not 0.0 < top_p <= 1.0:
@@ -478,6 +512,7 @@ def generate(
     timings: dict | None = None,
     compact: bool | None = None,
     logit_bias: Mapping[int, float] | None = None,
+    steps_per_loop: int = 1,
 ) -> SampleOutput:
     """Sample up to `max_new_tokens` tokens after each prompt (lists of token ids),
     `num_samples` times per prompt: rows i * num_samples ... (i + 1) * num_samples - 1 of the
@@ -509,12 +544,17 @@ def generate(
     logit_bias: {token id: value} added to those tokens' logits at every step before the pick
     (greedy or sampled; the recorded log-probs are the biased distribution's): a decoding
     intervention for diagnostics, e.g. how much one token's preference alone moves greedy.
+    steps_per_loop: decode columns sampled per iteration of the decode loop (unrolled), so
+    that the loop's exit test, read back to the host on a GPU, costs once per that many
+    tokens; the outputs are those of 1 (the default; log-probs up to float rounding), at the
+    cost of up to steps_per_loop - 1 steps computed after every row has stopped and a
+    longer compile (the step is unrolled that many times).
     """
     config = model.config
     buckets = {"bucket": bucket, "batch_bucket": batch_bucket}
     _check_args(
         prompts, max_new_tokens, temperature, top_p, top_k, buckets, config.vocab_size,
-        num_samples,
+        num_samples, steps_per_loop,
     )  # fmt: skip
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ValueError(f"generate: window={window!r}; it must be an int >= 1")
@@ -543,6 +583,7 @@ def generate(
         stop_tokens=tuple(int(t) for t in stop_tokens),
         pad_id=int(pad_id),
         shardings=sh,
+        steps_per_loop=steps_per_loop,
     )
     draw = (
         jax.random.key(0) if key is None else key,
@@ -777,12 +818,15 @@ def lower_generate(
     top_k: int = 0,
     top_p: bool = True,
     num_samples: int = 1,
+    steps_per_loop: int = 1,
 ) -> jax.stages.Lowered:
     """Lowers prefill + decode for `batch` rows (`batch / num_samples` prompts of
     `prompt_len` tokens; sampling with temperature, `top_k`, and top-p when `top_p`) without
     running it: feed an abstract (ShapeDtypeStruct) `state` to plan memory, e.g. with
-    `parallel.memory_per_device`. The decode segment is the last, whole-budget window."""
+    `parallel.memory_per_device`. The decode segment is the last, whole-budget window.
+    steps_per_loop: as in `generate`."""
     config = nnx.merge(graphdef, state).config
+    _check_count("lower_generate", "steps_per_loop", steps_per_loop)
     if batch % num_samples:
         raise ValueError(f"lower_generate: batch={batch} not divisible by num_samples")
     groups = batch // num_samples
@@ -802,6 +846,7 @@ def lower_generate(
         shardings=sh,
         group_size=num_samples,
         window=max(1, max_new_tokens - 1),
+        steps_per_loop=steps_per_loop,
     )
     with _mesh_context(mesh):
         return _prefill_and_decode.lower(

@@ -52,7 +52,9 @@ class SamplingConfig:
     sampling temperature, so its importance ratio starts at 1 like every other row's.
     logit_bias: ((token id, value), ...) added to those logits at every decode step
     (`sampler.generate(logit_bias=...)`): for evaluation diagnostics; training leaves it empty
-    (the trainer's log-probs know nothing of it)."""
+    (the trainer's log-probs know nothing of it). steps_per_loop: decode steps per iteration
+    of the sampler's loop (`sampler.generate(steps_per_loop=...)`): the same completions, the
+    loop's exit test read back once per that many tokens (a per-token cost on a GPU)."""
 
     max_new_tokens: int = 64
     temperature: float = 1.0
@@ -66,6 +68,7 @@ class SamplingConfig:
     trace_loss: str = "all"
     greedy_member: bool = False
     logit_bias: tuple[tuple[int, float], ...] = ()
+    steps_per_loop: int = 1
 
     def __post_init__(self):
         if self.trace_loss not in TRACE_LOSSES:
@@ -151,6 +154,7 @@ def sample(model, tokenizer, problems, repeats, cfg: SamplingConfig, key, mesh=N
         mesh=mesh,
         num_samples=repeats,
         logit_bias=dict(cfg.logit_bias) or None,
+        steps_per_loop=cfg.steps_per_loop,
     )
     prompts = [p for p in distinct for _ in range(repeats)]
     completions = sampler.to_lists(out)

@@ -536,3 +536,80 @@ def test_logit_bias_errors_name_the_token_or_value(models, bias, words):
     with pytest.raises(ValueError) as e:
         sampler.generate(ours, PROMPTS, 4, logit_bias=bias)
     assert all(w in str(e.value) for w in words)
+
+
+def _same_output(got, want):
+    """Two `SampleOutput`s of one call's rows: equal tokens, lengths, finishes and steps,
+    log-probs equal up to float rounding."""
+    for field in ("tokens", "lengths", "finished", "steps"):
+        np.testing.assert_array_equal(
+            np.asarray(getattr(got, field)), np.asarray(getattr(want, field))
+        )
+    for field in ("logprobs", "logprobs_full"):
+        np.testing.assert_allclose(getattr(got, field), getattr(want, field), atol=1e-5)
+
+
+# 23 new tokens at a first window of 4: windows 4, 8, 16, 22, and no K below divides 22 or 23.
+STEPS_BUDGET = 23
+
+
+@pytest.mark.parametrize("steps", [2, 3, 4])
+def test_steps_per_loop_greedy_equals_one_step(models, steps):
+    """K columns per loop iteration give one step's greedy output: rows to the budget, rows
+    stopping early beside one that goes on, and every row stopping (the loop's extra steps
+    after that record nothing, and `steps` is where one step per iteration ends)."""
+    (ours, _), _ = models
+    n, kw = STEPS_BUDGET, dict(window=4)
+    free = sampler.generate(ours, PROMPTS, n, stop_tokens=(), **kw)
+    _same_output(
+        sampler.generate(ours, PROMPTS, n, stop_tokens=(), steps_per_loop=steps, **kw), free
+    )
+    assert int(free.steps) == n
+    kw["stop_tokens"] = _stops_after(np.asarray(free.tokens), early=6)
+    for prompts in (PROMPTS, PROMPTS[:-1]):  # the last prompt's row runs to the budget
+        one = sampler.generate(ours, prompts, n, **kw)
+        _same_output(sampler.generate(ours, prompts, n, steps_per_loop=steps, **kw), one)
+    lengths = np.asarray(one.lengths)
+    assert int(one.steps) == lengths.max() < n and (lengths <= 6).all(), (one.steps, lengths)
+    # Every row stops in a later window, at different columns.
+    late = tuple(sorted({int(t) for t in np.asarray(free.tokens)[:, 9]}))
+    one = sampler.generate(ours, PROMPTS, n, stop_tokens=late, window=4)
+    _same_output(
+        sampler.generate(ours, PROMPTS, n, stop_tokens=late, window=4, steps_per_loop=steps), one
+    )
+    assert np.asarray(one.finished).all() and 4 < int(one.steps) <= 10
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("steps", [2, 3, 4])
+def test_steps_per_loop_sampled_groups_with_compaction_equal_one_step(models, monkeypatch, steps):
+    """Temperature sampling with top-p, groups of samples per prompt and compaction (rows
+    dropped between windows once most have stopped): K columns per loop iteration draw the
+    same tokens as one, and drop the same rows."""
+    (ours, _), _ = models
+    n = STEPS_BUDGET
+    kw = dict(temperature=1.0, top_p=0.9, key=jax.random.key(5), num_samples=3, window=4,
+              compact=True)  # fmt: skip
+    free = np.asarray(sampler.generate(ours, PROMPTS, n, stop_tokens=(), **kw).tokens)
+    kw["stop_tokens"] = _stops_after(free, early=4)
+    kept = []
+    take = sampler._take_rows
+    monkeypatch.setattr(
+        sampler, "_take_rows", lambda *a, **k: kept.append(a[3].shape[0]) or take(*a, **k)
+    )
+    one = sampler.generate(ours, PROMPTS, n, **kw)
+    got = sampler.generate(ours, PROMPTS, n, steps_per_loop=steps, **kw)
+    assert kept and kept[: len(kept) // 2] == kept[len(kept) // 2 :], kept  # same drops
+    _same_output(got, one)
+    assert int(got.steps) == n and np.asarray(got.lengths)[-1] == n
+
+
+def test_steps_per_loop_must_be_a_positive_int(models):
+    (ours, _), _ = models
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match=r"steps_per_loop=.*it must be an int >= 1"):
+            sampler.generate(ours, PROMPTS, 4, steps_per_loop=bad)
+    graphdef, state = nnx.split(ours)
+    with pytest.raises(ValueError, match="lower_generate: steps_per_loop=0"):
+        sampler.lower_generate(graphdef, state, batch=2, prompt_len=4, max_new_tokens=4,
+                               steps_per_loop=0)  # fmt: skip
