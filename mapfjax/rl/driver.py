@@ -89,6 +89,7 @@ class GRPOSettings:
             trace_loss=t.get("trace_loss", "all"),
             bucket=t.get("bucket", rollout.SamplingConfig.bucket),
             completion_bucket=t.get("completion_bucket", rollout.SamplingConfig.completion_bucket),
+            steps_per_loop=t.get("steps_per_loop", 1),
         )
         loss = grpo.GRPOConfig(
             group_size=t.group_size, temperature=t.temperature, **c.grpo.to_dict()
@@ -144,6 +145,8 @@ def check_train(t: ml_collections.ConfigDict) -> None:
     require_int("train.checkpoint_every", t.get("checkpoint_every", 10), 1)
     require_int("train.num_iterations", t.get("num_iterations", 1), 1)
     require_int("train.max_new_tokens", t.get("max_new_tokens"), 1)
+    # decode steps per iteration of the sampler's loop: speed only, the same completions
+    require_int("train.steps_per_loop", t.get("steps_per_loop", 1), 1)
     loss_of = t.get("trace_loss", "all")
     allowed = ", ".join(map(repr, rollout.TRACE_LOSSES))
     require("train.trace_loss", loss_of, loss_of in rollout.TRACE_LOSSES, f"one of {allowed}")

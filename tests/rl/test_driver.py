@@ -165,6 +165,14 @@ def test_settings_and_schedule_from_the_shared_schema():
     moves.train.trace_loss = "move"
     with pytest.raises(ValueError, match="train.trace_loss = 'move'; allowed: one of 'all', 'm"):
         driver.GRPOSettings.from_config(moves)
+    # Decode steps per loop iteration: 1 unless set, an int >= 1.
+    assert s.sampling.steps_per_loop == 1
+    loops = c.copy_and_resolve_references()
+    loops.train.steps_per_loop = 4
+    assert driver.GRPOSettings.from_config(loops).sampling.steps_per_loop == 4
+    loops.train.steps_per_loop = 0
+    with pytest.raises(ValueError, match="train.steps_per_loop = 0; allowed: an integer >= 1"):
+        driver.GRPOSettings.from_config(loops)
     # Padding rules: the CPU config's multiples of 8; a missing key keeps the sampler's default.
     assert (s.sampling.bucket, s.sampling.completion_bucket) == (c.train.bucket, "x8")
     pads = c.copy_and_resolve_references()
