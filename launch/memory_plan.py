@@ -188,9 +188,12 @@ def model_config(s, preset: str | None):
 
 
 def committed_figures(folder) -> dict[str, dict]:
-    """Per device name ("NVIDIA H200"): the decode points (bytes a step reads, ms per step)
-    and the update MFU per model preset, from every <device>.json under `folder` (written by
-    benchmarks/accelerator.py)."""
+    """Per device name ("NVIDIA H200"): the decode points (bytes a step reads, ms per step, of
+    the one-step loop) and the update MFU per model preset, from every <device>.json under
+    `folder` (written by benchmarks/accelerator.py) of a known accelerator
+    (parallel.DEVICE_KINDS)."""
+    from mapfjax import parallel
+
     out: dict[str, dict] = {}
     for file in sorted(glob.glob(os.path.join(str(folder), "**", "*.json"), recursive=True)):
         try:
@@ -198,11 +201,14 @@ def committed_figures(folder) -> dict[str, dict]:
             device = data["device"]["name"]
         except (OSError, ValueError, KeyError, TypeError):
             continue
+        if parallel.device_kind(str(device)) is None:  # a CPU run of the benchmark's tiny form
+            continue
         entry = out.setdefault(device, {"decode": [], "mfu": {}, "files": []})
         entry["files"].append(os.path.relpath(file, ROOT))
         for m in data.get("models", {}).values():
             for r in m.get("sampling", []) or []:
-                if r.get("bytes_per_step") and r.get("decode_ms_per_step"):
+                one_step = r.get("steps_per_loop", 1) == 1  # the sampler's default loop
+                if one_step and r.get("bytes_per_step") and r.get("decode_ms_per_step"):
                     entry["decode"].append((r["bytes_per_step"], r["decode_ms_per_step"]))
             mfu = (m.get("grpo") or {}).get("mfu")
             if mfu:

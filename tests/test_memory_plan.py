@@ -136,6 +136,27 @@ def test_the_time_model_reads_the_committed_figures():
     )
     assert h100.ms_per_gb > h200.ms_per_gb > 0  # less bandwidth: a GB read costs more
     assert h100.decode_s(100, 10.0) > h200.decode_s(100, 10.0)
+    # the CPU form's files (projects/accelerator/results/loop/step/cpu.json) are no device's
+    assert "cpu" not in figures and set(figures) == {"NVIDIA H200"}
+
+
+def test_the_time_model_reads_the_one_step_loop_only(tmp_path):
+    spec = __import__("importlib.util").util.spec_from_file_location(
+        "memory_plan", ROOT / "launch" / "memory_plan.py"
+    )
+    plan = __import__("importlib.util").util.module_from_spec(spec)
+    spec.loader.exec_module(plan)
+    rows = [
+        {"bytes_per_step": 1e9, "decode_ms_per_step": 2.0},
+        {"bytes_per_step": 2e9, "decode_ms_per_step": 3.0, "steps_per_loop": 1},
+        {"bytes_per_step": 2e9, "decode_ms_per_step": 1.0, "steps_per_loop": 4},
+    ]
+    data = {"device": {"name": "NVIDIA H100 80GB HBM3"}, "models": {"x": {"sampling": rows}}}
+    (tmp_path / "h100.json").write_text(json.dumps(data))
+    (tmp_path / "cpu.json").write_text(json.dumps({**data, "device": {"name": "cpu"}}))
+    figures = plan.committed_figures(tmp_path)
+    assert list(figures) == ["NVIDIA H100 80GB HBM3"]
+    assert figures["NVIDIA H100 80GB HBM3"]["decode"] == [(1e9, 2.0), (2e9, 3.0)]
 
 
 @pytest.mark.slow
