@@ -373,12 +373,15 @@ def _attend_splash(q: Array, segments: Sequence[Keys], scale: float) -> Array:
 # segments, scale) -> [B, G, C, K, Q, D]: "einsum", the reference written out here (scores and
 # softmax in float32); "fused", `jax.nn.dot_product_attention` (cuDNN's flash kernel on GPU,
 # XLA's elsewhere); "splash", the TPU splash kernel (interpret mode elsewhere) for prefill and
-# training, the einsum path for a prefill against a KV cache. Decoding (one query per row)
-# always uses `_decode_attend`.
+# training, the einsum path for a prefill against a KV cache; "pallas_decode", the einsum path
+# for prefill and training and JAX's Pallas GPU decode kernel for decode steps
+# (`decode_attention.decode_attend`; interpret mode on CPU). Decoding (one query per row) uses
+# `_decode_attend` under every other name.
 ATTENTION_IMPLS: dict[str, Callable[[Array, Sequence[Keys], float], Array]] = {
     "einsum": _attend,
     "fused": _attend_fused,
     "splash": _attend_splash,
+    "pallas_decode": _attend,
 }
 
 
@@ -704,7 +707,10 @@ class Qwen3(nnx.Module):
     ("none") or a name in `REMAT_POLICIES`; attention_impl: a name in `ATTENTION_IMPLS` for
     prefill and training ("einsum", the reference; "fused", `jax.nn.dot_product_attention`
     with cuDNN on GPU; "splash", the TPU splash kernel, in Pallas interpret mode elsewhere;
-    decode steps use the einsum path whichever is named); attention_chunk is the query block
+    "pallas_decode", the einsum path; decode steps use the einsum path under every name but
+    "pallas_decode", which runs them through JAX's Pallas GPU decode kernel,
+    `decode_attention.decode_attend`, in interpret mode on CPU: exact there but slow, meant for
+    GPUs; it needs a prefix's valid slots contiguous); attention_chunk is the query block
     length above which attention is computed blockwise (memory O(chunk x S), not O(T x S));
     attention_block: score floats per block of rows (None: `CPU_SCORE_BLOCK` on CPU, one
     block elsewhere; 0: one block, e.g. to plan an accelerator's memory on CPU). remat and
@@ -891,6 +897,13 @@ class Qwen3(nnx.Module):
         x = self._embed(tokens)
         window = cache[0][0].shape[2]
         allowed = jnp.arange(window) <= index  # [W]
+        decode_attend = _decode_attend
+        if check_attention_impl(self.attention_impl) == "pallas_decode":
+            from mapfjax.models import decode_attention
+
+            def decode_attend(q, prefix, own, _):
+                return decode_attention.decode_attend(q, prefix, own, index)
+
         ks, vs = list(cache[0]), list(cache[1])
         for i in range(self.config.num_layers):
             if layer_params is None:
@@ -902,7 +915,7 @@ class Qwen3(nnx.Module):
                 at = (0, 0, index, 0)
                 ks[i] = lax.dynamic_update_slice(ks[i], _heads_first(k).astype(ks[i].dtype), at)
                 vs[i] = lax.dynamic_update_slice(vs[i], _heads_first(v).astype(vs[i].dtype), at)
-                out = _decode_attend(
+                out = decode_attend(
                     q[:, 0].reshape(groups, g, *q.shape[2:]),
                     (prefix.k[i], prefix.v[i], prefix.valid),
                     (
