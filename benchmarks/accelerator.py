@@ -8,6 +8,7 @@ Writes <device>.json and <device>.md under --out. Nothing is downloaded.
     python benchmarks/accelerator.py --models tiny --out /tmp/accelerator   # CPU, ~30 s
     python benchmarks/accelerator.py --models 0.6b --steps-per-loop 1,4,8   # K decode steps
                                                                             # per loop vs 1
+    python benchmarks/accelerator.py --models 0.6b --profile   # + one decode step's parts
 """
 
 from __future__ import annotations
@@ -95,6 +96,14 @@ def parse_args(argv=None):
         default="1",
         help="comma list of decode steps per loop iteration (sampler.generate(steps_per_loop)) "
         "to sample with, each measured against 1 in the same run (default 1)",
+    )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="also attribute one decode step's time to its parts (projections, MLP, norms, "
+        "rope, attention over the cache, cache write, embedding, lm head, sampling, the loop's "
+        "predicate), each timed alone at the step's shapes, at batches 1 and 64 (tiny: its "
+        "batches; --batches: those): a table beside the others (benchmarks/decode_profile.py)",
     )
     ap.add_argument("--peak-bandwidth", type=float, help="bytes/s (default: parallel.DEVICE_KINDS)")
     ap.add_argument("--peak-flops", type=float, help="bf16 FLOP/s (default: parallel.DEVICE_KINDS)")
@@ -455,7 +464,40 @@ def run_model(name: str, opts, shapes: Shapes, report: Report, progress=None) ->
         sampling(model, cfg, opts, shapes, device, report, name, result["sampling"], done)
     except Exception as e:  # noqa: BLE001
         report.lack(f"models.{name}.parity", _failure(e))
+        model = None
+    if opts.profile:
+        _say(name, "decode step profile")
+        try:
+            model = model if model is not None else make()
+            batches = profile_batches(opts, shapes)
+            result["profile"] = _decode_profile().profile(
+                model, cfg, opts, shapes, device, report, name, batches
+            )
+            for r in result["profile"]:
+                _say(name, f"profile at batch {r['batch']}: full step {r['full_step_ms']:.3f} "
+                     f"ms, parts {r['sum_of_parts_ms']:.3f} ms")  # fmt: skip
+            done("the decode profile")
+        except Exception as e:  # noqa: BLE001
+            report.lack(f"models.{name}.profile", _failure(e))
     return device, result
+
+
+def _decode_profile():
+    """benchmarks/decode_profile.py (this file's neighbour, imported however this one was)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import decode_profile
+
+    return decode_profile
+
+
+def profile_batches(opts, shapes: Shapes) -> tuple[int, ...]:
+    """The decode profile's batches: --batches where given, the tiny mode's, else 1 and 64."""
+    tiny = {m for m in opts.models.split(",") if m in SIZES} == {"tiny"}
+    if opts.batches or tiny:
+        return shapes.batches
+    return (1, 64)
 
 
 def _children(names, opts, argv, done=None) -> tuple[dict | None, dict, dict]:
@@ -511,6 +553,7 @@ def main(argv=None) -> dict:
                 "attention": opts.attention,
                 "repeats": opts.repeats,
                 "steps_per_loop": list(opts.steps_per_loop),
+                "profile": opts.profile,
             },  # fmt: skip
             "models": models,
             "missing": {**report.missing, **missing},
@@ -648,6 +691,8 @@ def markdown(result: dict) -> str:
                 f"{_fmt(p.get('attention_vs_einsum_max_abs_error'), '.3g')} | "
                 f"{_fmt(p.get('attention_vs_einsum_top1_agreement'), '.1%')} |"
             )
+    if any(m.get("profile") for m in result["models"].values()):
+        lines += _decode_profile().markdown(result)
     if result["missing"]:
         lines += ["", "Not measured:", ""]
         lines += [f"- {k}: {v}" for k, v in result["missing"].items()]

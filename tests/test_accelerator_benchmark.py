@@ -1,6 +1,7 @@
 """benchmarks/accelerator.py in its tiny mode on CPU: every figure of the JSON is present and
 finite, except those the run names as not measured (CPU keeps no memory statistics; an unknown
-model size is skipped with a message), and the Markdown table is written beside it."""
+model size is skipped with a message), and the Markdown table is written beside it; with
+--profile, the decode step's parts are in both."""
 
 import json
 import math
@@ -29,7 +30,8 @@ def _leaves(tree, path=""):
 
 def test_tiny_mode_writes_every_figure(tmp_path, one_device_env):
     # As a user runs it: its own process on one CPU device.
-    argv = ["--models", "tiny,13b", "--out", str(tmp_path), "--repeats", "1"]
+    # --profile: the decode profile's tiny form (off by default), in the same run.
+    argv = ["--models", "tiny,13b", "--out", str(tmp_path), "--repeats", "1", "--profile"]
     # CPU has no entry in the peak table: name peaks so that roofline and MFU are computed.
     argv += ["--peak-bandwidth", "2e10", "--peak-flops", "1e11"]
     run = subprocess.run(
@@ -41,7 +43,8 @@ def test_tiny_mode_writes_every_figure(tmp_path, one_device_env):
     (path,) = tmp_path.glob("*.json")
     result = json.loads(path.read_text())
     assert path.stem == "cpu" and result["device"]["jax"] == jax.__version__
-    assert "| tiny |" in path.with_suffix(".md").read_text()
+    text = path.with_suffix(".md").read_text()
+    assert "| tiny |" in text
 
     missing = result["missing"]
     assert set(missing) == {"models.13b", "models.tiny.memory.peak"}, missing
@@ -49,7 +52,7 @@ def test_tiny_mode_writes_every_figure(tmp_path, one_device_env):
     assert "no memory statistics" in missing["models.tiny.memory.peak"]
 
     tiny = result["models"]["tiny"]
-    for section in ("grpo", "memory", "parity", "sampling"):
+    for section in ("grpo", "memory", "parity", "sampling", "profile"):
         assert tiny[section], section
     assert len(tiny["sampling"]) == 4  # batches 1, 4 x budgets 8, 32
     numbers = 0
@@ -64,6 +67,55 @@ def test_tiny_mode_writes_every_figure(tmp_path, one_device_env):
     # The default attention is "fused": its own error against bf16 einsum is reported too.
     assert 0 < tiny["parity"]["attention_vs_einsum_top1_agreement"] <= 1
     assert tiny["memory"]["plan_step_bytes"] >= tiny["memory"]["plan_update_bytes"] > 0
+    _check_profile(tiny["profile"], text, bench_parts())
+
+
+def bench_parts():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "decode_profile", ROOT / "benchmarks/decode_profile.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return [name for name, _ in module.PARTS]
+
+
+def _check_profile(rows, text, parts):
+    """Every part at each of the tiny mode's batches with a time >= 0, its share of the whole
+    step and its bandwidth fraction (a peak was named); the sum against the step; the table."""
+    assert [r["batch"] for r in rows] == [1, 2]  # the tiny mode's sampling batches
+    for r in rows:
+        assert [p["part"] for p in r["parts"]] == parts
+        assert r["full_step_ms"] > 0 and r["window"] >= 1 and r["column"] >= 1
+        for p in r["parts"]:
+            assert p["ms"] >= 0 and p["bytes"] > 0, p
+            assert math.isclose(p["share"], p["ms"] / r["full_step_ms"], rel_tol=1e-6), p
+            assert p["bandwidth_fraction"] is not None and p["bandwidth_fraction"] >= 0, p
+        total = sum(p["ms"] for p in r["parts"])
+        assert math.isclose(r["sum_of_parts_ms"], total, rel_tol=1e-6)
+        assert math.isclose(r["other_ms"], r["full_step_ms"] - total, rel_tol=1e-6, abs_tol=1e-9)
+        assert math.isclose(r["sum_share"] + r["other_share"], 1.0, rel_tol=1e-6)
+    assert "Decode step profile" in text
+    for part in [*parts, "sum of parts", "overlap/other", "**full step**"]:
+        assert f"| tiny | 2 | 16 + 7 @ 4 | {part} |" in text, part
+
+
+def test_profile_is_off_by_default(monkeypatch):
+    bench = _bench(monkeypatch)
+    assert bench.parse_args([]).profile is False
+    assert bench.parse_args(["--profile"]).profile is True
+    opts = bench.parse_args(["--models", "0.6b"])
+    assert bench.profile_batches(opts, bench.Shapes.parse(opts)) == (1, 64)
+    opts = bench.parse_args(["--models", "0.6b", "--batches", "8"])
+    assert bench.profile_batches(opts, bench.Shapes.parse(opts)) == (8,)
+    # A result without a profile has no profile table (the default run is unchanged).
+    device = {"name": "cpu", "platform": "cpu", "count": 1, "jax": "0", "date": "now",
+              "peak_bandwidth": None, "peak_flops": None, "peak_source": "none"}  # fmt: skip
+    settings = {"remat": "full", "attention": "fused"}
+    result = {"device": device, "shapes": {"accum": 1}, "missing": {}, "settings": settings,
+              "models": {"tiny": {}}}  # fmt: skip
+    assert "Decode step profile" not in bench.markdown(result)
 
 
 # A GRPO step's figures as grpo_step returns them (the fields the tables read).
