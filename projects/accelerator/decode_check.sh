@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Decoding on one GPU (H100 or H200), in one call of under 9 minutes: Qwen3-1.7B's random
+# weights at batch 1 and 64, 256 and 2,048 new tokens, each decode step's time by part
+# (--profile), the sampler's loop at 1 and 4 steps per iteration, then the same with the
+# Pallas decode attention (attention_impl="pallas_decode"), and that kernel's exactness
+# tests run on the GPU (off CPU they use the real Triton kernel).
+#
+#   bash projects/accelerator/decode_check.sh [OUT]   # default projects/accelerator/results/decode
+#   MODEL=tiny BATCHES=1,2 TOKENS=4,8 bash projects/accelerator/decode_check.sh /tmp/decode  # CPU form
+set -euo pipefail
+OUT="${1:-projects/accelerator/results/decode}"
+export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.95}"
+COMMON=(--models "${MODEL:-1.7b}" --batches "${BATCHES:-1,64}" --new-tokens "${TOKENS:-256,2048}"
+        --grpo 1x2x16 --parity 1x8 --repeats 1 --profile)
+python benchmarks/accelerator.py "${COMMON[@]}" --attention fused --steps-per-loop 1,4 \
+    --out "$OUT/einsum_decode"
+python benchmarks/accelerator.py "${COMMON[@]}" --attention pallas_decode --out "$OUT/pallas_decode"
+# the tests' own setup picks the CPU unless told; here the GPU runs the real kernel
+PYTHONPATH=. JAX_PLATFORMS="${JAX_PLATFORMS:-cuda}" \
+    python -m pytest -q -p no:cacheprovider tests/models/test_decode_attention.py
