@@ -123,9 +123,11 @@ def check_trace_form(cfg) -> None:
 
 
 def sft_mix(cfg) -> list[tuple[str, object]]:
-    """The recipe's `sft.mix` parts in name order: (name, {env, instances, hole_ratios}), each
-    more SFT puzzles drawn from its own generator config (e.g. other agent counts); [] when
-    the recipe has none. ValueError when the section is not a group of such parts."""
+    """The recipe's `sft.mix` parts in name order: (name, {env, instances, hole_ratios,
+    answer_only}), each more SFT puzzles drawn from its own generator config (e.g. other agent
+    counts), answered without a trace on `answer_only` of them when given (else on
+    sft.answer_only's share); [] when the recipe has none. ValueError when the section is not a
+    group of such parts."""
     mix = cfg.sft.get("mix")
     if not mix:
         return []
@@ -206,8 +208,15 @@ def check_recipe(cfg, made_before: bool = False) -> None:
             "0 (no cap) or the most tokens an SFT completion may have")  # fmt: skip
     for name, part in sft_mix(cfg):  # more puzzles in the SFT data, from other generator configs
         where = f"sft.mix.{name}"
-        unknown = sorted(set(part.keys()) - {"env", "instances", "hole_ratios"})
-        require(f"{where}: unknown key(s)", unknown, not unknown, "env, instances, hole_ratios")
+        keys = {"env", "instances", "hole_ratios", "answer_only"}
+        unknown = sorted(set(part.keys()) - keys)
+        require(f"{where}: unknown key(s)", unknown, not unknown,
+                "env, instances, hole_ratios, answer_only")  # fmt: skip
+        if "answer_only" in part:  # this part's own share, in place of sft.answer_only
+            own = part.answer_only
+            ok = is_finite_real(own) and 0 <= own <= 1 and (own == 0 or cfg.get("thinking", False))
+            require(f"{where}.answer_only", own, ok,
+                    "a share in [0, 1]; above 0 only with thinking=True")  # fmt: skip
         env_config.validate_at(part.env, f"{where}.env")
         require_int(f"{where}.instances", part.get("instances"), 1)
         env_config.check_hole_ratios(part.get("hole_ratios", ()), f"{where}.hole_ratios")
@@ -321,14 +330,25 @@ def prepare(cfg, workdir) -> RunData:
     exclude_key = [files.sha256(f)[:16] for f in exclude]
 
     def sft():
-        drawn = problems(cfg.sft.env, cfg.sft.instances, 1, sft_holes)
-        for k, (_, part) in enumerate(mix, 1):  # each part its own seed offset: 1000 k
-            drawn += problems(part.env, part.instances, 1000 * k, part.get("hole_ratios", ()))
-        if exclude:
-            drawn, dropped = io.held_out(drawn, io.puzzle_hashes(exclude))
-            log.warning("sft: %d of the drawn puzzles are in sft.exclude; dropped", dropped)
-        examples = sft_examples(tok, drawn, form=form, answer_only=bare)
-        unplanned("sft", len(drawn), len(examples))
+        # (puzzles, their answer-only share): the main draw, then each mix part's (each part
+        # its own seed offset, 1000 k); parts without their own share are drawn with sft's.
+        groups = [(problems(cfg.sft.env, cfg.sft.instances, 1, sft_holes), bare)]
+        for k, (_, part) in enumerate(mix, 1):
+            drawn = problems(part.env, part.instances, 1000 * k, part.get("hole_ratios", ()))
+            share = part.get("answer_only", bare) if thinking else 0.0
+            if share == groups[-1][1]:
+                groups[-1] = (groups[-1][0] + drawn, share)
+            else:
+                groups.append((drawn, share))
+        held = io.puzzle_hashes(exclude) if exclude else set()
+        examples, n = [], 0
+        for drawn, share in groups:
+            if exclude:
+                drawn, dropped = io.held_out(drawn, held)
+                log.warning("sft: %d of the drawn puzzles are in sft.exclude; dropped", dropped)
+            examples += sft_examples(tok, drawn, form=form, answer_only=share)
+            n += len(drawn)
+        unplanned("sft", n, len(examples))
         if extra_spec:  # beside the puzzles' own examples, e.g. an experiment's lessons
             extra = configfile.load_object(extra_spec, "sft.extra_examples")(tok, drawn)
             log.warning("sft: %d extra examples added (%s)", len(extra), extra_spec)
