@@ -6,11 +6,13 @@ the time per decode step at each length (it should stay flat as the cache fills)
 tokens x 8 samples, temperature 1, 640 new tokens, compaction on, a random model of the trace
 policy's shape whose rows stop at random) under cache-window schedules: the sampler's doubling
 (the reference) against windows growing by a fixed number of slots, and with
-`--fused-windows` for each value of `qwen3.CPU_FUSED_WINDOW` (the first given is the reference).
+`--fused-windows` for each value of `qwen3.CPU_FUSED_WINDOW` and with `--merged-prefix` for
+each value of `qwen3.CPU_MERGED_PREFIX` (1 or 0; the first given is the reference).
 
     python benchmarks/bench_sampler.py [--lengths 64,256,1024 --batches 1,64 --repeats 2]
     python benchmarks/bench_sampler.py --schedules double,128,64 [--repeats 3]
     python benchmarks/bench_sampler.py --schedules double --fused-windows 256,1
+    python benchmarks/bench_sampler.py --schedules double --merged-prefix 0,1 --repeats 3
 """
 
 from __future__ import annotations
@@ -120,12 +122,14 @@ def trace_shaped_model(vocab_size: int = 1024):
 
 
 def time_schedules(
-    names: list[str], repeats: int, fused=(None,), groups=32, group_size=8, new=640
-) -> None:
+    names: list[str], repeats: int, fused=(None,), merged=(None,), groups=32, group_size=8,
+    new=640,
+) -> None:  # fmt: skip
     """Decode seconds of one rollout-shaped `generate` call per window schedule ("double" or
-    a step in slots) and `qwen3.CPU_FUSED_WINDOW` value in `fused` (None: as it is), the
-    variants alternating within each repeat; prints the best of `repeats` warm calls, its
-    ratio to the first variant and whether the tokens equal its."""
+    a step in slots), `qwen3.CPU_FUSED_WINDOW` value in `fused` and `qwen3.CPU_MERGED_PREFIX`
+    value in `merged` (None: as it is), the variants alternating within each repeat; prints
+    the best of `repeats` warm calls, its ratio to the first variant and whether the tokens
+    equal its."""
     import jax
     import numpy as np
 
@@ -138,20 +142,22 @@ def time_schedules(
     kw = dict(temperature=1.0, key=jax.random.key(1), num_samples=group_size,
               stop_tokens=(5, 6, 7), compact=True)  # fmt: skip
 
-    threshold = qwen3.CPU_FUSED_WINDOW
-    variants = [(name, f) for f in fused for name in names]
+    threshold, merge = qwen3.CPU_FUSED_WINDOW, qwen3.CPU_MERGED_PREFIX
+    variants = [(name, f, m) for m in merged for f in fused for name in names]
 
     def run(variant):
-        name, f = variant
+        name, f, m = variant
         sampler._windows = doubling if name == "double" else _linear_windows(int(name))
         qwen3.CPU_FUSED_WINDOW = threshold if f is None else f
-        sampler._decode.clear_cache()  # the threshold is read when the loop is traced
+        qwen3.CPU_MERGED_PREFIX = merge if m is None else m
+        sampler._decode.clear_cache()  # both are read when the loop is traced
         t = {}
         try:
             sampler.generate(model, prompts, new, **kw)  # compiles
             out = sampler.generate(model, prompts, new, timings=t, **kw)
         finally:
             sampler._windows, qwen3.CPU_FUSED_WINDOW = doubling, threshold
+            qwen3.CPU_MERGED_PREFIX = merge
         return t["decode_s"], np.asarray(out.tokens), np.asarray(out.lengths)
 
     best, tokens = {}, {}
@@ -163,14 +169,16 @@ def time_schedules(
         f"{groups} prompts x {group_size} samples, {new} new tokens; completions: mean "
         f"{lengths.mean():.0f}, {np.mean(lengths >= new):.0%} at the budget; best of {repeats}"
     )
-    print("| windows | fused from | decode s | vs first | ms per generated token | same tokens |")
-    print("|---|---|---|---|---|---|")
+    print("| windows | fused from | merged prefix | decode s | vs first | ms per generated token "
+          "| same tokens |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
     ref = best[variants[0]]
     for variant in variants:
-        name, f = variant
+        name, f, m = variant
         label = "doubling" if name == "double" else f"+{name} slots"
         same = np.array_equal(tokens[variant], tokens[variants[0]])
-        print(f"| {label} | {threshold if f is None else f} | {best[variant]:.1f} | "
+        print(f"| {label} | {threshold if f is None else f} | {merge if m is None else m} | "
+              f"{best[variant]:.1f} | "
               f"{ref / best[variant]:.2f}x | {1e3 * best[variant] / lengths.sum():.2f} | "
               f"{same} |", flush=True)  # fmt: skip
 
@@ -186,6 +194,9 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--fused-windows", default="", help="with --schedules: CPU_FUSED_WINDOW values, e.g. 256,1"
     )
+    parser.add_argument(
+        "--merged-prefix", default="", help="with --schedules: CPU_MERGED_PREFIX values, e.g. 0,1"
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     if args.schedules:
@@ -196,7 +207,11 @@ def main(argv=None) -> None:
         if not all(f.isdigit() and int(f) >= 1 for f in fused):
             parser.error(f"--fused-windows: {args.fused_windows!r}; allowed: ints >= 1")
         fused = [int(f) for f in fused] or [None]
-        time_schedules(args.schedules.split(","), args.repeats, fused)
+        merged = [m.strip() for m in args.merged_prefix.split(",") if m.strip()]
+        if not all(m in ("0", "1") for m in merged):
+            parser.error(f"--merged-prefix: {args.merged_prefix!r}; allowed: 0 and 1")
+        merged = [m == "1" for m in merged] or [None]
+        time_schedules(args.schedules.split(","), args.repeats, fused, merged)
         return
     import jax
     import jax.numpy as jnp

@@ -87,7 +87,7 @@ def profile_batch(model, batch: int, prompt_len: int, new_tokens: int, calls: in
     kh, g, d, h = cfg.num_kv_heads, cfg.num_groups, cfg.head_dim, cfg.hidden_size
     column, window = _shape(new_tokens, prompt_len)
     index = column - 1  # the slot this step writes
-    keys = iter(jax.random.split(jax.random.key(0), 16))
+    keys = iter(jax.random.split(jax.random.key(0), 2 * n_layers + 16))
 
     def rand(shape, dtype=dt):
         return jax.random.normal(next(keys), shape, jnp.float32).astype(dtype)

@@ -539,6 +539,11 @@ def _query_chunks(q, segments, chunk, scale, impl):
 # (at a GRPO rollout's 8 samples per prompt, 1.3-1.5x faster decode steps at windows of 64-127
 # slots; the same at one sample per prompt; docs/models.md).
 CPU_FUSED_WINDOW = 1
+# On CPU, a decode step's attention over the shared prefix runs as one [G * Q, D] x [D, P]
+# matmul per (group, KV head) instead of G * Q matrix-vector products (`_decode_attend`; about
+# 1.2x faster rollouts at 8 samples per prompt, `benchmarks/bench_sampler.py --schedules double
+# --merged-prefix 1,0`). Read when the decode loop is traced.
+CPU_MERGED_PREFIX = True
 
 
 def _decode_attend(q: Array, prefix, own, allowed: Array) -> Array:
@@ -552,8 +557,16 @@ def _decode_attend(q: Array, prefix, own, allowed: Array) -> Array:
     # XLA:CPU runs a row's own-cache products as many tiny batched matmuls, whose cost grows
     # faster than the window; as a broadcast multiply and sum they fuse into one loop (1.2x
     # faster per layer at 256 slots, 2x at 1,024; the same result).
-    fused = jax.default_backend() == "cpu" and k.shape[-2] >= CPU_FUSED_WINDOW
-    sp = jnp.einsum("bjkqd,bkpd->bjkqp", q, kp.astype(q.dtype), preferred_element_type=f32)
+    cpu = jax.default_backend() == "cpu"
+    fused = cpu and k.shape[-2] >= CPU_FUSED_WINDOW
+    b, g, kh, qh, d = q.shape
+    merged = cpu and CPU_MERGED_PREFIX
+    if merged:
+        qm = jnp.transpose(q, (0, 2, 1, 3, 4)).reshape(b, kh, g * qh, d)
+        sp = jnp.einsum("bkmd,bkpd->bkmp", qm, kp.astype(q.dtype), preferred_element_type=f32)
+        sp = jnp.transpose(sp.reshape(b, kh, g, qh, -1), (0, 2, 1, 3, 4))
+    else:
+        sp = jnp.einsum("bjkqd,bkpd->bjkqp", q, kp.astype(q.dtype), preferred_element_type=f32)
     if fused:
         so = jnp.sum(q[..., None, :].astype(f32) * k[:, :, :, None].astype(f32), axis=-1)
     else:
@@ -562,7 +575,12 @@ def _decode_attend(q: Array, prefix, own, allowed: Array) -> Array:
     so = jnp.where(allowed, so * scale, _MASKED)
     probs = jax.nn.softmax(jnp.concatenate([sp, so], axis=-1), axis=-1).astype(q.dtype)
     p = kp.shape[2]
-    out = jnp.einsum("bjkqp,bkpd->bjkqd", probs[..., :p], vp.astype(q.dtype))
+    if merged:
+        pm = jnp.transpose(probs[..., :p], (0, 2, 1, 3, 4)).reshape(b, kh, g * qh, p)
+        out = jnp.einsum("bkmp,bkpd->bkmd", pm, vp.astype(q.dtype))
+        out = jnp.transpose(out.reshape(b, kh, g, qh, d), (0, 2, 1, 3, 4))
+    else:
+        out = jnp.einsum("bjkqp,bkpd->bjkqd", probs[..., :p], vp.astype(q.dtype))
     if fused:
         own = jnp.sum(probs[..., p:, None].astype(f32) * v[:, :, :, None].astype(f32), axis=-2)
         own = own.astype(q.dtype)
