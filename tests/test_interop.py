@@ -24,7 +24,7 @@ from mapfjax.env import io, score, text
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ASSETS = pathlib.Path(mapfjax.__file__).parent / "assets"
-MODELS = ("tiny", "tiny_think")
+MODELS = ("tiny", "tiny_think", "tiny_base")
 
 # GRPO as a TRL user runs it, scaled to 2 CPU cores: 3 steps of 2 puzzles x 4 completions.
 STEPS, PER_STEP, GROUP = 3, 8, 4

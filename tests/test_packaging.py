@@ -19,7 +19,7 @@ from mapfjax import configfile
 from mapfjax.presets import engineers, variants
 
 package = pathlib.Path(mapfjax.__file__).parent
-MODELS = ("tiny", "tiny_think")
+MODELS = ("tiny", "tiny_think", "tiny_base")
 v6 = variants.get_config("V6").modules
 print(json.dumps({
     "package": str(package),
@@ -79,7 +79,7 @@ def test_wheel_installs_and_loads_the_presets_outside_the_repository(tmp_path):
     assert not pathlib.Path(got["package"]).is_relative_to(ROOT)
     assert got["guideline"] == (ROOT / "configs" / "engineer" / "guideline.md").read_text()
     assert got["guideline_in_package"] and got["tiny_model"] and got["tiny_think"]
-    for name in ("tiny", "tiny_think"):
+    for name in ("tiny", "tiny_think", "tiny_base"):
         assets = ROOT / "mapfjax" / "assets" / name
         assert got["cards"][name] == (assets / "README.md").read_text()
         assert got["templates"][name] == (assets / "chat_template.jinja").read_text()
