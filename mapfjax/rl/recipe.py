@@ -341,16 +341,18 @@ def prepare(cfg, workdir) -> RunData:
             else:
                 groups.append((drawn, share))
         held = io.puzzle_hashes(exclude) if exclude else set()
-        examples, n = [], 0
+        kept, examples, dropped = [], [], 0
         for drawn, share in groups:
             if exclude:
-                drawn, dropped = io.held_out(drawn, held)
-                log.warning("sft: %d of the drawn puzzles are in sft.exclude; dropped", dropped)
+                drawn, out = io.held_out(drawn, held)
+                dropped += out
             examples += sft_examples(tok, drawn, form=form, answer_only=share)
-            n += len(drawn)
-        unplanned("sft", n, len(examples))
+            kept += drawn
+        if exclude:
+            log.warning("sft: %d of the drawn puzzles are in sft.exclude; dropped", dropped)
+        unplanned("sft", len(kept), len(examples))
         if extra_spec:  # beside the puzzles' own examples, e.g. an experiment's lessons
-            extra = configfile.load_object(extra_spec, "sft.extra_examples")(tok, drawn)
+            extra = configfile.load_object(extra_spec, "sft.extra_examples")(tok, kept)
             log.warning("sft: %d extra examples added (%s)", len(extra), extra_spec)
             examples += extra
         return examples

@@ -327,6 +327,45 @@ def test_sft_mix_adds_puzzles_of_other_generator_configs(tmp_path):
         recipe.check_recipe(c)
 
 
+# What `sft.extra_examples` was last called with (`_count_puzzles`).
+_SEEN: list[int] = []
+
+
+def _count_puzzles(tokenizer, problems):
+    """An `sft.extra_examples` that adds nothing and records how many puzzles it was given."""
+    _SEEN.append(len(problems))
+    return []
+
+
+def test_sft_extra_examples_see_every_part_answered_in_its_own_mode(tmp_path):
+    """A mix part with its own answer-only share is made into examples apart from the main
+    draw, yet `sft.extra_examples` is given every SFT puzzle, the main draw's and the part's."""
+    import ml_collections
+
+    from mapfjax import configfile
+    from mapfjax.env.config import default_config
+    from mapfjax.rl import recipe
+
+    tiny = configfile.load_module("configs/tiny_model.py")
+    c = tiny.trace_stage()
+    tiny.quick(c)
+    c.workdir, c.out_dir = str(tmp_path / "w"), str(tmp_path / "w" / "export")
+    c.sft.instances, c.tokenizer.instances, c.validation.per_size = 16, 16, 2
+    c.sft.exclude = ()  # (the exclusion has its own tests)
+    c.sft.answer_only = 0.5
+    three = default_config(3, sizes=(4, 5), wait_ratio=0.0)
+    c.sft.mix = ml_collections.ConfigDict(
+        {"three": {"env": three, "instances": 8, "answer_only": 0.0}}
+    )
+    c.sft.extra_examples = f"{__name__}:_count_puzzles"
+    recipe.check_recipe(c)
+    _SEEN.clear()
+    data = recipe.prepare(c, tmp_path / "w")
+    assert _SEEN == [16 + 8]
+    prompts = [data.tokenizer.decode(e.prompt) for e in data.sft]
+    assert sum("with 3 agents" in p for p in prompts) == 8
+
+
 def test_sft_max_completion_tokens_leaves_out_longer_examples(tmp_path):
     from mapfjax import configfile
     from mapfjax.rl import recipe
