@@ -26,7 +26,10 @@ import pathlib
 import re
 import sys
 
-MODELS = {"tiny": "tiny", "0.6b": "qwen3-0.6b", "1.7b": "qwen3-1.7b", "4b": "qwen3-4b"}
+from benchmarks.accelerator import SIZES as MODELS  # the benchmark's model names
+from benchmarks.accelerator import device_slug
+from mapfjax import files
+
 # Instructions that launch nothing: views, tuples, parameters, constants.
 _FREE = {
     "parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all",
@@ -196,11 +199,9 @@ def main(argv=None) -> int:
     r = run(a.model, a.batch, a.prompt_len, a.new_tokens, a.samples)
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"kernels_{r['platform']}_{a.model}_b{a.batch}"
-    for suffix, text in ((".json", json.dumps(r, indent=1) + "\n"), (".md", markdown(r))):
-        tmp = out / (stem + suffix + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(out / (stem + suffix))
+    stem = f"kernels_{device_slug(r['device'])}_{a.model}_b{a.batch}"
+    files.atomic_write(out / (stem + ".json"), json.dumps(r, indent=1) + "\n")
+    files.atomic_write(out / (stem + ".md"), markdown(r))
     print(f"{r['kernels_per_step']} kernels per decode step ({r['kernels_per_layer']} per "
           f"layer); {out / (stem + '.md')}")  # fmt: skip
     return 0
