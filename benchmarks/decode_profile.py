@@ -354,8 +354,12 @@ def profile(model, cfg, opts, shapes, device: dict, report, name: str, batches) 
         full = r["full_step_s"]
         total = 0.0
         out = []
-        for part, m in r["parts"].items():
+        for j, (part, m) in enumerate(r["parts"].items()):
             total += m["s"]
+            if bw and not m["s"]:  # as the JSON's path reads, so that the None is named
+                report.lack(f"models.{name}.profile[{len(rows)}].parts[{j}].bandwidth_fraction",
+                            f"{part}: no longer than the timing loop's own iteration, which is "
+                            "taken off")  # fmt: skip
             out.append({
                 "part": part, "measured": m["what"], "layers": m["count"],
                 "ms": 1e3 * m["s"], "per_call_ms": 1e3 * m["per_call_s"],

@@ -47,7 +47,9 @@ def test_tiny_mode_writes_every_figure(tmp_path, one_device_env):
     assert "| tiny |" in text
 
     missing = result["missing"]
-    assert set(missing) == {"models.13b", "models.tiny.memory.peak"}, missing
+    # and, where a decode-profile part measured 0, its bandwidth fraction (_check_profile)
+    parts_named = {m for m in missing if m.startswith("models.tiny.profile[")}
+    assert set(missing) - parts_named == {"models.13b", "models.tiny.memory.peak"}, missing
     assert "unknown model size '13b'" in missing["models.13b"]
     assert "no memory statistics" in missing["models.tiny.memory.peak"]
 
@@ -67,7 +69,7 @@ def test_tiny_mode_writes_every_figure(tmp_path, one_device_env):
     # The default attention is "fused": its own error against bf16 einsum is reported too.
     assert 0 < tiny["parity"]["attention_vs_einsum_top1_agreement"] <= 1
     assert tiny["memory"]["plan_step_bytes"] >= tiny["memory"]["plan_update_bytes"] > 0
-    _check_profile(tiny["profile"], text, bench_parts())
+    _check_profile(tiny["profile"], text, bench_parts(), missing)
 
 
 def bench_parts():
@@ -81,24 +83,60 @@ def bench_parts():
     return [name for name, _ in module.PARTS]
 
 
-def _check_profile(rows, text, parts):
+def _check_profile(rows, text, parts, missing):
     """Every part at each of the tiny mode's batches with a time >= 0, its share of the whole
-    step and its bandwidth fraction (a peak was named); the sum against the step; the table."""
+    step and its bandwidth fraction (a peak was named; a part no longer than the timing loop's
+    own iteration, taken off, measures 0 and has none, named in `missing`); the sum against the
+    step; the table."""
     assert [r["batch"] for r in rows] == [1, 2]  # the tiny mode's sampling batches
-    for r in rows:
+    unmeasured = set()
+    for i, r in enumerate(rows):
         assert [p["part"] for p in r["parts"]] == parts
         assert r["full_step_ms"] > 0 and r["window"] >= 1 and r["column"] >= 1
-        for p in r["parts"]:
+        for j, p in enumerate(r["parts"]):
             assert p["ms"] >= 0 and p["bytes"] > 0, p
             assert math.isclose(p["share"], p["ms"] / r["full_step_ms"], rel_tol=1e-6), p
-            assert p["bandwidth_fraction"] is not None and p["bandwidth_fraction"] >= 0, p
+            if p["bandwidth_fraction"] is None:
+                assert p["ms"] == 0, p
+                unmeasured.add(f"models.tiny.profile[{i}].parts[{j}].bandwidth_fraction")
+            else:
+                assert p["bandwidth_fraction"] >= 0, p
         total = sum(p["ms"] for p in r["parts"])
         assert math.isclose(r["sum_of_parts_ms"], total, rel_tol=1e-6)
         assert math.isclose(r["other_ms"], r["full_step_ms"] - total, rel_tol=1e-6, abs_tol=1e-9)
         assert math.isclose(r["sum_share"] + r["other_share"], 1.0, rel_tol=1e-6)
+    assert unmeasured == {m for m in missing if m.startswith("models.tiny.profile[")}
     assert "Decode step profile" in text
     for part in [*parts, "sum of parts", "overlap/other", "**full step**"]:
         assert f"| tiny | 2 | 16 + 7 @ 4 | {part} |" in text, part
+
+
+def test_a_part_no_longer_than_the_empty_iteration_is_named_not_measured(monkeypatch):
+    """A part whose time, less the timing loop's own iteration, is 0 has no bandwidth
+    fraction, and the report names it at the JSON's path; measured parts keep theirs."""
+    import importlib.util
+    import types
+
+    spec = importlib.util.spec_from_file_location("dp", ROOT / "benchmarks/decode_profile.py")
+    dp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dp)
+    part = {"what": "-", "count": 1, "bytes": 1000}
+    measured = {
+        "prompt_len": 8, "column": 4, "window": 4, "full_step_s": 1e-3, "call_overhead_s": 0.0,
+        "parts": {"rope": {**part, "s": 0.0, "per_call_s": 0.0},
+                  "MLP": {**part, "s": 1e-4, "per_call_s": 1e-4}},
+    }  # fmt: skip
+    monkeypatch.setattr(dp, "profile_batch", lambda *a, **k: measured)
+    named = {}
+    report = types.SimpleNamespace(lack=lambda field, why: named.setdefault(field, why))
+    opts, shapes = (
+        types.SimpleNamespace(repeats=1),
+        types.SimpleNamespace(new_tokens=(8,), prompt_len=8),
+    )
+    rows = dp.profile(None, None, opts, shapes, {"peak_bandwidth": 1e10}, report, "tiny", (1, 2))
+    assert [p["bandwidth_fraction"] for p in rows[1]["parts"]] == [None, 1000 / 1e10 / 1e-4]
+    assert set(named) == {f"models.tiny.profile[{i}].parts[0].bandwidth_fraction" for i in (0, 1)}
+    assert named["models.tiny.profile[1].parts[0].bandwidth_fraction"].startswith("rope: ")
 
 
 def test_profile_is_off_by_default(monkeypatch):
