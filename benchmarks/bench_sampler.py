@@ -6,18 +6,26 @@ the time per decode step at each length (it should stay flat as the cache fills)
 tokens x 8 samples, temperature 1, 640 new tokens, compaction on, a random model of the trace
 policy's shape whose rows stop at random) under cache-window schedules: the sampler's doubling
 (the reference) against windows growing by a fixed number of slots, and with
-`--fused-windows` for each value of `qwen3.CPU_FUSED_WINDOW` and with `--merged-prefix` for
-each value of `qwen3.CPU_MERGED_PREFIX` (1 or 0; the first given is the reference).
+`--fused-windows` for each value of `qwen3.CPU_FUSED_WINDOW`, with `--merged-prefix` for
+each value of `qwen3.CPU_MERGED_PREFIX` and with `--cpu-kernel` for each value of
+`qwen3.CPU_DECODE_KERNEL` (1 or 0; the first given is the reference).
 
     python benchmarks/bench_sampler.py [--lengths 64,256,1024 --batches 1,64 --repeats 2]
     python benchmarks/bench_sampler.py --schedules double,128,64 [--repeats 3]
     python benchmarks/bench_sampler.py --schedules double --fused-windows 256,1
     python benchmarks/bench_sampler.py --schedules double --merged-prefix 0,1 --repeats 3
+    python benchmarks/bench_sampler.py --schedules double --cpu-kernel 0,1 --repeats 3
+    python benchmarks/bench_sampler.py --cpu-kernel 0,1 --batches 64 --lengths 64,256
+    python benchmarks/bench_sampler.py --attention-bound --batches 64 --lengths 64,256
+
+`--attention-bound` adds a row per shape with the decode steps' attention removed (each layer
+passes its queries through; tokens differ): the ratio no attention kernel can exceed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import tempfile
@@ -123,13 +131,13 @@ def trace_shaped_model(vocab_size: int = 1024):
 
 def time_schedules(
     names: list[str], repeats: int, fused=(None,), merged=(None,), groups=32, group_size=8,
-    new=640,
+    new=640, kernel=(None,),
 ) -> None:  # fmt: skip
     """Decode seconds of one rollout-shaped `generate` call per window schedule ("double" or
-    a step in slots), `qwen3.CPU_FUSED_WINDOW` value in `fused` and `qwen3.CPU_MERGED_PREFIX`
-    value in `merged` (None: as it is), the variants alternating within each repeat; prints
-    the best of `repeats` warm calls, its ratio to the first variant and whether the tokens
-    equal its."""
+    a step in slots), `qwen3.CPU_FUSED_WINDOW` value in `fused`, `qwen3.CPU_MERGED_PREFIX`
+    value in `merged` and `qwen3.CPU_DECODE_KERNEL` value in `kernel` (None: as it is), the
+    variants alternating within each repeat; prints the best of `repeats` warm calls, its
+    ratio to the first variant and whether the tokens equal its."""
     import jax
     import numpy as np
 
@@ -142,14 +150,19 @@ def time_schedules(
     kw = dict(temperature=1.0, key=jax.random.key(1), num_samples=group_size,
               stop_tokens=(5, 6, 7), compact=True)  # fmt: skip
 
-    threshold, merge = qwen3.CPU_FUSED_WINDOW, qwen3.CPU_MERGED_PREFIX
-    variants = [(name, f, m) for m in merged for f in fused for name in names]
+    threshold, merge, compiled = (
+        qwen3.CPU_FUSED_WINDOW,
+        qwen3.CPU_MERGED_PREFIX,
+        qwen3.CPU_DECODE_KERNEL,
+    )
+    variants = [(name, f, m, c) for c in kernel for m in merged for f in fused for name in names]
 
     def run(variant):
-        name, f, m = variant
+        name, f, m, c = variant
         sampler._windows = doubling if name == "double" else _linear_windows(int(name))
         qwen3.CPU_FUSED_WINDOW = threshold if f is None else f
         qwen3.CPU_MERGED_PREFIX = merge if m is None else m
+        qwen3.CPU_DECODE_KERNEL = compiled if c is None else c
         sampler._decode.clear_cache()  # both are read when the loop is traced
         t = {}
         try:
@@ -157,7 +170,7 @@ def time_schedules(
             out = sampler.generate(model, prompts, new, timings=t, **kw)
         finally:
             sampler._windows, qwen3.CPU_FUSED_WINDOW = doubling, threshold
-            qwen3.CPU_MERGED_PREFIX = merge
+            qwen3.CPU_MERGED_PREFIX, qwen3.CPU_DECODE_KERNEL = merge, compiled
         return t["decode_s"], np.asarray(out.tokens), np.asarray(out.lengths)
 
     best, tokens = {}, {}
@@ -169,18 +182,38 @@ def time_schedules(
         f"{groups} prompts x {group_size} samples, {new} new tokens; completions: mean "
         f"{lengths.mean():.0f}, {np.mean(lengths >= new):.0%} at the budget; best of {repeats}"
     )
-    print("| windows | fused from | merged prefix | decode s | vs first | ms per generated token "
-          "| same tokens |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
+    print("| windows | fused from | merged prefix | kernel | decode s | vs first | "
+          "ms per generated token | same tokens |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     ref = best[variants[0]]
     for variant in variants:
-        name, f, m = variant
+        name, f, m, c = variant
         label = "doubling" if name == "double" else f"+{name} slots"
         same = np.array_equal(tokens[variant], tokens[variants[0]])
         print(f"| {label} | {threshold if f is None else f} | {merge if m is None else m} | "
-              f"{best[variant]:.1f} | "
+              f"{compiled if c is None else c} | {best[variant]:.1f} | "
               f"{ref / best[variant]:.2f}x | {1e3 * best[variant] / lengths.sum():.2f} | "
               f"{same} |", flush=True)  # fmt: skip
+
+
+@contextlib.contextmanager
+def _decode_variant(variant):
+    """Decode steps with `qwen3.CPU_DECODE_KERNEL = variant` (a bool), or with attention
+    removed ("no attention": the XLA path's attention returns its queries)."""
+    from mapfjax.models import qwen3, sampler
+
+    saved = qwen3.CPU_DECODE_KERNEL, qwen3._decode_attend
+    if variant == "no attention":
+        qwen3.CPU_DECODE_KERNEL = False
+        qwen3._decode_attend = lambda q, prefix, own, allowed: q
+    else:
+        qwen3.CPU_DECODE_KERNEL = bool(variant)
+    sampler._decode.clear_cache()  # both are read when the loop is traced
+    try:
+        yield
+    finally:
+        qwen3.CPU_DECODE_KERNEL, qwen3._decode_attend = saved
+        sampler._decode.clear_cache()
 
 
 def main(argv=None) -> None:
@@ -197,8 +230,19 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--merged-prefix", default="", help="with --schedules: CPU_MERGED_PREFIX values, e.g. 0,1"
     )
+    parser.add_argument(
+        "--cpu-kernel", default="", help="qwen3.CPU_DECODE_KERNEL values, e.g. 0,1 (see above)"
+    )
+    parser.add_argument(
+        "--attention-bound", action="store_true",
+        help="also time decoding with attention removed (an upper bound; see above)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    kernel = [c.strip() for c in args.cpu_kernel.split(",") if c.strip()]
+    if not all(c in ("0", "1") for c in kernel):
+        parser.error(f"--cpu-kernel: {args.cpu_kernel!r}; allowed: 0 and 1")
+    kernel = [c == "1" for c in kernel] or [None]
     if args.schedules:
         for name in args.schedules.split(","):
             if name != "double" and not (name.isdigit() and int(name) > 0):
@@ -211,7 +255,7 @@ def main(argv=None) -> None:
         if not all(m in ("0", "1") for m in merged):
             parser.error(f"--merged-prefix: {args.merged_prefix!r}; allowed: 0 and 1")
         merged = [m == "1" for m in merged] or [None]
-        time_schedules(args.schedules.split(","), args.repeats, fused, merged)
+        time_schedules(args.schedules.split(","), args.repeats, fused, merged, kernel=kernel)
         return
     import jax
     import jax.numpy as jnp
@@ -219,14 +263,16 @@ def main(argv=None) -> None:
     import torch
     import transformers
 
+    from mapfjax.models import qwen3
     from mapfjax.models.hf import from_pretrained
 
     shipped = os.path.join(os.path.dirname(__file__), "..", "mapfjax", "assets", "tiny")
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}, torch {torch.__version__}")
     print(f"{args.prompt_len}-token prompts, greedy, fp32; best of {args.repeats} warm runs")
-    print("| model | batch | new tokens | mapfjax tok/s | transformers tok/s | ratio | "
+    print("| model | kernel | batch | new tokens | mapfjax tok/s | transformers tok/s | ratio | "
           "mapfjax ms/step | same tokens |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
+    compiled = qwen3.CPU_DECODE_KERNEL
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
@@ -242,15 +288,19 @@ def main(argv=None) -> None:
                     if args.prompt_len + n > ours.config.max_position_embeddings:
                         continue
                     prompts = rng.integers(3, vocab, (batch, args.prompt_len)).tolist()
-                    _, o_best, o_tok = time_ours(ours, prompts, n, args.repeats)
                     _, t_best, t_tok = time_theirs(theirs, prompts, n, args.repeats)
-                    same = int((o_tok == t_tok).all(axis=1).sum())
-                    print(
-                        f"| {name} | {batch} | {n} | {batch * n / o_best:,.0f} | "
-                        f"{batch * n / t_best:,.0f} | {t_best / o_best:.1f}x | "
-                        f"{1e3 * o_best / n:.2f} | {same}/{batch} |",
-                        flush=True,
-                    )
+                    rows = kernel + (["no attention"] if args.attention_bound else [])
+                    for c in rows:  # each value of qwen3.CPU_DECODE_KERNEL against one run
+                        label = c if isinstance(c, str) else int(compiled if c is None else c)
+                        with _decode_variant(compiled if c is None else c):
+                            _, o_best, o_tok = time_ours(ours, prompts, n, args.repeats)
+                        same = int((o_tok == t_tok).all(axis=1).sum())
+                        print(
+                            f"| {name} | {label} | {batch} | {n} | "
+                            f"{batch * n / o_best:,.0f} | {batch * n / t_best:,.0f} | "
+                            f"{t_best / o_best:.1f}x | {1e3 * o_best / n:.2f} | {same}/{batch} |",
+                            flush=True,
+                        )
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ PARTS = (
     ("rope", "rotary embedding of q and k of one layer, x layers"),
     (
         "attention over the cache",
-        "the model's decode attention (qwen3._decode_attend or its attention_impl's) over "
+        "the model's decode attention (as Qwen3.decode_attention picks it) over "
         "P + W slots, after its slot's write, whose time is taken off; x layers",
     ),
     ("cache write", "one slot's keys and values into one layer's cache, x layers"),
@@ -234,12 +234,7 @@ def profile_batch(model, batch: int, prompt_len: int, new_tokens: int, calls: in
         ks, vs = write((ks, vs), k)
         rows = q.shape[0]
         allowed = jnp.arange(window) <= index
-        res = decode_attend(
-            q.reshape(rows, 1, kh, g, d)[:, 0].reshape(rows, 1, kh, g, d),
-            (kp, vp, valid),
-            (ks.reshape(rows, 1, *ks.shape[1:]), vs.reshape(rows, 1, *vs.shape[1:])),
-            allowed,
-        )  # fmt: skip
+        res = decode_attend(q.reshape(rows, 1, kh, g, d), (kp, vp, valid), (ks, vs), allowed)
         return res.reshape(q.shape).astype(q.dtype), (ks, vs)
 
     def head(x, state):
@@ -253,13 +248,11 @@ def profile_batch(model, batch: int, prompt_len: int, new_tokens: int, calls: in
             out, i, scores, *draw, None, greedy=True, top_k=0, stops=stops, pad_id=0
         )
 
-    # The model's decode attention for its attention_impl, as Qwen3.decode_step picks it.
-    decode_attend = qwen3._decode_attend
-    if getattr(model, "attention_impl", None) == "pallas_decode":
-        from mapfjax.models import decode_attention
-
-        def decode_attend(q, prefix, own, _):
-            return decode_attention.decode_attend(q, prefix, own, index)
+    # The model's decode attention as Qwen3.decode_step picks it (its attention_impl; on CPU
+    # the compiled kernel where it is usable).
+    decode_attend = model.decode_attention(
+        jnp.int32(index), (rand((1,)), prefix.k[0], cache[0][0], cache[1][0])
+    )
 
     @jax.jit
     def loop(done, stop):

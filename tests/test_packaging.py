@@ -1,5 +1,6 @@
-"""A non-editable install works: the wheel carries the engineer presets, the guideline and the
-tiny model, and the package imports and loads them from outside the repository."""
+"""A non-editable install works: the wheel carries the engineer presets, the guideline, the
+tiny models and the CPU decode kernel's source, and the package imports and loads them from
+outside the repository."""
 
 import json
 import os
@@ -30,6 +31,8 @@ print(json.dumps({
     "variants": sorted(variants.VARIANTS),
     "tiny_model": (package / "assets" / "tiny" / "config.json").is_file(),
     "tiny_think": (package / "assets" / "tiny_think" / "model.safetensors").is_file(),
+    # The CPU decode kernel's source, compiled on first use.
+    "kernel_source": (package / "models" / "kernels" / "decode_attention_cpu.cc").is_file(),
     # Each model's card and chat template (its default prompt mode) ship with it.
     "cards": {n: (package / "assets" / n / "README.md").read_text() for n in MODELS},
     "templates": {n: (package / "assets" / n / "chat_template.jinja").read_text() for n in MODELS},
@@ -79,6 +82,7 @@ def test_wheel_installs_and_loads_the_presets_outside_the_repository(tmp_path):
     assert not pathlib.Path(got["package"]).is_relative_to(ROOT)
     assert got["guideline"] == (ROOT / "configs" / "engineer" / "guideline.md").read_text()
     assert got["guideline_in_package"] and got["tiny_model"] and got["tiny_think"]
+    assert got["kernel_source"]
     for name in ("tiny", "tiny_think", "tiny_base"):
         assets = ROOT / "mapfjax" / "assets" / name
         assert got["cards"][name] == (assets / "README.md").read_text()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -544,6 +545,11 @@ CPU_FUSED_WINDOW = 1
 # 1.2x faster rollouts at 8 samples per prompt, `benchmarks/bench_sampler.py --schedules double
 # --merged-prefix 1,0`). Read when the decode loop is traced.
 CPU_MERGED_PREFIX = True
+# On CPU, float32 decode steps run their attention through a compiled kernel
+# (`cpu_decode.decode_attend`, an XLA FFI custom call built on first use) when it builds; the
+# XLA form above otherwise (also with MAPFJAX_CPU_DECODE_KERNEL=0 in the environment). Read
+# when the decode loop is traced.
+CPU_DECODE_KERNEL = os.environ.get("MAPFJAX_CPU_DECODE_KERNEL", "1") != "0"
 
 
 def _decode_attend(q: Array, prefix, own, allowed: Array) -> Array:
@@ -915,13 +921,9 @@ class Qwen3(nnx.Module):
         x = self._embed(tokens)
         window = cache[0][0].shape[2]
         allowed = jnp.arange(window) <= index  # [W]
-        decode_attend = _decode_attend
-        if check_attention_impl(self.attention_impl) == "pallas_decode":
-            from mapfjax.models import decode_attention
-
-            def decode_attend(q, prefix, own, _):
-                return decode_attention.decode_attend(q, prefix, own, index)
-
+        decode_attend = self.decode_attention(
+            index, (x.astype(self.dtype), prefix.k[0], cache[0][0], cache[1][0])
+        )
         ks, vs = list(cache[0]), list(cache[1])
         for i in range(self.config.num_layers):
             if layer_params is None:
@@ -936,10 +938,7 @@ class Qwen3(nnx.Module):
                 out = decode_attend(
                     q[:, 0].reshape(groups, g, *q.shape[2:]),
                     (prefix.k[i], prefix.v[i], prefix.valid),
-                    (
-                        ks[i].reshape(groups, g, *ks[i].shape[1:]),
-                        vs[i].reshape(groups, g, *vs[i].shape[1:]),
-                    ),
+                    (ks[i], vs[i]),
                     allowed,
                 )
                 return out.reshape(rows, 1, *out.shape[2:]), None
@@ -948,6 +947,32 @@ class Qwen3(nnx.Module):
             x = parallel.constrain(x, _ACT)
         logits = self.lm_head(self.final_norm(x)[:, 0])
         return logits, (tuple(ks), tuple(vs))
+
+    def decode_attention(self, index, arrays) -> Callable:
+        """A decode step's attention as `decode_step` runs it, for its `attention_impl` and the
+        backend: fn(q [B, G, K, Q, D], prefix (kp, vp [B, K, P, D], valid bool [B, P]), own
+        (k, v [B * G, K, W, D], the caches as the loop carries them), allowed bool [W]) ->
+        [B, G, K, Q, D]. "pallas_decode": `decode_attention.decode_attend`; on CPU with
+        `CPU_DECODE_KERNEL`, when `cpu_decode.usable(*arrays)` (float32, no multi-device mesh,
+        the kernel built): `cpu_decode.decode_attend`; otherwise `_decode_attend` (XLA). The
+        kernels read own slots [0, index], the XLA form those `allowed`; `decode_step` passes
+        allowed = slots <= index."""
+
+        def grouped(q, own):  # [B * G, ...] -> [B, G, ...]
+            return tuple(c.reshape(*q.shape[:2], *c.shape[1:]) for c in own)
+
+        if check_attention_impl(self.attention_impl) == "pallas_decode":
+            from mapfjax.models import decode_attention
+
+            return lambda q, prefix, own, _: decode_attention.decode_attend(
+                q, prefix, grouped(q, own), index
+            )
+        if CPU_DECODE_KERNEL and jax.default_backend() == "cpu":
+            from mapfjax.models import cpu_decode
+
+            if cpu_decode.usable(*arrays):  # the caches as they are (a reshape made XLA copy them)
+                return lambda q, prefix, own, _: cpu_decode.decode_attend(q, prefix, own, index)
+        return lambda q, prefix, own, allowed: _decode_attend(q, prefix, grouped(q, own), allowed)
 
     def split_layers(self) -> list:
         """The stacked layer parameters as one state per layer (copies; for `decode_step`)."""
