@@ -117,12 +117,17 @@ def available() -> bool:
     only; later calls return the cached answer). On failure: one warning, then False."""
     if "ok" not in _state:
         try:
-            lib = ctypes.cdll.LoadLibrary(str(build()))
+            path = build()
+            try:
+                lib = ctypes.cdll.LoadLibrary(str(path))
+            except OSError:  # a damaged cached build: build it again, once
+                path.unlink(missing_ok=True)
+                lib = ctypes.cdll.LoadLibrary(str(build()))
             jax.ffi.register_ffi_target(
                 TARGET, jax.ffi.pycapsule(getattr(lib, _SYMBOL)), platform="cpu"
             )
             _state["ok"] = True
-        except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+        except (OSError, RuntimeError, AttributeError, ValueError, subprocess.SubprocessError) as e:
             _state["ok"] = False
             _state["error"] = str(e)
             warnings.warn(

@@ -3,6 +3,7 @@ decode path `qwen3._decode_attend`: one step's attention, the sampler's greedy t
 it is not used, and the fallback when it cannot be built."""
 
 import dataclasses
+import pathlib
 import warnings
 
 import jax
@@ -155,7 +156,6 @@ def test_bench_sampler_times_both_paths_and_the_bound(kernel, capsys):
     per variant, each against the same transformers run; the kernel's and the XLA path's tokens
     are transformers', the bound's are not claimed."""
     import importlib.util
-    import pathlib
 
     path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "bench_sampler.py"
     spec = importlib.util.spec_from_file_location("bench_sampler", path)
@@ -188,3 +188,28 @@ def test_loading_the_kernel_keeps_the_process_float_mode(kernel, tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert float(done.stdout) > 0.0  # a denormal survives
+
+
+def test_a_damaged_cached_build_is_rebuilt(kernel, tmp_path):
+    """A cached library that does not load (here: truncated) is built again, once, without a
+    warning (in a fresh process: XLA keeps one registration per target and process)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "MAPFJAX_CACHE_DIR": str(tmp_path)}
+    code = "from mapfjax.models import cpu_decode; print(cpu_decode.library_path())"
+    where = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    path = pathlib.Path(where.stdout.strip())
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"not a shared library")
+    code = (
+        "import warnings; warnings.simplefilter('error'); "
+        "from mapfjax.models import cpu_decode; print(cpu_decode.available())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == "True"
+    assert path.stat().st_size > 1000
