@@ -79,6 +79,11 @@ def library_path() -> Path:
     return cache_dir() / f"decode_attention_cpu-{key.hexdigest()[:16]}.so"
 
 
+def compiler() -> str | None:
+    """The C++ compiler builds use: `$CXX`, else `c++` or `g++` on the PATH (None: none)."""
+    return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+
+
 def build(path: Path | None = None) -> Path:
     """Compiles the kernel to `path` (default `library_path()`) unless it is there; atomic (a
     temp file renamed into place, so concurrent builds are safe). Raises RuntimeError naming
@@ -86,7 +91,7 @@ def build(path: Path | None = None) -> Path:
     path = library_path() if path is None else Path(path)
     if path.exists():
         return path
-    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    cxx = compiler()
     if not cxx:
         raise RuntimeError("no C++ compiler found (set $CXX or install g++)")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -101,9 +106,9 @@ def build(path: Path | None = None) -> Path:
         for cmd in steps:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
             if done.returncode != 0:
-                raise RuntimeError(
-                    f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-2000:]}"
-                )
+                errors = [ln for ln in done.stderr.splitlines() if "error" in ln.lower()]
+                detail = "\n".join(errors[:20]) or done.stderr[-2000:]
+                raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{detail}")
         os.replace(tmp, path)
     finally:
         for leftover in (tmp, obj):

@@ -164,9 +164,13 @@ ffi::Error DecodeAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
   if (s.q > kMaxQ || s.d > kMaxD)
     return ffi::Error::InvalidArgument(
         "decode attention: at most 16 query heads per KV head and a head dim of at most 256");
-  if (pd[0] != s.b || pd[1] != s.k || pd[3] != s.d || kd[0] != s.b * s.g ||
-      kd[1] != s.k || kd[3] != s.d || valid.dimensions()[1] != s.p)
-    return ffi::Error::InvalidArgument("decode attention: inconsistent shapes");
+  auto vd = valid.dimensions();
+  if (pd[0] != s.b || pd[1] != s.k || pd[3] != s.d || kd[0] != s.b * s.g || kd[1] != s.k ||
+      kd[3] != s.d || !(vp.dimensions() == pd) || !(v.dimensions() == kd) || vd.size() != 2 ||
+      vd[0] != s.b || vd[1] != s.p || index.element_count() != 1)
+    return ffi::Error::InvalidArgument(
+        "decode attention: inconsistent shapes; expected q [B, G, K, Q, D], kp and vp "
+        "[B, K, P, D], valid [B, P], k and v [B * G, K, W, D], one index");
   const int64_t idx = static_cast<int64_t>(index.typed_data()[0]);
   s.n = std::clamp<int64_t>(idx + 1, 0, s.w);
   // (group, KV head) blocks, taken in chunks from a shared counter by this thread and by
