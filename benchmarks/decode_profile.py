@@ -251,7 +251,7 @@ def profile_batch(model, batch: int, prompt_len: int, new_tokens: int, calls: in
     # The model's decode attention as Qwen3.decode_step picks it (its attention_impl; on CPU
     # the compiled kernel where it is usable).
     decode_attend = model.decode_attention(
-        jnp.int32(index), (rand((1,)), prefix.k[0], cache[0][0], cache[1][0])
+        jnp.int32(index), (jnp.zeros((), dt), prefix.k[0], cache[0][0], cache[1][0])
     )
 
     @jax.jit

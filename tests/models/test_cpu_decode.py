@@ -15,6 +15,7 @@ from flax import nnx
 from mapfjax import parallel
 from mapfjax.models import cpu_decode, qwen3, sampler
 from mapfjax.models.qwen3 import PRESETS, Qwen3
+from tests.models.decode_inputs import decode_inputs
 
 # float32: the kernel sums in another order than XLA.
 RTOL, ATOL = 1e-5, 1e-6
@@ -32,16 +33,9 @@ def kernel():
 
 def _inputs(b, g, kh, h, d, p, w, pads, seed=0):
     """q [B, G, K, H, D], prefix (kp, vp [B, K, P, D], valid [B, P]: pads[b] slots of group b
-    invalid, spread over the prefix), own (k, v [B * G, K, W, D])."""
-    keys = jax.random.split(jax.random.key(seed), 6)
-    q = jax.random.normal(keys[0], (b, g, kh, h, d))
-    kp = jax.random.normal(keys[1], (b, kh, p, d))
-    vp = jax.random.normal(keys[2], (b, kh, p, d))
-    k = jax.random.normal(keys[3], (b * g, kh, w, d))
-    v = jax.random.normal(keys[4], (b * g, kh, w, d))
-    order = jax.vmap(lambda key: jax.random.permutation(key, p))(jax.random.split(keys[5], b))
-    valid = order >= jnp.asarray(pads)[:, None]  # pads[b] slots False, at random places
-    return q, (kp, vp, valid), (k, v)
+    invalid, spread over the prefix), own (k, v [B * G, K, W, D], the loop's layout)."""
+    q, prefix, own = decode_inputs(b, g, kh, h, d, p, w, pads, "scattered", seed)
+    return q, prefix, tuple(c.reshape(b * g, *c.shape[2:]) for c in own)
 
 
 # (B, G, K, H, D, P, W, invalid prefix slots per group): GQA, G > 1 rows per shared prefix, a

@@ -12,6 +12,7 @@ from flax import nnx
 
 from mapfjax.models import decode_attention, qwen3, sampler
 from mapfjax.models.qwen3 import PRESETS, Qwen3
+from tests.models.decode_inputs import decode_inputs
 
 # float32: the kernel sums in blocks with an online softmax, the reference in one softmax.
 RTOL, ATOL = 1e-4, 1e-6
@@ -20,16 +21,7 @@ RTOL, ATOL = 1e-4, 1e-6
 def _inputs(b, g, kh, h, d, p, w, pads, right=False, seed=0):
     """q [B, G, K, H, D], prefix (kp, vp [B, K, P, D], valid [B, P]) with pads[b] padding
     slots on the left (right: on the right) of group b, own (k, v [B, G, K, W, D])."""
-    keys = jax.random.split(jax.random.key(seed), 5)
-    q = jax.random.normal(keys[0], (b, g, kh, h, d))
-    kp = jax.random.normal(keys[1], (b, kh, p, d))
-    vp = jax.random.normal(keys[2], (b, kh, p, d))
-    k = jax.random.normal(keys[3], (b, g, kh, w, d))
-    v = jax.random.normal(keys[4], (b, g, kh, w, d))
-    slots = jnp.arange(p)[None]
-    pads = jnp.asarray(pads)[:, None]
-    valid = slots < p - pads if right else slots >= pads
-    return q, (kp, vp, valid), (k, v)
+    return decode_inputs(b, g, kh, h, d, p, w, pads, "right" if right else "left", seed)
 
 
 # (B, G, K, H, D, P, W, left padding per group): GQA (H > 1 query heads per KV head), left
